@@ -1,0 +1,279 @@
+#include "caching_allocator.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <mutex>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "../error.h"
+
+namespace ember::detail {
+namespace {
+
+constexpr size_t kMinBlockSize = 512;                // every size is a multiple of this
+constexpr size_t kSmallSize = size_t{1} << 20;       // requests up to 1 MiB use the small pool
+constexpr size_t kSmallBuffer = size_t{2} << 20;     // small-pool segments are 2 MiB
+constexpr size_t kMinLargeAlloc = size_t{10} << 20;  // below this, share a 20 MiB segment
+constexpr size_t kLargeBuffer = size_t{20} << 20;
+constexpr size_t kRoundLarge = size_t{2} << 20;  // larger segments round up to 2 MiB
+
+size_t round_up(size_t n, size_t multiple) { return (n + multiple - 1) / multiple * multiple; }
+
+size_t round_size(size_t nbytes) {
+  return nbytes < kMinBlockSize ? kMinBlockSize : round_up(nbytes, kMinBlockSize);
+}
+
+size_t segment_size(size_t size) {
+  if (size <= kSmallSize) return kSmallBuffer;
+  if (size < kMinLargeAlloc) return kLargeBuffer;
+  return round_up(size, kRoundLarge);
+}
+
+std::string mib(size_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.2f", static_cast<double>(bytes) / (1024.0 * 1024.0));
+  return text;
+}
+
+// A piece of a segment (one raw allocation). Blocks of a segment form a doubly linked list
+// in address order and all belong to the stream the segment was allocated for.
+struct Block {
+  void* stream = nullptr;
+  size_t size = 0;
+  char* ptr = nullptr;
+  bool small = false;
+  bool in_use = true;  // handed out, or freed but waiting for other streams' events
+  Block* prev = nullptr;
+  Block* next = nullptr;
+  std::unordered_set<void*> stream_uses;  // other streams that used it (record_stream)
+  int pending_events = 0;
+};
+
+// Free blocks ordered by (stream, size, address): lower_bound finds the best fit on a stream.
+struct BlockLess {
+  bool operator()(const Block* a, const Block* b) const {
+    const auto sa = reinterpret_cast<uintptr_t>(a->stream);
+    const auto sb = reinterpret_cast<uintptr_t>(b->stream);
+    if (sa != sb) return sa < sb;
+    if (a->size != b->size) return a->size < b->size;
+    return reinterpret_cast<uintptr_t>(a->ptr) < reinterpret_cast<uintptr_t>(b->ptr);
+  }
+};
+using Pool = std::set<Block*, BlockLess>;
+
+}  // namespace
+
+struct CachingAllocator::State {
+  std::unique_ptr<DeviceMemory> memory;
+  mutable std::mutex mutex;
+  Pool small_pool;
+  Pool large_pool;
+  std::unordered_map<void*, Block*> live;         // handed-out blocks by address
+  std::vector<std::pair<void*, Block*>> pending;  // (event, block) awaiting completion
+  cuda::MemoryStats stats;
+
+  Pool& pool_of(const Block* block) { return block->small ? small_pool : large_pool; }
+
+  void update_peaks() {
+    stats.peak_allocated_bytes = std::max(stats.peak_allocated_bytes, stats.allocated_bytes);
+    stats.peak_reserved_bytes = std::max(stats.peak_reserved_bytes, stats.reserved_bytes);
+  }
+
+  // Returns a block to its pool, merging it with free neighbours of its segment.
+  void release_block(Block* block) {
+    block->in_use = false;
+    Pool& pool = pool_of(block);
+    if (Block* prev = block->prev; prev != nullptr && !prev->in_use) {
+      pool.erase(prev);
+      block->ptr = prev->ptr;
+      block->size += prev->size;
+      block->prev = prev->prev;
+      if (block->prev != nullptr) block->prev->next = block;
+      delete prev;
+    }
+    if (Block* next = block->next; next != nullptr && !next->in_use) {
+      pool.erase(next);
+      block->size += next->size;
+      block->next = next->next;
+      if (block->next != nullptr) block->next->prev = block;
+      delete next;
+    }
+    pool.insert(block);
+  }
+
+  // Blocks whose last other-stream use has completed go back to their pools.
+  void process_events() {
+    std::erase_if(pending, [&](const std::pair<void*, Block*>& entry) {
+      if (!memory->event_done(entry.first)) return false;
+      memory->destroy_event(entry.first);
+      if (--entry.second->pending_events == 0) release_block(entry.second);
+      return true;
+    });
+  }
+
+  // Gives every segment that holds no live block back to the device.
+  void release_cached_segments() {
+    for (Pool* pool : {&small_pool, &large_pool}) {
+      for (auto it = pool->begin(); it != pool->end();) {
+        Block* block = *it;
+        if (block->prev != nullptr || block->next != nullptr) {
+          ++it;
+          continue;
+        }
+        it = pool->erase(it);
+        memory->raw_free(block->ptr);
+        stats.reserved_bytes -= block->size;
+        ++stats.num_device_frees;
+        delete block;
+      }
+    }
+  }
+
+  Block* take_cached(Pool& pool, void* stream, size_t size) {
+    Block key;
+    key.stream = stream;
+    key.size = size;
+    auto it = pool.lower_bound(&key);
+    if (it == pool.end() || (*it)->stream != stream) return nullptr;
+    Block* block = *it;
+    pool.erase(it);
+    return block;
+  }
+
+  Block* new_segment(size_t size, size_t request, void* stream, bool small) {
+    const size_t nbytes = segment_size(size);
+    void* ptr = memory->raw_alloc(nbytes);
+    if (ptr == nullptr) {
+      // The device is full: give back what the cache holds and try once more.
+      release_cached_segments();
+      ptr = memory->raw_alloc(nbytes);
+    }
+    if (ptr == nullptr) {
+      throw Error("CUDA out of memory: tried to allocate " + mib(request) + " MiB (allocated " +
+                  mib(stats.allocated_bytes) + " MiB, reserved " + mib(stats.reserved_bytes) +
+                  " MiB)");
+    }
+    ++stats.num_device_allocs;
+    stats.reserved_bytes += nbytes;
+    auto* block = new Block;
+    block->stream = stream;
+    block->size = nbytes;
+    block->ptr = static_cast<char*>(ptr);
+    block->small = small;
+    return block;
+  }
+
+  // Cuts `size` bytes off the front of `block` when the rest is worth keeping in the pool.
+  void maybe_split(Block* block, size_t size) {
+    const size_t remaining = block->size - size;
+    const bool worth_it = block->small ? remaining >= kMinBlockSize : remaining > kSmallSize;
+    if (!worth_it) return;
+    auto* rest = new Block;
+    rest->stream = block->stream;
+    rest->size = remaining;
+    rest->ptr = block->ptr + size;
+    rest->small = block->small;
+    rest->in_use = false;
+    rest->prev = block;
+    rest->next = block->next;
+    if (rest->next != nullptr) rest->next->prev = rest;
+    block->next = rest;
+    block->size = size;
+    pool_of(rest).insert(rest);
+  }
+};
+
+CachingAllocator::CachingAllocator(std::unique_ptr<DeviceMemory> memory)
+    : state_(std::make_unique<State>()) {
+  EMBER_ASSERT(memory != nullptr, "CachingAllocator needs a DeviceMemory");
+  state_->memory = std::move(memory);
+}
+
+// Cached segments go back to the device. Blocks still handed out are left to the driver:
+// their owners may outlive the allocator only at process exit.
+CachingAllocator::~CachingAllocator() {
+  State& s = *state_;
+  std::lock_guard lock(s.mutex);
+  for (auto& [event, block] : s.pending) {
+    s.memory->destroy_event(event);
+    if (--block->pending_events == 0) s.release_block(block);
+  }
+  s.pending.clear();
+  s.release_cached_segments();
+  for (Pool* pool : {&s.small_pool, &s.large_pool}) {
+    for (Block* block : *pool) delete block;
+  }
+  for (auto& [ptr, block] : s.live) delete block;
+}
+
+void* CachingAllocator::allocate(size_t nbytes, void* stream) {
+  State& s = *state_;
+  std::lock_guard lock(s.mutex);
+  s.process_events();
+  const size_t size = round_size(nbytes);
+  const bool small = size <= kSmallSize;
+  Block* block = s.take_cached(small ? s.small_pool : s.large_pool, stream, size);
+  if (block == nullptr) block = s.new_segment(size, nbytes, stream, small);
+  block->in_use = true;
+  s.maybe_split(block, size);
+  s.live.emplace(block->ptr, block);
+  s.stats.allocated_bytes += block->size;
+  s.update_peaks();
+  return block->ptr;
+}
+
+void CachingAllocator::free(void* ptr) {
+  State& s = *state_;
+  std::lock_guard lock(s.mutex);
+  auto it = s.live.find(ptr);
+  EMBER_ASSERT(it != s.live.end(), "CachingAllocator::free: ", ptr, " is not a live block");
+  Block* block = it->second;
+  s.live.erase(it);
+  s.stats.allocated_bytes -= block->size;
+  if (block->stream_uses.empty()) {
+    s.release_block(block);
+    return;
+  }
+  // NOTE: the block may still be read or written by work queued on the streams that used
+  // it; it returns to the pool only when an event recorded on each of them has completed.
+  for (void* use : block->stream_uses) {
+    s.pending.emplace_back(s.memory->record_event(use), block);
+    ++block->pending_events;
+  }
+  block->stream_uses.clear();
+}
+
+void CachingAllocator::record_stream(void* ptr, void* stream) {
+  State& s = *state_;
+  std::lock_guard lock(s.mutex);
+  auto it = s.live.find(ptr);
+  EMBER_CHECK(it != s.live.end(), "record_stream", "pointer ", ptr,
+              " is not a live block of the CUDA caching allocator");
+  if (stream != it->second->stream) it->second->stream_uses.insert(stream);
+}
+
+void CachingAllocator::empty_cache() {
+  State& s = *state_;
+  std::lock_guard lock(s.mutex);
+  s.process_events();
+  s.release_cached_segments();
+}
+
+cuda::MemoryStats CachingAllocator::stats() const {
+  std::lock_guard lock(state_->mutex);
+  return state_->stats;
+}
+
+void CachingAllocator::reset_peak_stats() {
+  std::lock_guard lock(state_->mutex);
+  state_->stats.peak_allocated_bytes = state_->stats.allocated_bytes;
+  state_->stats.peak_reserved_bytes = state_->stats.reserved_bytes;
+}
+
+}  // namespace ember::detail
