@@ -1,0 +1,34 @@
+// Allocators hand out the memory behind Storage: aligned host memory, pinned host memory,
+// and the CUDA caching allocator (see cuda.h for its statistics and empty_cache()).
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+
+#include "device.h"
+
+namespace ember {
+
+// Owns a block of memory and knows how to give it back; Storage keeps one alive.
+using DataPtr = std::shared_ptr<void>;
+
+class Allocator {
+ public:
+  virtual ~Allocator() = default;
+  // Returns `nbytes` of memory (a null DataPtr for 0 bytes); throws ember::Error when out of
+  // memory.
+  virtual DataPtr allocate(size_t nbytes) = 0;
+};
+
+inline constexpr size_t kCpuAlignment = 64;
+
+// Host memory aligned to kCpuAlignment bytes.
+Allocator& cpu_allocator();
+// Page-locked host memory for fast, asynchronous host<->GPU copies. Needs a CUDA device;
+// throws ember::Error otherwise.
+Allocator& pinned_allocator();
+// The allocator behind tensors on `device` (the caching allocator for CUDA devices).
+Allocator& allocator_for(Device device);
+
+}  // namespace ember

@@ -1,0 +1,12 @@
+#include "cpu_kernels.h"
+
+namespace ember::detail {
+
+void register_cpu_kernels(KernelTable& table) {
+  register_cpu_elementwise_kernels(table);
+  register_cpu_reduce_kernels(table);
+  register_cpu_linalg_kernels(table);
+  register_cpu_index_kernels(table);
+}
+
+}  // namespace ember::detail

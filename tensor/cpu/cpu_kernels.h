@@ -1,0 +1,17 @@
+// The CPU kernel files each fill their part of the kernel table.
+#pragma once
+
+#include "../detail/kernel_table.h"
+
+namespace ember::detail {
+
+void register_cpu_elementwise_kernels(
+    KernelTable& table);                               // fill, copy, unary, binary, where, random
+void register_cpu_reduce_kernels(KernelTable& table);  // reduce, arg_reduce, softmax
+void register_cpu_linalg_kernels(KernelTable& table);  // gemm
+void register_cpu_index_kernels(KernelTable& table);   // index_select, gather, scatter_add
+
+// Splits [0, n) across OpenMP threads when n elements are worth it (a grain of work each).
+inline constexpr int64_t kParallelGrain = 32768;
+
+}  // namespace ember::detail

@@ -1,0 +1,48 @@
+// The caching allocator's device-independent core (PyTorch's design, simplified): blocks
+// are cached per stream, split to serve smaller requests and merged with free neighbours
+// when freed, so steady-state work makes no raw allocations. The raw memory comes from a
+// DeviceMemory backend: cudaMalloc in tensor/cuda/, a fake in the tests.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+
+#include "../cuda.h"
+
+namespace ember::detail {
+
+class DeviceMemory {
+ public:
+  virtual ~DeviceMemory() = default;
+  // Raw memory, or nullptr when the device is out of memory.
+  virtual void* raw_alloc(size_t nbytes) = 0;
+  virtual void raw_free(void* ptr) = 0;
+  // An event recorded on `stream` now, whether it has completed, and its release: a block
+  // used on other streams is reused only after their work is done.
+  virtual void* record_event(void* stream) = 0;
+  virtual bool event_done(void* event) = 0;
+  virtual void destroy_event(void* event) = 0;
+};
+
+class CachingAllocator {
+ public:
+  explicit CachingAllocator(std::unique_ptr<DeviceMemory> memory);
+  ~CachingAllocator();
+  CachingAllocator(const CachingAllocator&) = delete;
+  CachingAllocator& operator=(const CachingAllocator&) = delete;
+
+  // A block of at least nbytes for use on `stream`; throws ember::Error when the device is
+  // out of memory even after releasing the cache.
+  void* allocate(size_t nbytes, void* stream);
+  void free(void* ptr);
+  void record_stream(void* ptr, void* stream);
+  void empty_cache();
+  cuda::MemoryStats stats() const;
+  void reset_peak_stats();
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace ember::detail

@@ -1,0 +1,77 @@
+#include "op_utils.h"
+
+#include <algorithm>
+#include <numeric>
+
+namespace ember::detail {
+
+Shape contiguous_strides(const Shape& sizes) {
+  Shape strides(sizes.size());
+  int64_t stride = 1;
+  for (size_t i = sizes.size(); i-- > 0;) {
+    strides[i] = stride;
+    stride *= std::max<int64_t>(sizes[i], 1);
+  }
+  return strides;
+}
+
+int64_t wrap_dim(int64_t dim, int64_t ndim, const char* op) {
+  const int64_t n = std::max<int64_t>(ndim, 1);
+  EMBER_CHECK(dim >= -n && dim < n, op, "dim ", dim, " is out of range for a tensor with ", ndim,
+              " dims (expected [", -n, ", ", n - 1, "])");
+  return dim < 0 ? dim + n : dim;
+}
+
+std::vector<int64_t> wrap_dims(const Shape& dims, int64_t ndim, const char* op) {
+  std::vector<int64_t> result;
+  if (dims.empty()) {
+    result.resize(static_cast<size_t>(ndim));
+    std::iota(result.begin(), result.end(), 0);
+    return result;
+  }
+  for (int64_t d : dims) {
+    const int64_t w = wrap_dim(d, ndim, op);
+    EMBER_CHECK(std::find(result.begin(), result.end(), w) == result.end(), op, "dim ", d,
+                " appears more than once in ", shape_str(dims));
+    result.push_back(w);
+  }
+  std::sort(result.begin(), result.end());
+  // A 0-d tensor reduces over "dim 0", which it does not have.
+  if (ndim == 0) result.clear();
+  return result;
+}
+
+void check_same_device(std::initializer_list<const Tensor*> tensors, const char* op) {
+  const Tensor* first = nullptr;
+  for (const Tensor* t : tensors) {
+    if (t == nullptr || !t->defined()) continue;
+    if (first == nullptr) {
+      first = t;
+      continue;
+    }
+    EMBER_CHECK(t->device() == first->device(), op, "expected all tensors on one device, found ",
+                first->device().str(), " and ", t->device().str());
+  }
+}
+
+void check_defined(const Tensor& t, const char* op, const char* arg) {
+  EMBER_CHECK(t.defined(), op, "argument '", arg, "' is an undefined tensor");
+}
+
+const KernelTable& kernels_for(Device device, const char* op) {
+  const KernelTable& table = kernel_table(device.type);
+  EMBER_CHECK(table.fill != nullptr, op, "no kernels for ", device.str(),
+              device.is_cuda() ? ": ember was built without CUDA" : "");
+  return table;
+}
+
+Tensor move_dims_last(const Tensor& t, const std::vector<int64_t>& dims) {
+  Shape order;
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    if (std::find(dims.begin(), dims.end(), d) == dims.end()) order.push_back(d);
+  }
+  order.insert(order.end(), dims.begin(), dims.end());
+  return t.permute(order).contiguous();
+}
+
+}  // namespace ember::detail

@@ -1,0 +1,560 @@
+// Front ends of the factories and the elementwise ops: argument checks, type promotion,
+// broadcasting, then one kernel-table call.
+#include <cmath>
+#include <limits>
+
+#include "detail/dispatch.h"
+#include "detail/kernel_table.h"
+#include "detail/op_utils.h"
+#include "ops.h"
+
+namespace ember {
+
+using detail::BinaryOp;
+using detail::UnaryOp;
+
+// --- factories -------------------------------------------------------------------------
+
+Tensor empty(const Shape& sizes, TensorOptions options) {
+  int64_t numel = 1;
+  for (int64_t s : sizes) {
+    EMBER_CHECK(s >= 0, "empty", "negative size in shape ", shape_str(sizes));
+    numel *= s;
+  }
+  Allocator* allocator = nullptr;
+  if (options.pinned_memory) {
+    EMBER_CHECK(options.device.is_cpu(), "empty", "pinned memory is host memory, but device ",
+                options.device.str(), " was asked for");
+    allocator = &pinned_allocator();
+  }
+  const size_t nbytes = static_cast<size_t>(numel) * element_size(options.dtype);
+  return Tensor(Storage(nbytes, options.device, allocator), options.dtype, sizes,
+                detail::contiguous_strides(sizes));
+}
+
+Tensor full(const Shape& sizes, Scalar value, TensorOptions options) {
+  Tensor t = empty(sizes, options);
+  t.fill_(value);
+  return t;
+}
+Tensor zeros(const Shape& sizes, TensorOptions options) { return full(sizes, 0, options); }
+Tensor ones(const Shape& sizes, TensorOptions options) { return full(sizes, 1, options); }
+Tensor empty_like(const Tensor& t) { return empty(t.sizes(), t.options()); }
+Tensor zeros_like(const Tensor& t) { return zeros(t.sizes(), t.options()); }
+Tensor ones_like(const Tensor& t) { return ones(t.sizes(), t.options()); }
+Tensor full_like(const Tensor& t, Scalar value) { return full(t.sizes(), value, t.options()); }
+
+Tensor scalar_tensor(Scalar value, TensorOptions options) { return full({}, value, options); }
+Tensor scalar_tensor(Scalar value) { return scalar_tensor(value, value.default_dtype()); }
+
+Tensor arange(Scalar end, TensorOptions options) { return arange(0, end, 1, options); }
+
+Tensor arange(Scalar start, Scalar end, Scalar step, TensorOptions options) {
+  const double s = start.to_double(), e = end.to_double(), d = step.to_double();
+  EMBER_CHECK(d != 0, "arange", "step must be nonzero");
+  EMBER_CHECK(std::isfinite(s) && std::isfinite(e), "arange", "start ", start, " and end ", end,
+              " must be finite");
+  EMBER_CHECK((d > 0 && e >= s) || (d < 0 && e <= s), "arange", "upper bound ", end, " and step ",
+              step, " are inconsistent with start ", start);
+  const bool integral = !start.is_floating() && !end.is_floating() && !step.is_floating();
+  const int64_t n =
+      integral ? (end.to_int() - start.to_int() + step.to_int() - (d > 0 ? 1 : -1)) / step.to_int()
+               : static_cast<int64_t>(std::ceil((e - s) / d));
+  Tensor host = empty({n}, TensorOptions(options.dtype));
+  detail::dispatch_all(options.dtype, "arange", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    T* out = host.data_ptr<T>();
+    for (int64_t i = 0; i < n; ++i) {
+      if constexpr (std::is_integral_v<T>) {
+        out[i] = static_cast<T>(integral ? start.to_int() + i * step.to_int()
+                                         : static_cast<int64_t>(s + static_cast<double>(i) * d));
+      } else {
+        const double v = integral ? static_cast<double>(start.to_int() + i * step.to_int())
+                                  : s + static_cast<double>(i) * d;
+        out[i] = static_cast<T>(static_cast<float>(v));
+        if constexpr (std::is_same_v<T, double>) out[i] = v;
+      }
+    }
+  });
+  return host.to(options.device);
+}
+
+Tensor linspace(double start, double end, int64_t steps, TensorOptions options) {
+  EMBER_CHECK(steps >= 0, "linspace", "number of steps must be non-negative, got ", steps);
+  EMBER_CHECK(is_floating(options.dtype), "linspace", "expected a floating dtype, got ",
+              options.dtype);
+  Tensor host = empty({steps}, kF64);
+  double* out = host.data_ptr<double>();
+  const double step = steps > 1 ? (end - start) / static_cast<double>(steps - 1) : 0.0;
+  // Symmetric from both ends (as PyTorch), so the last value is exactly `end`.
+  for (int64_t i = 0; i < steps; ++i) {
+    out[i] = i < steps / 2 ? start + step * static_cast<double>(i)
+                           : end - step * static_cast<double>(steps - 1 - i);
+  }
+  return host.to(options.device, options.dtype);
+}
+
+template <typename T>
+Tensor from_vector(const std::vector<T>& values, const Shape& sizes, Device device) {
+  const Shape shape = sizes.empty() ? Shape{static_cast<int64_t>(values.size())} : sizes;
+  int64_t numel = 1;
+  for (int64_t s : shape) numel *= s;
+  EMBER_CHECK(numel == static_cast<int64_t>(values.size()), "from_vector", "shape ",
+              shape_str(shape), " holds ", numel, " elements but ", values.size(),
+              " values were given");
+  Tensor host = empty(shape, dtype_of<T>);
+  std::copy(values.begin(), values.end(), host.data_ptr<T>());
+  return host.to(device);
+}
+template Tensor from_vector(const std::vector<float>&, const Shape&, Device);
+template Tensor from_vector(const std::vector<double>&, const Shape&, Device);
+template Tensor from_vector(const std::vector<Half>&, const Shape&, Device);
+template Tensor from_vector(const std::vector<BFloat16>&, const Shape&, Device);
+template Tensor from_vector(const std::vector<int64_t>&, const Shape&, Device);
+template Tensor from_vector(const std::vector<int32_t>&, const Shape&, Device);
+template Tensor from_vector(const std::vector<uint8_t>&, const Shape&, Device);
+
+template <>
+Tensor from_vector(const std::vector<bool>& values, const Shape& sizes, Device device) {
+  std::vector<uint8_t> bytes(values.begin(), values.end());
+  return from_vector(bytes, sizes, kCPU).to(kBool).to(device);
+}
+
+Tensor from_blob(void* data, const Shape& sizes, DType dtype, Device device,
+                 std::shared_ptr<void> owner, const Shape& strides) {
+  const Shape st = strides.empty() ? detail::contiguous_strides(sizes) : strides;
+  EMBER_CHECK(st.size() == sizes.size(), "from_blob", "sizes ", shape_str(sizes), " and strides ",
+              shape_str(st), " differ in length");
+  int64_t extent = 0;  // elements spanned
+  bool empty_view = false;
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    EMBER_CHECK(sizes[d] >= 0 && st[d] >= 0, "from_blob", "invalid sizes ", shape_str(sizes),
+                " or strides ", shape_str(st));
+    if (sizes[d] == 0) empty_view = true;
+    extent += (sizes[d] - 1) * st[d];
+  }
+  extent = empty_view ? 0 : extent + 1;
+  EMBER_CHECK(data != nullptr || extent == 0, "from_blob", "null data for shape ",
+              shape_str(sizes));
+  // The DataPtr shares ownership with `owner` (if any) but never frees `data` itself.
+  DataPtr ptr(owner, data);
+  if (!owner) ptr = DataPtr(data, [](void*) {});
+  Storage storage(std::move(ptr), static_cast<size_t>(extent) * element_size(dtype), device);
+  return Tensor(std::move(storage), dtype, sizes, st, 0);
+}
+
+// --- type promotion --------------------------------------------------------------------
+
+namespace {
+
+int category(DType t) { return t == kBool ? 0 : is_floating(t) ? 2 : 1; }
+
+// PyTorch's rule: dims > 0 beat 0-d tensors beat wrapped numbers, except that a lower
+// level of a higher category (say, a float scalar with an int tensor) lifts the category.
+struct PromotionLevel {
+  bool present = false;
+  DType dtype = kBool;
+  void add(DType t) {
+    dtype = present ? promote_types(dtype, t) : t;
+    present = true;
+  }
+};
+
+PromotionLevel combine(PromotionLevel higher, PromotionLevel lower) {
+  if (!higher.present) return lower;
+  if (!lower.present || is_floating(higher.dtype)) return higher;
+  if (higher.dtype == kBool || is_floating(lower.dtype))
+    higher.dtype = promote_types(higher.dtype, lower.dtype);
+  return higher;
+}
+
+DType result_type_of(std::initializer_list<const Tensor*> tensors) {
+  PromotionLevel dims, zero_dim, wrapped;
+  for (const Tensor* t : tensors) {
+    (t->is_wrapped_number() ? wrapped : t->dim() > 0 ? dims : zero_dim).add(t->dtype());
+  }
+  return combine(dims, combine(zero_dim, wrapped)).dtype;
+}
+
+// A 0-d "wrapped number" tensor on `device`, for mixing scalars into tensor ops.
+Tensor wrap(Scalar value, Device device) {
+  Tensor t = scalar_tensor(value, TensorOptions(value.default_dtype(), device));
+  t.set_wrapped_number(true);
+  return t;
+}
+
+// Whether a result of dtype `from` may be written into a tensor of dtype `to` in place.
+bool can_cast(DType from, DType to) { return category(from) <= category(to); }
+
+// Moves a 0-d CPU operand next to a tensor on another device (as PyTorch allows).
+Tensor on_device_of(const Tensor& t, const Tensor& reference) {
+  if (t.device() != reference.device() && t.dim() == 0 && t.is_cpu()) {
+    Tensor moved = t.to(reference.device());
+    moved.set_wrapped_number(t.is_wrapped_number());
+    return moved;
+  }
+  return t;
+}
+
+// `input` ready for a kernel writing `out`: cast, broadcast, and copied if it overlaps
+// `out` in a different layout.
+Tensor prepare_input(const Tensor& input, DType dtype, const Shape& shape, const Tensor* out) {
+  Tensor result = input.to(dtype).expand(shape);
+  if (out != nullptr && result.storage().is_same(out->storage()) &&
+      !(result.data_ptr() == out->data_ptr() && result.strides() == out->strides())) {
+    result = result.clone();
+  }
+  return result;
+}
+
+void check_alpha(DType dtype, Scalar alpha, const char* op) {
+  EMBER_CHECK(is_floating(dtype) || !alpha.is_floating(), op,
+              "for integral inputs, alpha must not be a ", "floating point number (got ", alpha,
+              ")");
+  EMBER_CHECK(dtype != kBool || alpha.is_bool() || alpha.to_int() == 1, op,
+              "for bool inputs, alpha must be a bool (got ", alpha, ")");
+}
+
+// The shared path of every binary op; writes into *inplace when given.
+Tensor binary(BinaryOp op, const char* name, const Tensor& a_in, const Tensor& b_in,
+              Scalar alpha = 1, Tensor* inplace = nullptr) {
+  detail::check_defined(a_in, name, "self");
+  detail::check_defined(b_in, name, "other");
+  const Tensor a = on_device_of(a_in, b_in), b = on_device_of(b_in, a_in);
+  detail::check_same_device({&a, &b}, name);
+  DType compute = result_type_of({&a, &b});
+  if ((op == BinaryOp::kDiv) && !is_floating(compute)) compute = kF32;
+  if (op == BinaryOp::kSub) {
+    EMBER_CHECK(compute != kBool, name,
+                "subtraction of bool tensors is not supported; use logical ops");
+  }
+  if (op == BinaryOp::kAdd || op == BinaryOp::kSub) check_alpha(compute, alpha, name);
+  const Shape shape = broadcast_shapes(a.sizes(), b.sizes(), name);
+  const DType out_dtype = detail::is_comparison(op) ? kBool : compute;
+
+  Tensor out;
+  if (inplace != nullptr) {
+    EMBER_CHECK(inplace->sizes() == shape, name, "in-place output of shape ",
+                shape_str(inplace->sizes()), " cannot hold the broadcast result of shape ",
+                shape_str(shape));
+    EMBER_CHECK(can_cast(out_dtype, inplace->dtype()), name, "result type ", out_dtype,
+                " can't be cast to the in-place output's dtype ", inplace->dtype());
+    out = inplace->dtype() == out_dtype ? *inplace
+                                        : empty(shape, TensorOptions(out_dtype, a.device()));
+  } else {
+    out = empty(shape, TensorOptions(out_dtype, a.device()));
+  }
+  if (out.numel() > 0) {
+    const Tensor x = prepare_input(a, compute, shape, &out),
+                 y = prepare_input(b, compute, shape, &out);
+    out.storage().bump_version();
+    detail::require_kernel(detail::kernels_for(out.device(), name).binary, out.device(), name)(
+        op, out, x, y, alpha);
+  }
+  if (inplace != nullptr && !out.is_same(*inplace)) inplace->copy_(out);
+  return inplace != nullptr ? *inplace : out;
+}
+
+enum class UnaryKind { kSameType, kFloatResult, kNoBool };
+
+Tensor unary(UnaryOp op, const char* name, const Tensor& t, UnaryKind kind, double p0 = 0,
+             double p1 = 0, std::optional<DType> dtype = std::nullopt, Tensor* inplace = nullptr) {
+  detail::check_defined(t, name);
+  DType compute = dtype.value_or(t.dtype());
+  if (kind == UnaryKind::kFloatResult && !is_floating(compute)) compute = kF32;
+  EMBER_CHECK(kind != UnaryKind::kNoBool || compute != kBool, name,
+              "not supported for bool tensors");
+  Tensor out;
+  if (inplace != nullptr) {
+    EMBER_CHECK(can_cast(compute, inplace->dtype()), name, "result type ", compute,
+                " can't be cast to the in-place output's dtype ", inplace->dtype());
+    out = inplace->dtype() == compute ? *inplace
+                                      : empty(t.sizes(), TensorOptions(compute, t.device()));
+  } else {
+    out = empty(t.sizes(), TensorOptions(compute, t.device()));
+  }
+  if (out.numel() > 0) {
+    const Tensor x = prepare_input(t, compute, t.sizes(), &out);
+    out.storage().bump_version();
+    detail::require_kernel(detail::kernels_for(out.device(), name).unary, out.device(), name)(
+        op, out, x, p0, p1);
+  }
+  if (inplace != nullptr && !out.is_same(*inplace)) inplace->copy_(out);
+  return inplace != nullptr ? *inplace : out;
+}
+
+}  // namespace
+
+DType result_type(const Tensor& a, const Tensor& b) { return result_type_of({&a, &b}); }
+DType result_type(const Tensor& a, Scalar b) {
+  const Tensor w = wrap(b, kCPU);
+  return result_type_of({&a, &w});
+}
+
+Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
+  const size_t n = std::max(a.size(), b.size());
+  Shape result(n);
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t da = i < n - a.size() ? 1 : a[i - (n - a.size())];
+    const int64_t db = i < n - b.size() ? 1 : b[i - (n - b.size())];
+    EMBER_CHECK(da == db || da == 1 || db == 1, op, "shapes ", shape_str(a), " and ", shape_str(b),
+                " cannot broadcast");
+    result[i] = da == 1 ? db : da;
+  }
+  return result;
+}
+
+// --- elementwise -----------------------------------------------------------------------
+
+Tensor add(const Tensor& a, const Tensor& b, Scalar alpha) {
+  return binary(BinaryOp::kAdd, "add", a, b, alpha);
+}
+Tensor add(const Tensor& a, Scalar b) {
+  return binary(BinaryOp::kAdd, "add", a, wrap(b, a.device()));
+}
+Tensor sub(const Tensor& a, const Tensor& b, Scalar alpha) {
+  return binary(BinaryOp::kSub, "sub", a, b, alpha);
+}
+Tensor sub(const Tensor& a, Scalar b) {
+  return binary(BinaryOp::kSub, "sub", a, wrap(b, a.device()));
+}
+Tensor mul(const Tensor& a, const Tensor& b) { return binary(BinaryOp::kMul, "mul", a, b); }
+Tensor mul(const Tensor& a, Scalar b) {
+  return binary(BinaryOp::kMul, "mul", a, wrap(b, a.device()));
+}
+Tensor div(const Tensor& a, const Tensor& b) { return binary(BinaryOp::kDiv, "div", a, b); }
+Tensor div(const Tensor& a, Scalar b) {
+  return binary(BinaryOp::kDiv, "div", a, wrap(b, a.device()));
+}
+Tensor maximum(const Tensor& a, const Tensor& b) {
+  return binary(BinaryOp::kMaximum, "maximum", a, b);
+}
+Tensor minimum(const Tensor& a, const Tensor& b) {
+  return binary(BinaryOp::kMinimum, "minimum", a, b);
+}
+
+Tensor pow(const Tensor& base, const Tensor& exponent) {
+  return binary(BinaryOp::kPow, "pow", base, exponent);
+}
+
+namespace {
+Tensor pow_scalar(const Tensor& base, Scalar exponent, Tensor* inplace) {
+  detail::check_defined(base, "pow");
+  const DType dtype = result_type(base, exponent);
+  EMBER_CHECK(is_floating(dtype) || exponent.to_int() >= 0, "pow",
+              "integers to negative integer powers are not allowed (exponent ", exponent, ")");
+  EMBER_CHECK(dtype != kBool, "pow", "not supported for bool tensors");
+  return unary(UnaryOp::kPowScalar, "pow", base, UnaryKind::kSameType, exponent.to_double(), 0,
+               dtype, inplace);
+}
+}  // namespace
+
+Tensor pow(const Tensor& base, Scalar exponent) { return pow_scalar(base, exponent, nullptr); }
+
+Tensor neg(const Tensor& t) { return unary(UnaryOp::kNeg, "neg", t, UnaryKind::kNoBool); }
+Tensor abs(const Tensor& t) { return unary(UnaryOp::kAbs, "abs", t, UnaryKind::kNoBool); }
+Tensor exp(const Tensor& t) { return unary(UnaryOp::kExp, "exp", t, UnaryKind::kFloatResult); }
+Tensor log(const Tensor& t) { return unary(UnaryOp::kLog, "log", t, UnaryKind::kFloatResult); }
+Tensor sqrt(const Tensor& t) { return unary(UnaryOp::kSqrt, "sqrt", t, UnaryKind::kFloatResult); }
+Tensor rsqrt(const Tensor& t) {
+  return unary(UnaryOp::kRsqrt, "rsqrt", t, UnaryKind::kFloatResult);
+}
+Tensor relu(const Tensor& t) { return unary(UnaryOp::kRelu, "relu", t, UnaryKind::kNoBool); }
+Tensor sigmoid(const Tensor& t) {
+  return unary(UnaryOp::kSigmoid, "sigmoid", t, UnaryKind::kFloatResult);
+}
+Tensor tanh(const Tensor& t) { return unary(UnaryOp::kTanh, "tanh", t, UnaryKind::kFloatResult); }
+
+namespace {
+Tensor clamp_impl(const Tensor& t, std::optional<Scalar> min, std::optional<Scalar> max,
+                  Tensor* inplace) {
+  detail::check_defined(t, "clamp");
+  EMBER_CHECK(min || max, "clamp", "at least one of min and max must be given");
+  const Tensor lo_wrapped = wrap(min.value_or(0), kCPU), hi_wrapped = wrap(max.value_or(0), kCPU);
+  const DType dtype = result_type_of({&t, min ? &lo_wrapped : &t, max ? &hi_wrapped : &t});
+  EMBER_CHECK(dtype != kBool, "clamp", "not supported for bool tensors");
+  const double lo = min ? min->to_double() : -std::numeric_limits<double>::infinity();
+  const double hi = max ? max->to_double() : std::numeric_limits<double>::infinity();
+  return unary(UnaryOp::kClamp, "clamp", t, UnaryKind::kSameType, lo, hi, dtype, inplace);
+}
+}  // namespace
+
+Tensor clamp(const Tensor& t, std::optional<Scalar> min, std::optional<Scalar> max) {
+  return clamp_impl(t, min, max, nullptr);
+}
+
+Tensor where(const Tensor& cond_in, const Tensor& a_in, const Tensor& b_in) {
+  detail::check_defined(cond_in, "where", "condition");
+  EMBER_CHECK(cond_in.dtype() == kBool, "where", "condition must be a bool tensor, got ",
+              cond_in.dtype());
+  const Tensor a = on_device_of(a_in, cond_in), b = on_device_of(b_in, cond_in);
+  const Tensor cond = on_device_of(cond_in, a);
+  detail::check_same_device({&cond, &a, &b}, "where");
+  const DType dtype = result_type_of({&a, &b});
+  const Shape shape =
+      broadcast_shapes(broadcast_shapes(cond.sizes(), a.sizes(), "where"), b.sizes(), "where");
+  Tensor out = empty(shape, TensorOptions(dtype, cond.device()));
+  if (out.numel() > 0) {
+    detail::require_kernel(detail::kernels_for(out.device(), "where").where, out.device(), "where")(
+        out, cond.expand(shape), a.to(dtype).expand(shape), b.to(dtype).expand(shape));
+  }
+  return out;
+}
+Tensor where(const Tensor& cond, const Tensor& a, Scalar b) {
+  return where(cond, a, wrap(b, a.device()));
+}
+Tensor where(const Tensor& cond, Scalar a, const Tensor& b) {
+  return where(cond, wrap(a, b.device()), b);
+}
+
+Tensor eq(const Tensor& a, const Tensor& b) { return binary(BinaryOp::kEq, "eq", a, b); }
+Tensor ne(const Tensor& a, const Tensor& b) { return binary(BinaryOp::kNe, "ne", a, b); }
+Tensor lt(const Tensor& a, const Tensor& b) { return binary(BinaryOp::kLt, "lt", a, b); }
+Tensor le(const Tensor& a, const Tensor& b) { return binary(BinaryOp::kLe, "le", a, b); }
+Tensor gt(const Tensor& a, const Tensor& b) { return binary(BinaryOp::kGt, "gt", a, b); }
+Tensor ge(const Tensor& a, const Tensor& b) { return binary(BinaryOp::kGe, "ge", a, b); }
+Tensor eq(const Tensor& a, Scalar b) { return eq(a, wrap(b, a.device())); }
+Tensor ne(const Tensor& a, Scalar b) { return ne(a, wrap(b, a.device())); }
+Tensor lt(const Tensor& a, Scalar b) { return lt(a, wrap(b, a.device())); }
+Tensor le(const Tensor& a, Scalar b) { return le(a, wrap(b, a.device())); }
+Tensor gt(const Tensor& a, Scalar b) { return gt(a, wrap(b, a.device())); }
+Tensor ge(const Tensor& a, Scalar b) { return ge(a, wrap(b, a.device())); }
+
+bool allclose(const Tensor& a, const Tensor& b, double rtol, double atol) {
+  detail::check_defined(a, "allclose", "self");
+  detail::check_defined(b, "allclose", "other");
+  if (a.sizes() != b.sizes()) return false;
+  const auto x = a.to_vector<double>(), y = b.to_vector<double>();
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (x[i] == y[i]) continue;  // covers equal infinities
+    if (!(std::abs(x[i] - y[i]) <= atol + rtol * std::abs(y[i]))) return false;
+  }
+  return true;
+}
+
+bool equal(const Tensor& a, const Tensor& b) {
+  detail::check_defined(a, "equal", "self");
+  detail::check_defined(b, "equal", "other");
+  return a.sizes() == b.sizes() && a.to_vector<double>() == b.to_vector<double>();
+}
+
+// --- Tensor methods and operators ------------------------------------------------------
+
+Tensor& Tensor::add_(const Tensor& other, Scalar alpha) {
+  binary(BinaryOp::kAdd, "add_", *this, other, alpha, this);
+  return *this;
+}
+Tensor& Tensor::add_(Scalar other) { return add_(wrap(other, device())); }
+Tensor& Tensor::sub_(const Tensor& other, Scalar alpha) {
+  binary(BinaryOp::kSub, "sub_", *this, other, alpha, this);
+  return *this;
+}
+Tensor& Tensor::sub_(Scalar other) { return sub_(wrap(other, device())); }
+Tensor& Tensor::mul_(const Tensor& other) {
+  binary(BinaryOp::kMul, "mul_", *this, other, 1, this);
+  return *this;
+}
+Tensor& Tensor::mul_(Scalar other) { return mul_(wrap(other, device())); }
+Tensor& Tensor::div_(const Tensor& other) {
+  binary(BinaryOp::kDiv, "div_", *this, other, 1, this);
+  return *this;
+}
+Tensor& Tensor::div_(Scalar other) { return div_(wrap(other, device())); }
+Tensor& Tensor::maximum_(const Tensor& other) {
+  binary(BinaryOp::kMaximum, "maximum_", *this, other, 1, this);
+  return *this;
+}
+Tensor& Tensor::minimum_(const Tensor& other) {
+  binary(BinaryOp::kMinimum, "minimum_", *this, other, 1, this);
+  return *this;
+}
+Tensor& Tensor::pow_(Scalar exponent) {
+  pow_scalar(*this, exponent, this);
+  return *this;
+}
+Tensor& Tensor::neg_() {
+  unary(UnaryOp::kNeg, "neg_", *this, UnaryKind::kNoBool, 0, 0, {}, this);
+  return *this;
+}
+Tensor& Tensor::abs_() {
+  unary(UnaryOp::kAbs, "abs_", *this, UnaryKind::kNoBool, 0, 0, {}, this);
+  return *this;
+}
+Tensor& Tensor::exp_() {
+  unary(UnaryOp::kExp, "exp_", *this, UnaryKind::kFloatResult, 0, 0, {}, this);
+  return *this;
+}
+Tensor& Tensor::log_() {
+  unary(UnaryOp::kLog, "log_", *this, UnaryKind::kFloatResult, 0, 0, {}, this);
+  return *this;
+}
+Tensor& Tensor::sqrt_() {
+  unary(UnaryOp::kSqrt, "sqrt_", *this, UnaryKind::kFloatResult, 0, 0, {}, this);
+  return *this;
+}
+Tensor& Tensor::rsqrt_() {
+  unary(UnaryOp::kRsqrt, "rsqrt_", *this, UnaryKind::kFloatResult, 0, 0, {}, this);
+  return *this;
+}
+Tensor& Tensor::relu_() {
+  unary(UnaryOp::kRelu, "relu_", *this, UnaryKind::kNoBool, 0, 0, {}, this);
+  return *this;
+}
+Tensor& Tensor::sigmoid_() {
+  unary(UnaryOp::kSigmoid, "sigmoid_", *this, UnaryKind::kFloatResult, 0, 0, {}, this);
+  return *this;
+}
+Tensor& Tensor::tanh_() {
+  unary(UnaryOp::kTanh, "tanh_", *this, UnaryKind::kFloatResult, 0, 0, {}, this);
+  return *this;
+}
+Tensor& Tensor::clamp_(std::optional<Scalar> min, std::optional<Scalar> max) {
+  clamp_impl(*this, min, max, this);
+  return *this;
+}
+
+Tensor Tensor::add(const Tensor& other, Scalar alpha) const {
+  return ember::add(*this, other, alpha);
+}
+Tensor Tensor::sub(const Tensor& other, Scalar alpha) const {
+  return ember::sub(*this, other, alpha);
+}
+Tensor Tensor::mul(const Tensor& other) const { return ember::mul(*this, other); }
+Tensor Tensor::div(const Tensor& other) const { return ember::div(*this, other); }
+Tensor Tensor::pow(Scalar exponent) const { return ember::pow(*this, exponent); }
+Tensor Tensor::neg() const { return ember::neg(*this); }
+Tensor Tensor::abs() const { return ember::abs(*this); }
+Tensor Tensor::exp() const { return ember::exp(*this); }
+Tensor Tensor::log() const { return ember::log(*this); }
+Tensor Tensor::sqrt() const { return ember::sqrt(*this); }
+Tensor Tensor::rsqrt() const { return ember::rsqrt(*this); }
+Tensor Tensor::relu() const { return ember::relu(*this); }
+Tensor Tensor::sigmoid() const { return ember::sigmoid(*this); }
+Tensor Tensor::tanh() const { return ember::tanh(*this); }
+Tensor Tensor::clamp(std::optional<Scalar> min, std::optional<Scalar> max) const {
+  return ember::clamp(*this, min, max);
+}
+
+Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
+Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
+Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }
+Tensor operator/(const Tensor& a, const Tensor& b) { return div(a, b); }
+Tensor operator+(const Tensor& a, Scalar b) { return add(a, b); }
+Tensor operator-(const Tensor& a, Scalar b) { return sub(a, b); }
+Tensor operator*(const Tensor& a, Scalar b) { return mul(a, b); }
+Tensor operator/(const Tensor& a, Scalar b) { return div(a, b); }
+Tensor operator+(Scalar a, const Tensor& b) { return add(wrap(a, b.device()), b); }
+Tensor operator-(Scalar a, const Tensor& b) { return sub(wrap(a, b.device()), b); }
+Tensor operator*(Scalar a, const Tensor& b) { return mul(wrap(a, b.device()), b); }
+Tensor operator/(Scalar a, const Tensor& b) { return div(wrap(a, b.device()), b); }
+Tensor operator-(const Tensor& a) { return neg(a); }
+Tensor& operator+=(Tensor& a, const Tensor& b) { return a.add_(b); }
+Tensor& operator-=(Tensor& a, const Tensor& b) { return a.sub_(b); }
+Tensor& operator*=(Tensor& a, const Tensor& b) { return a.mul_(b); }
+Tensor& operator/=(Tensor& a, const Tensor& b) { return a.div_(b); }
+Tensor& operator+=(Tensor& a, Scalar b) { return a.add_(b); }
+Tensor& operator-=(Tensor& a, Scalar b) { return a.sub_(b); }
+Tensor& operator*=(Tensor& a, Scalar b) { return a.mul_(b); }
+Tensor& operator/=(Tensor& a, Scalar b) { return a.div_(b); }
+
+}  // namespace ember
