@@ -1,0 +1,125 @@
+#include <filesystem>
+#include <utility>
+
+#include <ember/tensor/error.h>
+#include <ember/tensor/ops.h>
+
+#include "datasets.h"
+#include "detail/io.h"
+
+namespace ember::data {
+namespace {
+
+constexpr int64_t kSide = 32;
+constexpr int64_t kPixels = kSide * kSide * 3;
+
+// The folder holding the binary files: root/<subdir> or root itself.
+std::string find_folder(const std::string& root, const std::string& subdir,
+                        const std::string& probe, const char* op, const std::string& url) {
+  namespace fs = std::filesystem;
+  const fs::path nested = fs::path(root) / subdir;
+  if (fs::exists(nested / probe)) return nested.string();
+  if (fs::exists(fs::path(root) / probe)) return root;
+  throw Error(ember::detail::str_cat(
+      op, ": dataset not found: looked for '", (nested / probe).string(), "' and '",
+      (fs::path(root) / probe).string(), "'. Download ", url, " and unpack it into '", root,
+      "' so that '", nested.string(), "' holds the .bin files (scripts/fetch_cifar10.sh ",
+      "<folder> does this for CIFAR-10 and checks the MD5)"));
+}
+
+// Appends the records of one binary file: HWC pixels to `pixels`, each label byte to its
+// vector in `labels` (checked against `limits`).
+void read_records(const std::string& path, const char* op, const std::vector<int64_t>& limits,
+                  std::vector<uint8_t>& pixels, std::vector<std::vector<int64_t>>& labels) {
+  namespace fs = std::filesystem;
+  EMBER_CHECK(fs::exists(path), op, "missing file '", path,
+              "': the folder looks like a partial copy of the dataset");
+  const std::vector<uint8_t> bytes = detail::read_file(path, op);
+  const size_t label_bytes = limits.size();
+  const size_t record = label_bytes + kPixels;
+  EMBER_CHECK(!bytes.empty() && bytes.size() % record == 0, op, "'", path, "' has ", bytes.size(),
+              " bytes, not a whole number of ", record, "-byte records (", label_bytes,
+              " label byte", label_bytes == 1 ? "" : "s", " + ", kPixels,
+              " pixels): truncated, or not this dataset's binary version");
+  const size_t count = bytes.size() / record;
+  const size_t base = pixels.size();
+  pixels.resize(base + count * kPixels);
+  for (size_t r = 0; r < count; ++r) {
+    const uint8_t* rec = bytes.data() + r * record;
+    for (size_t k = 0; k < label_bytes; ++k) {
+      EMBER_CHECK(rec[k] < limits[k], op, "'", path, "' record ", r, " has label ",
+                  static_cast<int>(rec[k]), ", outside [0, ", limits[k], ")");
+      labels[k].push_back(rec[k]);
+    }
+    // Planes R, G, B of 1,024 pixels each -> interleaved HWC.
+    const uint8_t* planes = rec + label_bytes;
+    uint8_t* out = pixels.data() + base + r * kPixels;
+    for (int64_t p = 0; p < kSide * kSide; ++p) {
+      out[p * 3] = planes[p];
+      out[p * 3 + 1] = planes[kSide * kSide + p];
+      out[p * 3 + 2] = planes[2 * kSide * kSide + p];
+    }
+  }
+}
+
+Tensor to_images(const std::vector<uint8_t>& pixels) {
+  const int64_t n = static_cast<int64_t>(pixels.size()) / kPixels;
+  Tensor images = empty({n, kSide, kSide, 3}, kU8);
+  std::copy(pixels.begin(), pixels.end(), images.data_ptr<uint8_t>());
+  return images;
+}
+
+}  // namespace
+
+Cifar10::Cifar10(const std::string& root, Split split) {
+  const char* op = "CIFAR10";
+  const std::string folder = find_folder(root, "cifar-10-batches-bin", "test_batch.bin", op, kUrl);
+  std::vector<std::string> files;
+  if (split == Split::kTrain) {
+    for (int i = 1; i <= 5; ++i) files.push_back("data_batch_" + std::to_string(i) + ".bin");
+  } else {
+    files.push_back("test_batch.bin");
+  }
+  std::vector<uint8_t> pixels;
+  std::vector<std::vector<int64_t>> labels(1);
+  for (const auto& file : files) {
+    read_records((std::filesystem::path(folder) / file).string(), op, {kNumClasses}, pixels,
+                 labels);
+  }
+  images_ = to_images(pixels);
+  targets_ = std::move(labels[0]);
+}
+
+Example Cifar10::get(int64_t index) const {
+  check_index(index, "CIFAR10::get");
+  return {images_.select(0, index), targets_[static_cast<size_t>(index)]};
+}
+
+const std::vector<std::string>& Cifar10::classes() {
+  static const std::vector<std::string> kClasses = {
+      "airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"};
+  return kClasses;
+}
+
+Cifar100::Cifar100(const std::string& root, Split split, Label label) : label_(label) {
+  const char* op = "CIFAR100";
+  const std::string folder =
+      find_folder(root, "cifar-100-binary", "test.bin", op,
+                  "https://www.cs.toronto.edu/~kriz/cifar-100-binary.tar.gz");
+  const std::string file = split == Split::kTrain ? "train.bin" : "test.bin";
+  std::vector<uint8_t> pixels;
+  std::vector<std::vector<int64_t>> labels(2);
+  read_records((std::filesystem::path(folder) / file).string(), op,
+               {kNumCoarseClasses, kNumFineClasses}, pixels, labels);
+  images_ = to_images(pixels);
+  coarse_ = std::move(labels[0]);
+  fine_ = std::move(labels[1]);
+}
+
+Example Cifar100::get(int64_t index) const {
+  check_index(index, "CIFAR100::get");
+  const auto& targets = label_ == Label::kFine ? fine_ : coarse_;
+  return {images_.select(0, index), targets[static_cast<size_t>(index)]};
+}
+
+}  // namespace ember::data

@@ -1,0 +1,226 @@
+#include "dataloader.h"
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstring>
+#include <exception>
+#include <map>
+#include <mutex>
+#include <numeric>
+#include <thread>
+#include <utility>
+
+#include <ember/tensor/cuda.h>
+#include <ember/tensor/error.h>
+#include <ember/tensor/ops.h>
+
+namespace ember::data {
+
+// One epoch in flight: its sampler order, the worker threads and the batches they have
+// finished but the caller has not taken yet.
+struct DataLoader::Run {
+  struct Slot {
+    Batch batch;
+    std::exception_ptr error;
+  };
+
+  const DataLoader& loader;
+  const uint64_t epoch;
+  const std::vector<int64_t> order;
+  const int64_t num_batches;
+  const int64_t window;  // batches that may be claimed beyond the next one to take
+
+  std::mutex mutex;
+  std::condition_variable work_cv;   // a worker may claim another batch, or must stop
+  std::condition_variable ready_cv;  // a batch was finished
+  int64_t next_claim = 0;            // guarded by mutex
+  int64_t next_take = 0;             // guarded by mutex
+  bool stopping = false;             // guarded by mutex
+  std::atomic<bool> stop{false};     // the same, read without the lock inside a batch
+  std::map<int64_t, Slot> ready;     // guarded by mutex
+  std::vector<std::thread> workers;
+
+  Run(const DataLoader& owner, uint64_t epoch_in, std::vector<int64_t> order_in)
+      : loader(owner),
+        epoch(epoch_in),
+        order(std::move(order_in)),
+        num_batches(owner.batches_for(static_cast<int64_t>(order.size()))),
+        window(static_cast<int64_t>(owner.options_.num_workers) * owner.options_.prefetch_factor) {
+    for (int w = 0; w < owner.options_.num_workers; ++w) workers.emplace_back([this] { work(); });
+  }
+
+  ~Run() {
+    halt();
+    for (auto& t : workers) t.join();
+  }
+
+  void halt() {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      stopping = true;
+      stop = true;
+    }
+    work_cv.notify_all();
+  }
+
+  void work() {
+    for (;;) {
+      int64_t batch = 0;
+      {
+        std::unique_lock<std::mutex> lock(mutex);
+        // NOTE: batches are claimed in increasing order and the window always admits
+        // next_take, so the batch the caller waits for is always being loaded.
+        work_cv.wait(lock, [&] {
+          return stopping || next_claim >= num_batches || next_claim < next_take + window;
+        });
+        if (stopping || next_claim >= num_batches) return;
+        batch = next_claim++;
+      }
+      Slot slot;
+      try {
+        slot.batch = loader.load_batch(epoch, order, batch, &stop);
+      } catch (...) {
+        slot.error = std::current_exception();
+      }
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        ready.emplace(batch, std::move(slot));
+      }
+      ready_cv.notify_all();
+    }
+  }
+
+  // The next batch in order, or false at the end of the epoch; rethrows a loading error.
+  bool next(Batch& out) {
+    if (workers.empty()) {
+      if (next_take >= num_batches) return false;
+      out = loader.load_batch(epoch, order, next_take++, nullptr);
+      return true;
+    }
+    Slot slot;
+    {
+      std::unique_lock<std::mutex> lock(mutex);
+      if (next_take >= num_batches || stopping) return false;
+      ready_cv.wait(lock, [&] { return ready.count(next_take) > 0; });
+      auto it = ready.find(next_take);
+      slot = std::move(it->second);
+      ready.erase(it);
+      ++next_take;
+    }
+    work_cv.notify_all();
+    if (slot.error) {
+      halt();
+      std::rethrow_exception(slot.error);
+    }
+    out = std::move(slot.batch);
+    return true;
+  }
+};
+
+DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions options)
+    : dataset_(std::move(dataset)), options_(std::move(options)) {
+  EMBER_CHECK(dataset_ != nullptr, "DataLoader", "dataset is null");
+  EMBER_CHECK(options_.batch_size >= 1, "DataLoader", "batch_size must be >= 1, got ",
+              options_.batch_size);
+  EMBER_CHECK(options_.num_workers >= 0, "DataLoader", "num_workers must be >= 0, got ",
+              options_.num_workers);
+  EMBER_CHECK(options_.prefetch_factor >= 1, "DataLoader", "prefetch_factor must be >= 1, got ",
+              options_.prefetch_factor);
+}
+
+DataLoader::~DataLoader() = default;
+
+int64_t DataLoader::batches_for(int64_t samples) const {
+  const int64_t b = options_.batch_size;
+  return options_.drop_last ? samples / b : (samples + b - 1) / b;
+}
+
+int64_t DataLoader::size() const {
+  return batches_for(options_.sampler ? options_.sampler->size() : dataset_->size());
+}
+
+DataLoader::Iterator DataLoader::begin() {
+  run_.reset();  // joins the workers of an epoch still in flight
+  const uint64_t epoch = epoch_++;
+  std::vector<int64_t> order;
+  if (options_.sampler) {
+    options_.sampler->set_epoch(epoch);
+    order = options_.sampler->indices();
+  } else if (options_.shuffle) {
+    order = random_permutation(dataset_->size(), options_.seed, epoch);
+  } else {
+    order.resize(static_cast<size_t>(dataset_->size()));
+    std::iota(order.begin(), order.end(), int64_t{0});
+  }
+  run_ = std::make_unique<Run>(*this, epoch, std::move(order));
+  return Iterator(run_.get());
+}
+
+Batch DataLoader::load_batch(uint64_t epoch, const std::vector<int64_t>& order, int64_t batch,
+                             const std::atomic<bool>* stop) const {
+  const int64_t first = batch * options_.batch_size;
+  const int64_t count =
+      std::min<int64_t>(options_.batch_size, static_cast<int64_t>(order.size()) - first);
+  const bool pinned = options_.pin_memory && cuda::is_available();
+  Batch out;
+  out.indices.assign(order.begin() + first, order.begin() + first + count);
+  out.target = empty({count}, TensorOptions(kI64).with_pinned_memory(pinned));
+  int64_t* targets = out.target.data_ptr<int64_t>();
+  int64_t first_index = -1;
+  Shape sample_shape;
+  size_t sample_bytes = 0;
+  for (int64_t k = 0; k < count; ++k) {
+    if (stop != nullptr && stop->load(std::memory_order_relaxed)) break;
+    const int64_t index = out.indices[static_cast<size_t>(k)];
+    try {
+      EMBER_CHECK(index >= 0 && index < dataset_->size(), "sampler",
+                  "index is out of range for a dataset of ", dataset_->size(), " examples");
+      Example example = dataset_->get(index);
+      if (options_.transform) {
+        SampleRng rng(options_.seed, epoch, index);
+        example.data = options_.transform->apply(example.data, rng);
+      }
+      const Tensor& data = example.data;
+      EMBER_CHECK(data.defined(), "dataset", "returned an undefined tensor");
+      if (k == 0) {
+        Shape shape{count};
+        shape.insert(shape.end(), data.sizes().begin(), data.sizes().end());
+        out.data = empty(shape, TensorOptions(data.dtype()).with_pinned_memory(pinned));
+        first_index = index;
+        sample_shape = data.sizes();
+        sample_bytes = data.nbytes();
+      } else {
+        EMBER_CHECK(data.sizes() == sample_shape && data.dtype() == out.data.dtype(), "collate",
+                    "its data is ", data.dtype(), " ", shape_str(data.sizes()),
+                    " but the batch's first sample (index ", first_index, ") is ", out.data.dtype(),
+                    " ", shape_str(sample_shape),
+                    "; transform them to one size (e.g. Resize, CenterCrop)");
+      }
+      if (data.is_cpu() && data.is_contiguous()) {
+        if (sample_bytes > 0) {
+          std::memcpy(static_cast<char*>(out.data.data_ptr()) + k * sample_bytes, data.data_ptr(),
+                      sample_bytes);
+        }
+      } else {
+        out.data.select(0, k).copy_(data);
+      }
+      targets[k] = example.target;
+    } catch (const std::exception& e) {
+      throw Error(ember::detail::str_cat("DataLoader: sample ", index, " (batch ", batch,
+                                         " of epoch ", epoch, ") failed: ", e.what()));
+    }
+  }
+  return out;
+}
+
+DataLoader::Iterator::Iterator(Run* run) : run_(run) { ++*this; }
+
+DataLoader::Iterator& DataLoader::Iterator::operator++() {
+  EMBER_CHECK(run_ != nullptr, "DataLoader::Iterator", "advanced past the end of the epoch");
+  Run* run = run_;
+  run_ = nullptr;  // an exception below ends the epoch for this iterator
+  if (run->next(batch_)) run_ = run;
+  return *this;
+}
+
+}  // namespace ember::data

@@ -1,0 +1,35 @@
+#include "dataset.h"
+
+#include <utility>
+
+#include <ember/tensor/error.h>
+
+namespace ember::data {
+
+void Dataset::check_index(int64_t index, const char* op) const {
+  EMBER_CHECK(index >= 0 && index < size(), op, "index ", index, " is out of range for ", size(),
+              " examples");
+}
+
+TensorDataset::TensorDataset(Tensor data, Tensor targets) {
+  EMBER_CHECK(data.defined() && targets.defined(), "TensorDataset",
+              "data and targets must be defined tensors");
+  EMBER_CHECK(data.dim() >= 1, "TensorDataset", "data must have a leading example dim, got a ",
+              data.dim(), "-d tensor");
+  EMBER_CHECK(data.is_cpu(), "TensorDataset", "data must be on the CPU, got ", data.device());
+  EMBER_CHECK(targets.dim() == 1 && is_integral(targets.dtype(), true), "TensorDataset",
+              "targets must be a 1-d integer tensor, got ", targets.dtype(), " ",
+              shape_str(targets.sizes()));
+  EMBER_CHECK(targets.size(0) == data.size(0), "TensorDataset", "data has ", data.size(0),
+              " examples but targets has ", targets.size(0), " (data ", shape_str(data.sizes()),
+              ")");
+  data_ = std::move(data);
+  targets_ = targets.to_vector<int64_t>();
+}
+
+Example TensorDataset::get(int64_t index) const {
+  check_index(index, "TensorDataset::get");
+  return {data_.select(0, index), targets_[static_cast<size_t>(index)]};
+}
+
+}  // namespace ember::data

@@ -1,0 +1,48 @@
+// Datasets: random access to examples by index.
+//
+// A Dataset hands out one Example (an input tensor and an integer target) per index. get()
+// is const and must be safe to call from several threads at once: the DataLoader's workers
+// share one dataset. Images come out as u8 [H, W, C] (the decoded layout, as PIL's); the
+// transforms in transforms.h turn them into f32 [C, H, W] for a model.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include <ember/tensor/tensor.h>
+
+namespace ember::data {
+
+struct Example {
+  Tensor data;
+  int64_t target = 0;
+};
+
+class Dataset {
+ public:
+  virtual ~Dataset() = default;
+  virtual int64_t size() const = 0;
+  // The example at `index` in [0, size()); ember::Error for an index out of range.
+  virtual Example get(int64_t index) const = 0;
+
+ protected:
+  // Throws ember::Error naming `op` when index is outside [0, size()).
+  void check_index(int64_t index, const char* op) const;
+};
+
+// Examples held in memory: row i of `data` (a view, no copy) with targets[i].
+class TensorDataset : public Dataset {
+ public:
+  // data: [N, ...] on the CPU; targets: [N] of an integer dtype.
+  TensorDataset(Tensor data, Tensor targets);
+  int64_t size() const override { return data_.size(0); }
+  Example get(int64_t index) const override;
+  const Tensor& data() const { return data_; }
+  const std::vector<int64_t>& targets() const { return targets_; }
+
+ private:
+  Tensor data_;
+  std::vector<int64_t> targets_;
+};
+
+}  // namespace ember::data
