@@ -3,6 +3,7 @@
 #include <cmath>
 #include <limits>
 
+#include "detail/autograd_hooks.h"
 #include "detail/dispatch.h"
 #include "detail/kernel_table.h"
 #include "detail/op_utils.h"
@@ -10,7 +11,9 @@
 
 namespace ember {
 
+using detail::AutogradScope;
 using detail::BinaryOp;
+using detail::OpId;
 using detail::UnaryOp;
 
 // --- factories -------------------------------------------------------------------------
@@ -215,11 +218,65 @@ void check_alpha(DType dtype, Scalar alpha, const char* op) {
               "for bool inputs, alpha must be a bool (got ", alpha, ")");
 }
 
+// The autograd op of a differentiable binary op (comparisons are never recorded).
+OpId grad_op(BinaryOp op) {
+  switch (op) {
+    case BinaryOp::kAdd:
+      return OpId::kAdd;
+    case BinaryOp::kSub:
+      return OpId::kSub;
+    case BinaryOp::kMul:
+      return OpId::kMul;
+    case BinaryOp::kDiv:
+      return OpId::kDiv;
+    case BinaryOp::kPow:
+      return OpId::kPow;
+    case BinaryOp::kMaximum:
+      return OpId::kMaximum;
+    case BinaryOp::kMinimum:
+      return OpId::kMinimum;
+    default:
+      return OpId::kAdd;
+  }
+}
+
+OpId grad_op(UnaryOp op) {
+  switch (op) {
+    case UnaryOp::kNeg:
+      return OpId::kNeg;
+    case UnaryOp::kAbs:
+      return OpId::kAbs;
+    case UnaryOp::kExp:
+      return OpId::kExp;
+    case UnaryOp::kLog:
+      return OpId::kLog;
+    case UnaryOp::kSqrt:
+      return OpId::kSqrt;
+    case UnaryOp::kRsqrt:
+      return OpId::kRsqrt;
+    case UnaryOp::kRelu:
+      return OpId::kRelu;
+    case UnaryOp::kSigmoid:
+      return OpId::kSigmoid;
+    case UnaryOp::kTanh:
+      return OpId::kTanh;
+    case UnaryOp::kPowScalar:
+      return OpId::kPowScalar;
+    case UnaryOp::kClamp:
+      return OpId::kClamp;
+  }
+  return OpId::kNeg;
+}
+
 // The shared path of every binary op; writes into *inplace when given.
 Tensor binary(BinaryOp op, const char* name, const Tensor& a_in, const Tensor& b_in,
               Scalar alpha = 1, Tensor* inplace = nullptr) {
   detail::check_defined(a_in, name, "self");
   detail::check_defined(b_in, name, "other");
+  if (inplace != nullptr) detail::check_inplace(name, *inplace, {&b_in});
+  const bool differentiable = !detail::is_comparison(op);
+  AutogradScope scope(grad_op(op),
+                      {differentiable ? &a_in : nullptr, differentiable ? &b_in : nullptr});
   const Tensor a = on_device_of(a_in, b_in), b = on_device_of(b_in, a_in);
   detail::check_same_device({&a, &b}, name);
   DType compute = result_type_of({&a, &b});
@@ -251,8 +308,13 @@ Tensor binary(BinaryOp op, const char* name, const Tensor& a_in, const Tensor& b
     detail::require_kernel(detail::kernels_for(out.device(), name).binary, out.device(), name)(
         op, out, x, y, alpha);
   }
-  if (inplace != nullptr && !out.is_same(*inplace)) inplace->copy_(out);
-  return inplace != nullptr ? *inplace : out;
+  if (inplace != nullptr) {
+    if (!out.is_same(*inplace)) inplace->copy_(out);
+    return *inplace;
+  }
+  detail::OpArgs args;
+  args.alpha = alpha;
+  return scope.finish(out, std::move(args));
 }
 
 enum class UnaryKind { kSameType, kFloatResult, kNoBool };
@@ -260,6 +322,8 @@ enum class UnaryKind { kSameType, kFloatResult, kNoBool };
 Tensor unary(UnaryOp op, const char* name, const Tensor& t, UnaryKind kind, double p0 = 0,
              double p1 = 0, std::optional<DType> dtype = std::nullopt, Tensor* inplace = nullptr) {
   detail::check_defined(t, name);
+  if (inplace != nullptr) detail::check_inplace(name, *inplace);
+  AutogradScope scope(grad_op(op), {&t});
   DType compute = dtype.value_or(t.dtype());
   if (kind == UnaryKind::kFloatResult && !is_floating(compute)) compute = kF32;
   EMBER_CHECK(kind != UnaryKind::kNoBool || compute != kBool, name,
@@ -279,8 +343,14 @@ Tensor unary(UnaryOp op, const char* name, const Tensor& t, UnaryKind kind, doub
     detail::require_kernel(detail::kernels_for(out.device(), name).unary, out.device(), name)(
         op, out, x, p0, p1);
   }
-  if (inplace != nullptr && !out.is_same(*inplace)) inplace->copy_(out);
-  return inplace != nullptr ? *inplace : out;
+  if (inplace != nullptr) {
+    if (!out.is_same(*inplace)) inplace->copy_(out);
+    return *inplace;
+  }
+  detail::OpArgs args;
+  args.a = p0;
+  args.b = p1;
+  return scope.finish(out, std::move(args));
 }
 
 }  // namespace
@@ -387,6 +457,7 @@ Tensor where(const Tensor& cond_in, const Tensor& a_in, const Tensor& b_in) {
   detail::check_defined(cond_in, "where", "condition");
   EMBER_CHECK(cond_in.dtype() == kBool, "where", "condition must be a bool tensor, got ",
               cond_in.dtype());
+  AutogradScope scope(OpId::kWhere, {&cond_in, &a_in, &b_in});
   const Tensor a = on_device_of(a_in, cond_in), b = on_device_of(b_in, cond_in);
   const Tensor cond = on_device_of(cond_in, a);
   detail::check_same_device({&cond, &a, &b}, "where");
@@ -398,7 +469,9 @@ Tensor where(const Tensor& cond_in, const Tensor& a_in, const Tensor& b_in) {
     detail::require_kernel(detail::kernels_for(out.device(), "where").where, out.device(), "where")(
         out, cond.expand(shape), a.to(dtype).expand(shape), b.to(dtype).expand(shape));
   }
-  return out;
+  detail::OpArgs args;
+  if (scope.recording()) args.extra = {cond};
+  return scope.finish(out, std::move(args));
 }
 Tensor where(const Tensor& cond, const Tensor& a, Scalar b) {
   return where(cond, a, wrap(b, a.device()));

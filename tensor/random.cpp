@@ -2,6 +2,7 @@
 
 #include <numeric>
 
+#include "detail/autograd_hooks.h"
 #include "detail/kernel_table.h"
 #include "detail/op_utils.h"
 #include "ops.h"
@@ -45,6 +46,7 @@ namespace {
 Tensor& draw(Tensor& t, detail::RandomKind kind, double a, double b, Generator* gen,
              const char* op) {
   detail::check_defined(t, op);
+  detail::check_inplace(op, t);
   if (kind != detail::RandomKind::kRandint) {
     EMBER_CHECK(is_floating(t.dtype()), op, "expected a floating dtype, got ", t.dtype());
   } else {

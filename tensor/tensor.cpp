@@ -3,12 +3,17 @@
 #include <algorithm>
 #include <numeric>
 
+#include "detail/autograd_hooks.h"
 #include "detail/dispatch.h"
 #include "detail/kernel_table.h"
 #include "detail/op_utils.h"
 #include "ops.h"
 
 namespace ember {
+
+using detail::AutogradScope;
+using detail::OpArgs;
+using detail::OpId;
 
 namespace {
 
@@ -145,6 +150,8 @@ Tensor Tensor::as_strided(const Shape& new_sizes, const Shape& new_strides,
                           std::optional<int64_t> offset) const {
   EMBER_CHECK(new_sizes.size() == new_strides.size(), "as_strided", "sizes ", shape_str(new_sizes),
               " and strides ", shape_str(new_strides), " differ in length");
+  EMBER_CHECK(!detail::grad_needed({this}), "as_strided",
+              "is not differentiable; detach() the tensor first");
   const int64_t off = offset.value_or(storage_offset());
   EMBER_CHECK(off >= 0, "as_strided", "negative storage offset ", off);
   int64_t last = off;  // furthest element the view reaches
@@ -171,30 +178,37 @@ Tensor Tensor::view(const Shape& shape) const {
   EMBER_CHECK(new_strides.has_value(), "view", "cannot view a tensor of shape ", shape_str(sizes()),
               " and strides ", shape_str(strides()), " as ", shape_str(new_sizes),
               "; use reshape() (it copies when needed)");
-  return Tensor(storage(), dtype(), new_sizes, *new_strides, storage_offset());
+  AutogradScope scope(OpId::kReshape, {this});
+  return scope.finish(Tensor(storage(), dtype(), new_sizes, *new_strides, storage_offset()));
 }
 
 Tensor Tensor::reshape(const Shape& shape) const {
   const Shape new_sizes = infer_size(shape, numel(), "reshape");
+  AutogradScope scope(OpId::kReshape, {this});
   if (auto new_strides = view_strides(sizes(), strides(), new_sizes)) {
-    return Tensor(storage(), dtype(), new_sizes, *new_strides, storage_offset());
+    return scope.finish(Tensor(storage(), dtype(), new_sizes, *new_strides, storage_offset()));
   }
-  return clone().view(new_sizes);
+  return scope.finish(clone().view(new_sizes));
 }
 
 Tensor Tensor::transpose(int64_t dim0, int64_t dim1) const {
   const int64_t a = detail::wrap_dim(dim0, dim(), "transpose");
   const int64_t b = detail::wrap_dim(dim1, dim(), "transpose");
   Shape s = sizes(), st = strides();
-  if (dim() == 0) return detach();
-  std::swap(s[a], s[b]);
-  std::swap(st[a], st[b]);
-  return Tensor(storage(), dtype(), s, st, storage_offset());
+  if (dim() > 0) {
+    std::swap(s[a], s[b]);
+    std::swap(st[a], st[b]);
+  }
+  AutogradScope scope(OpId::kTranspose, {this});
+  OpArgs args;
+  args.dim = a;
+  args.dim2 = b;
+  return scope.finish(Tensor(storage(), dtype(), s, st, storage_offset()), std::move(args));
 }
 
 Tensor Tensor::t() const {
   EMBER_CHECK(dim() <= 2, "t", "expects a tensor with <= 2 dims, got shape ", shape_str(sizes()));
-  return dim() < 2 ? detach() : transpose(0, 1);
+  return dim() < 2 ? transpose(0, 0) : transpose(0, 1);
 }
 
 Tensor Tensor::permute(const Shape& dims) const {
@@ -202,14 +216,19 @@ Tensor Tensor::permute(const Shape& dims) const {
               shape_str(dims), " for a tensor of shape ", shape_str(sizes()));
   Shape s(dims.size()), st(dims.size());
   std::vector<bool> seen(dims.size(), false);
+  Shape order;
   for (size_t i = 0; i < dims.size(); ++i) {
     const int64_t d = detail::wrap_dim(dims[i], dim(), "permute");
     EMBER_CHECK(!seen[d], "permute", "dim ", dims[i], " repeats in ", shape_str(dims));
     seen[d] = true;
     s[i] = sizes()[d];
     st[i] = strides()[d];
+    order.push_back(d);
   }
-  return Tensor(storage(), dtype(), s, st, storage_offset());
+  AutogradScope scope(OpId::kPermute, {this});
+  OpArgs args;
+  args.dims = std::move(order);
+  return scope.finish(Tensor(storage(), dtype(), s, st, storage_offset()), std::move(args));
 }
 
 Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
@@ -219,9 +238,7 @@ Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
   if (start < 0) start += n;
   EMBER_CHECK(start >= 0 && length >= 0 && start + length <= n, "narrow", "start ", start,
               " and length ", length, " are out of range for dim ", d, " of size ", n);
-  Shape s = sizes();
-  s[wd] = length;
-  return Tensor(storage(), dtype(), s, strides(), storage_offset() + start * strides()[wd]);
+  return slice(wd, start, start + length);
 }
 
 Tensor Tensor::slice(int64_t d, std::optional<int64_t> start, std::optional<int64_t> end,
@@ -239,7 +256,13 @@ Tensor Tensor::slice(int64_t d, std::optional<int64_t> start, std::optional<int6
   Shape s = sizes(), st = strides();
   s[wd] = (e - b + step - 1) / step;
   st[wd] *= step;
-  return Tensor(storage(), dtype(), s, st, storage_offset() + b * strides()[wd]);
+  AutogradScope scope(OpId::kSlice, {this});
+  OpArgs args;
+  args.dim = wd;
+  args.start = b;
+  args.step = step;
+  return scope.finish(Tensor(storage(), dtype(), s, st, storage_offset() + b * strides()[wd]),
+                      std::move(args));
 }
 
 Tensor Tensor::select(int64_t d, int64_t index) const {
@@ -252,7 +275,12 @@ Tensor Tensor::select(int64_t d, int64_t index) const {
   Shape s = sizes(), st = strides();
   s.erase(s.begin() + wd);
   st.erase(st.begin() + wd);
-  return Tensor(storage(), dtype(), s, st, storage_offset() + index * strides()[wd]);
+  AutogradScope scope(OpId::kSelect, {this});
+  OpArgs args;
+  args.dim = wd;
+  args.start = index;
+  return scope.finish(Tensor(storage(), dtype(), s, st, storage_offset() + index * strides()[wd]),
+                      std::move(args));
 }
 
 Tensor Tensor::expand(const Shape& shape) const {
@@ -280,7 +308,8 @@ Tensor Tensor::expand(const Shape& shape) const {
       st[i] = 0;
     }
   }
-  return Tensor(storage(), dtype(), s, st, storage_offset());
+  AutogradScope scope(OpId::kExpand, {this});
+  return scope.finish(Tensor(storage(), dtype(), s, st, storage_offset()));
 }
 
 Tensor Tensor::squeeze() const {
@@ -291,17 +320,21 @@ Tensor Tensor::squeeze() const {
       st.push_back(strides()[d]);
     }
   }
-  return Tensor(storage(), dtype(), s, st, storage_offset());
+  AutogradScope scope(OpId::kReshape, {this});
+  return scope.finish(Tensor(storage(), dtype(), s, st, storage_offset()));
 }
 
 Tensor Tensor::squeeze(int64_t d) const {
-  if (dim() == 0) return detach();
-  const int64_t wd = detail::wrap_dim(d, dim(), "squeeze");
-  if (sizes()[wd] != 1) return detach();
   Shape s = sizes(), st = strides();
-  s.erase(s.begin() + wd);
-  st.erase(st.begin() + wd);
-  return Tensor(storage(), dtype(), s, st, storage_offset());
+  if (dim() > 0) {
+    const int64_t wd = detail::wrap_dim(d, dim(), "squeeze");
+    if (sizes()[wd] == 1) {
+      s.erase(s.begin() + wd);
+      st.erase(st.begin() + wd);
+    }
+  }
+  AutogradScope scope(OpId::kReshape, {this});
+  return scope.finish(Tensor(storage(), dtype(), s, st, storage_offset()));
 }
 
 Tensor Tensor::unsqueeze(int64_t d) const {
@@ -310,7 +343,8 @@ Tensor Tensor::unsqueeze(int64_t d) const {
   const int64_t new_stride = wd < dim() ? sizes()[wd] * strides()[wd] : 1;
   s.insert(s.begin() + wd, 1);
   st.insert(st.begin() + wd, new_stride);
-  return Tensor(storage(), dtype(), s, st, storage_offset());
+  AutogradScope scope(OpId::kReshape, {this});
+  return scope.finish(Tensor(storage(), dtype(), s, st, storage_offset()));
 }
 
 Tensor Tensor::flatten(int64_t start_dim, int64_t end_dim) const {
@@ -337,13 +371,15 @@ Tensor Tensor::detach() const {
 Tensor Tensor::contiguous() const { return is_contiguous() ? *this : clone(); }
 
 Tensor Tensor::clone() const {
+  AutogradScope scope(OpId::kClone, {this});
   Tensor result = empty(sizes(), options());
   result.copy_(*this);
-  return result;
+  return scope.finish(result);
 }
 
 Tensor& Tensor::copy_(const Tensor& src, bool non_blocking) {
   detail::check_defined(src, "copy_", "src");
+  detail::check_inplace("copy_", *this, {&src});
   const Shape target = sizes();
   EMBER_CHECK(broadcast_shapes(target, src.sizes(), "copy_") == target, "copy_", "source of shape ",
               shape_str(src.sizes()), " cannot be broadcast to ", shape_str(target));
@@ -377,24 +413,19 @@ Tensor& Tensor::copy_(const Tensor& src, bool non_blocking) {
 }
 
 Tensor Tensor::to(Device target, bool non_blocking) const {
-  if (target == device()) return *this;
-  Tensor result = empty(sizes(), TensorOptions(dtype(), target));
-  result.copy_(*this, non_blocking);
-  return result;
+  return to(target, dtype(), non_blocking);
 }
 
-Tensor Tensor::to(DType target) const {
-  if (target == dtype()) return *this;
-  Tensor result = empty(sizes(), TensorOptions(target, device()));
-  result.copy_(*this);
-  return result;
-}
+Tensor Tensor::to(DType target) const { return to(device(), target); }
 
 Tensor Tensor::to(Device target_device, DType target_dtype, bool non_blocking) const {
-  if (target_device == device()) return to(target_dtype);
+  if (target_device == device() && target_dtype == dtype()) return *this;
+  // Only float-to-float conversions carry gradients (as in PyTorch).
+  const bool differentiable = is_floating(target_dtype);
+  AutogradScope scope(OpId::kCast, {differentiable ? this : nullptr});
   Tensor result = empty(sizes(), TensorOptions(target_dtype, target_device));
   result.copy_(*this, non_blocking);
-  return result;
+  return scope.finish(result);
 }
 
 Tensor Tensor::pin_memory() const {
@@ -406,6 +437,7 @@ Tensor Tensor::pin_memory() const {
 }
 
 Tensor& Tensor::fill_(Scalar value) {
+  detail::check_inplace("fill_", *this);
   if (numel() == 0) return *this;
   storage().bump_version();
   detail::require_kernel(detail::kernels_for(device(), "fill_").fill, device(), "fill_")(*this,

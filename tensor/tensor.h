@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <optional>
@@ -54,10 +55,10 @@ struct TensorOptions {
   }
 };
 
-// Per-tensor state that the autograd module attaches; the tensor module only carries it.
-struct AutogradMeta {
-  virtual ~AutogradMeta() = default;
-};
+namespace autograd {
+class Node;
+}
+struct AutogradMeta;
 
 class Tensor {
  public:
@@ -198,9 +199,32 @@ class Tensor {
   // PyTorch-style text: tensor([[1., 2.], [3., 4.]]) with dtype/device suffixes.
   std::string str() const;
 
-  // --- autograd's slot ----------------------------------------------------------------
+  // --- autograd (history is recorded by the autograd module, <ember/autograd/autograd.h>) --
+  bool requires_grad() const;
+  // Marks a leaf as needing gradients (torch's requires_grad_); not for tensors with history.
+  Tensor& requires_grad_(bool requires_grad = true);
+  // The gradient accumulated by backward passes; undefined until one reaches this tensor.
+  const Tensor& grad() const;
+  // Replaces the gradient (optimizers zero or drop it; DDP points it into its buckets).
+  void set_grad(const Tensor& grad) const;
+  // True for tensors created by the user rather than by a recorded op.
+  bool is_leaf() const;
+  // The node that produced this tensor in the autograd graph (null for leaves).
+  const std::shared_ptr<autograd::Node>& grad_fn() const;
+  // Back-propagates from this tensor; `gradient` may be omitted for one-element tensors.
+  void backward(const Tensor& gradient = {}, bool retain_graph = false,
+                bool create_graph = false) const;
+  // Keeps the gradient of a non-leaf in grad() after backward.
+  void retain_grad() const;
+  // Runs `hook` on the gradient flowing into this tensor; it may return a replacement.
+  void register_hook(std::function<Tensor(const Tensor&)> hook) const;
+  // Runs `hook` on a leaf once its grad() is fully accumulated for the current backward pass.
+  void register_post_accumulate_grad_hook(std::function<void(const Tensor&)> hook) const;
+  // The autograd state (null when the tensor never took part in autograd) and its creation.
   AutogradMeta* autograd_meta() const { return impl().autograd.get(); }
-  void set_autograd_meta(std::shared_ptr<AutogradMeta> meta) { impl().autograd = std::move(meta); }
+  AutogradMeta& ensure_autograd_meta() const;
+  // A non-owning reference to the autograd state, for hooks that must not keep it alive.
+  std::weak_ptr<AutogradMeta> weak_autograd_meta() const;
 
  private:
   struct Impl {
@@ -240,6 +264,17 @@ Tensor& operator*=(Tensor& a, Scalar b);
 Tensor& operator/=(Tensor& a, Scalar b);
 
 std::ostream& operator<<(std::ostream& out, const Tensor& t);
+
+// What autograd keeps per tensor: the tensor module carries it, autograd/ gives it meaning.
+struct AutogradMeta {
+  bool requires_grad = false;
+  Tensor grad;                                     // leaves (and retain_grad): accumulated gradient
+  std::shared_ptr<autograd::Node> grad_fn;         // non-leaves: the op that produced the tensor
+  uint32_t output_nr = 0;                          // which output of grad_fn this tensor is
+  std::weak_ptr<autograd::Node> grad_accumulator;  // leaves: the node accumulating into grad
+  std::vector<std::function<Tensor(const Tensor&)>> grad_hooks;  // leaves: run before accumulating
+  std::vector<std::function<void(const Tensor&)>> post_accumulate_hooks;  // leaves: run after
+};
 
 template <typename T>
 std::vector<T> Tensor::to_vector() const {

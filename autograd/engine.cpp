@@ -1,0 +1,108 @@
+#include "engine.h"
+
+#include <queue>
+#include <unordered_map>
+
+#include <ember/tensor/grad_mode.h>
+#include <ember/tensor/ops.h>
+
+#include "node.h"
+
+namespace ember::autograd {
+
+namespace {
+
+struct LaterFirst {
+  bool operator()(const Node* a, const Node* b) const {
+    return a->sequence_nr() < b->sequence_nr();
+  }
+};
+
+}  // namespace
+
+void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& gradients,
+              bool retain_graph, bool create_graph) {
+  EMBER_CHECK(gradients.empty() || gradients.size() == roots.size(), "backward", "got ",
+              gradients.size(), " gradients for ", roots.size(), " outputs");
+  GradModeGuard mode(create_graph);
+
+  // Seed the input buffers of the roots' nodes.
+  std::unordered_map<Node*, std::vector<Tensor>> buffers;
+  std::vector<std::shared_ptr<Node>> root_nodes;
+  auto deliver = [&buffers](const Edge& edge, const Tensor& grad) {
+    std::vector<Tensor>& buffer = buffers[edge.node.get()];
+    if (buffer.empty()) buffer.resize(edge.node->num_inputs());
+    Tensor& slot = buffer[edge.input_nr];
+    slot = slot.defined() ? slot + grad : grad;
+  };
+  for (size_t i = 0; i < roots.size(); ++i) {
+    const Tensor& root = roots[i];
+    EMBER_CHECK(root.defined() && root.requires_grad(), "backward", "output ", i,
+                " does not require grad and has no grad_fn");
+    Tensor grad = gradients.empty() ? Tensor() : gradients[i];
+    if (!grad.defined()) {
+      EMBER_CHECK(root.numel() == 1, "backward",
+                  "grad can be implicitly created only for one-element outputs, ", "output ", i,
+                  " has shape ", shape_str(root.sizes()));
+      grad = ones_like(root);
+    }
+    const Edge edge = gradient_edge(root);
+    deliver(edge, grad);
+    root_nodes.push_back(edge.node);
+  }
+
+  // Count, for every node reachable from the roots, how many edges lead into it.
+  std::unordered_map<Node*, int> dependencies;
+  {
+    std::vector<Node*> stack;
+    std::unordered_map<Node*, bool> seen;
+    for (const auto& node : root_nodes) {
+      if (!seen[node.get()]) {
+        seen[node.get()] = true;
+        stack.push_back(node.get());
+      }
+    }
+    while (!stack.empty()) {
+      Node* node = stack.back();
+      stack.pop_back();
+      for (const Edge& edge : node->next_edges()) {
+        if (!edge.valid()) continue;
+        ++dependencies[edge.node.get()];
+        if (!seen[edge.node.get()]) {
+          seen[edge.node.get()] = true;
+          stack.push_back(edge.node.get());
+        }
+      }
+    }
+  }
+
+  std::priority_queue<Node*, std::vector<Node*>, LaterFirst> ready;
+  for (const auto& node : root_nodes) {
+    if (dependencies[node.get()] == 0) {
+      dependencies[node.get()] = -1;  // queued once even if it is several roots' node
+      ready.push(node.get());
+    }
+  }
+  while (!ready.empty()) {
+    Node* node = ready.top();
+    ready.pop();
+    std::vector<Tensor> grads = std::move(buffers[node]);
+    buffers.erase(node);
+    grads.resize(node->num_inputs());
+    node->run_pre_hooks(grads);
+    bool any = false;
+    for (const Tensor& g : grads) any = any || g.defined();
+    std::vector<Tensor> outputs;
+    if (any) outputs = node->apply(std::move(grads));
+    if (!retain_graph) node->release_saved();
+    const auto& edges = node->next_edges();
+    for (size_t i = 0; i < edges.size(); ++i) {
+      const Edge& edge = edges[i];
+      if (!edge.valid()) continue;
+      if (i < outputs.size() && outputs[i].defined()) deliver(edge, outputs[i]);
+      if (--dependencies[edge.node.get()] == 0) ready.push(edge.node.get());
+    }
+  }
+}
+
+}  // namespace ember::autograd

@@ -1,0 +1,134 @@
+// How the tensor module reaches autograd without depending on it: autograd/ registers an
+// AutogradHooks table at start-up, and every differentiable primitive's front end wraps its
+// computation in an AutogradScope, which records the op when an input requires grad.
+//
+// NOTE: composite ops (matmul, stack, norm, ...) are written in terms of primitives and get
+// their gradients through them; only primitives open an AutogradScope. Inside a scope grad
+// mode is off, so the primitive's own helper calls record nothing.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "../grad_mode.h"
+#include "../tensor.h"
+
+namespace ember::detail {
+
+enum class OpId : uint16_t {
+  // elementwise
+  kAdd,
+  kSub,
+  kMul,
+  kDiv,
+  kPow,
+  kPowScalar,
+  kMaximum,
+  kMinimum,
+  kNeg,
+  kAbs,
+  kExp,
+  kLog,
+  kSqrt,
+  kRsqrt,
+  kRelu,
+  kSigmoid,
+  kTanh,
+  kClamp,
+  kWhere,
+  kMaskedFill,
+  // layout and copies
+  kCast,
+  kReshape,
+  kTranspose,
+  kPermute,
+  kSlice,
+  kSelect,
+  kExpand,
+  kClone,
+  // reductions
+  kSum,
+  kMean,
+  kMaxAll,
+  kMinAll,
+  kMaxDim,
+  kMinDim,
+  kVar,
+  kNorm,
+  // linear algebra, softmax, indexing
+  kMm,
+  kBmm,
+  kAddmm,
+  kSoftmax,
+  kLogSoftmax,
+  kCat,
+  kIndexSelect,
+  kGather,
+  kScatterAdd,
+  // layers
+  kConv2d,
+  kBatchNorm,
+  kMaxPool2d,
+  kAvgPool2d,
+  kAdaptiveAvgPool2d,
+  kDropout,
+  kCrossEntropy,
+};
+
+// The non-tensor arguments a backward formula needs; each op documents the fields it uses.
+struct OpArgs {
+  Scalar alpha = 1;
+  double a = 0.0, b = 0.0;
+  int64_t dim = 0, dim2 = 0, start = 0, step = 1, correction = 0;
+  Shape dims;
+  bool keepdim = false;
+  std::vector<Tensor> extra;  // index tensors, masks, saved statistics
+};
+
+struct AutogradHooks {
+  // Attaches a backward node for `op` to `outputs` (their inputs are `inputs`).
+  void (*record)(OpId op, std::span<const Tensor> inputs, std::span<const Tensor> outputs,
+                 OpArgs&& args) = nullptr;
+  void (*backward)(const Tensor& root, const Tensor& gradient, bool retain_graph,
+                   bool create_graph) = nullptr;
+  void (*register_hook)(const Tensor& t, std::function<Tensor(const Tensor&)> hook) = nullptr;
+  void (*retain_grad)(const Tensor& t) = nullptr;
+};
+
+// Null until the autograd module registers itself.
+const AutogradHooks* autograd_hooks();
+void set_autograd_hooks(const AutogradHooks* hooks);
+// The hooks, or ember::Error naming `op` when the autograd module is not linked in.
+const AutogradHooks& require_autograd(const char* op);
+
+// True when grad mode is on and any input requires grad.
+bool grad_needed(std::initializer_list<const Tensor*> inputs);
+
+// ember::Error when an in-place op would modify a tensor autograd is tracking, or write a
+// value that requires grad into a tensor (history cannot be rebased in place).
+void check_inplace(const char* op, const Tensor& self,
+                   std::initializer_list<const Tensor*> others = {});
+
+class AutogradScope {
+ public:
+  AutogradScope(OpId op, std::initializer_list<const Tensor*> inputs);
+  AutogradScope(OpId op, const std::vector<Tensor>& inputs);
+  ~AutogradScope() { GradMode::set_enabled(previous_mode_); }
+  AutogradScope(const AutogradScope&) = delete;
+  AutogradScope& operator=(const AutogradScope&) = delete;
+
+  bool recording() const { return recording_; }
+  // Records the op (when needed) with the given outputs and returns the first.
+  Tensor finish(Tensor output, OpArgs&& args = {});
+  void finish_all(std::span<const Tensor> outputs, OpArgs&& args = {});
+
+ private:
+  OpId op_;
+  bool previous_mode_;
+  bool recording_;
+  std::vector<Tensor> inputs_;
+};
+
+}  // namespace ember::detail

@@ -1,0 +1,165 @@
+// The autograd engine: accumulation, graph traversal, retain_graph, hooks, grad mode and the
+// checks that keep gradients from being silently wrong.
+#include "test_util.h"
+
+namespace ember {
+namespace {
+
+Tensor leaf(std::vector<double> values, Shape shape = {}) {
+  Tensor t = from_vector<double>(values, shape);
+  t.requires_grad_();
+  return t;
+}
+
+TEST(AutogradEngine, SimpleChainAndAccumulation) {
+  Tensor x = leaf({1, 2, 3});
+  Tensor y = (x * x * 3 + x).sum();  // dy/dx = 6x + 1
+  EXPECT_TRUE(y.requires_grad());
+  EXPECT_FALSE(y.is_leaf());
+  ASSERT_NE(y.grad_fn(), nullptr);
+  EXPECT_EQ(y.grad_fn()->name(), "SumBackward");
+  y.backward();
+  EXPECT_EQ(x.grad().to_vector<double>(), (std::vector<double>{7, 13, 19}));
+  // A second pass over a new graph accumulates.
+  (x * 2).sum().backward();
+  EXPECT_EQ(x.grad().to_vector<double>(), (std::vector<double>{9, 15, 21}));
+  x.set_grad(Tensor());
+  EXPECT_FALSE(x.grad().defined());
+}
+
+TEST(AutogradEngine, DiamondGraphsSumBothPaths) {
+  Tensor x = leaf({2});
+  Tensor a = x * 3;
+  Tensor b = x.exp();
+  Tensor c = a * b;  // d/dx (3x e^x) = 3 e^x (1 + x)
+  c.backward();
+  EXPECT_NEAR(x.grad().item<double>(), 3 * std::exp(2.0) * 3, 1e-9);
+}
+
+TEST(AutogradEngine, BroadcastGradientsAreSummed) {
+  Tensor a = leaf({1, 2, 3}, {3});
+  Tensor b = leaf({10, 20}, {2, 1});
+  (a * b).sum().backward();
+  EXPECT_EQ(a.grad().to_vector<double>(), (std::vector<double>{30, 30, 30}));
+  EXPECT_EQ(b.grad().sizes(), (Shape{2, 1}));
+  EXPECT_EQ(b.grad().to_vector<double>(), (std::vector<double>{6, 6}));
+}
+
+TEST(AutogradEngine, RetainGraphAllowsASecondPass) {
+  Tensor x = leaf({1, 2});
+  Tensor y = (x.exp()).sum();
+  y.backward({}, true);
+  y.backward();
+  testing::expect_close(x.grad(), x.detach().exp() * 2.0);
+  EXPECT_EMBER_ERROR(y.backward(), "backward through the graph a second time");
+}
+
+TEST(AutogradEngine, NoGradAndDetachStopRecording) {
+  Tensor x = leaf({1, 2});
+  {
+    NoGradGuard guard;
+    Tensor y = x * 2;
+    EXPECT_FALSE(y.requires_grad());
+  }
+  EXPECT_TRUE(GradMode::is_enabled());
+  Tensor d = x.detach();
+  EXPECT_FALSE(d.requires_grad());
+  EXPECT_TRUE(d.storage().is_same(x.storage()));
+  EXPECT_FALSE((d * 2).requires_grad());
+  EXPECT_EMBER_ERROR(d.backward(), "backward: tensor does not require grad");
+}
+
+TEST(AutogradEngine, NonScalarBackwardNeedsAGradient) {
+  Tensor x = leaf({1, 2});
+  Tensor y = x * 3;
+  EXPECT_EMBER_ERROR(y.backward(), "grad can be implicitly created only for one-element outputs");
+  EXPECT_EMBER_ERROR(y.backward(ones({3}, kF64)),
+                     "gradient of shape [3] does not match output of shape [2]");
+  y.backward(from_vector<double>({1, 10}));
+  EXPECT_EQ(x.grad().to_vector<double>(), (std::vector<double>{3, 30}));
+}
+
+TEST(AutogradEngine, InPlaceChecks) {
+  Tensor x = leaf({1, 2});
+  EXPECT_EMBER_ERROR(x.add_(1), "add_: a tensor that requires grad cannot be modified in place");
+  EXPECT_EMBER_ERROR(x.fill_(0), "fill_: a tensor that requires grad cannot be modified in place");
+  Tensor plain = zeros({2}, kF64);
+  EXPECT_EMBER_ERROR(plain.mul_(x),
+                     "mul_: an in-place op cannot take an operand that requires grad");
+  {
+    NoGradGuard guard;  // optimizer-style updates are fine
+    x.sub_(ones({2}, kF64), 0.5);
+  }
+  EXPECT_EQ(x.to_vector<double>(), (std::vector<double>{0.5, 1.5}));
+  // A saved tensor modified after saving is reported at backward.
+  Tensor w = from_vector<double>({3, 4});
+  Tensor y = (x * w).sum();
+  w.add_(1);
+  EXPECT_EMBER_ERROR(y.backward(), "was modified by an in-place operation after it was saved");
+}
+
+TEST(AutogradEngine, LeafRequirements) {
+  EXPECT_EMBER_ERROR(zeros({2}, kI64).requires_grad_(),
+                     "only floating tensors can require gradients");
+  Tensor x = leaf({1});
+  Tensor y = x * 2;
+  EXPECT_EMBER_ERROR(y.requires_grad_(), "only leaf tensors can change requires_grad");
+  EXPECT_EMBER_ERROR(x.set_grad(zeros({2}, kF64)), "set_grad: gradient of shape [2]");
+  EXPECT_FALSE(eq(x, 1).requires_grad());  // comparisons are not differentiable
+  EXPECT_FALSE(x.to(kI64).requires_grad());
+  EXPECT_TRUE(x.to(kF32).requires_grad());
+}
+
+TEST(AutogradEngine, HooksOnLeavesAndIntermediates) {
+  Tensor x = leaf({1, 2});
+  Tensor y = x * 2;
+  std::vector<double> seen;
+  y.register_hook([&](const Tensor& g) {
+    seen = g.to_vector<double>();
+    return g * 10;  // replaces the gradient flowing on
+  });
+  x.register_hook([](const Tensor& g) { return g + 1; });
+  y.retain_grad();
+  y.sum().backward();
+  EXPECT_EQ(seen, (std::vector<double>{1, 1}));
+  EXPECT_EQ(y.grad().to_vector<double>(), (std::vector<double>{1, 1}));
+  EXPECT_EQ(x.grad().to_vector<double>(), (std::vector<double>{21, 21}));
+}
+
+TEST(AutogradEngine, PostAccumulateHookFiresOnceWithTheFullGradient) {
+  // x feeds three branches; the hook must fire once, after all three contributions.
+  Tensor x = leaf({1, 2});
+  int calls = 0;
+  std::vector<double> at_hook;
+  x.register_post_accumulate_grad_hook([&](const Tensor& t) {
+    ++calls;
+    at_hook = t.grad().to_vector<double>();
+  });
+  Tensor y = (x * 2).sum() + (x * 3).sum() + (x.exp() * 0).sum();
+  y.backward();
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(at_hook, (std::vector<double>{5, 5}));
+}
+
+TEST(AutogradEngine, LeavesReachedThroughViewsAndCasts) {
+  Tensor x = leaf({1, 2, 3, 4, 5, 6}, {2, 3});
+  Tensor y = x.t().reshape({3, 2}).to(kF32).narrow(0, 1, 2).select(1, 0);
+  y.sum().backward();
+  EXPECT_EQ(x.grad().dtype(), kF64);
+  EXPECT_EQ(x.grad().to_vector<double>(), (std::vector<double>{0, 0, 1, 1, 0, 0}));
+}
+
+TEST(AutogradEngine, CreateGraphGivesSecondDerivatives) {
+  Tensor x = leaf({2});
+  Tensor y = x * x * x;  // y' = 3x^2, y'' = 6x
+  y.backward({}, false, true);
+  Tensor first = x.grad();
+  EXPECT_DOUBLE_EQ(first.item<double>(), 12.0);
+  EXPECT_TRUE(first.requires_grad());
+  x.set_grad(Tensor());
+  first.backward();
+  EXPECT_DOUBLE_EQ(x.grad().item<double>(), 12.0);
+}
+
+}  // namespace
+}  // namespace ember
