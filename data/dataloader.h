@@ -46,8 +46,8 @@ struct DataLoaderOptions {
   int num_workers = 0;      // 0: load in the calling thread, on demand
   int prefetch_factor = 2;  // batches each worker may have loaded ahead of the caller
   bool pin_memory = false;  // page-locked batches for non_blocking copies (when CUDA is present)
-  std::shared_ptr<Sampler> sampler;            // overrides shuffle; the loader sets its epoch
-  std::shared_ptr<const Transform> transform;  // applied to each example's data
+  std::shared_ptr<Sampler> sampler = nullptr;  // overrides shuffle; the loader sets its epoch
+  std::shared_ptr<const Transform> transform = nullptr;  // applied to each example's data
 };
 
 class DataLoader {

@@ -43,9 +43,9 @@ Tensor parse_idx(const std::vector<uint8_t>& bytes, const std::string& path) {
   for (size_t d = 0; d < ndim; ++d) {
     const uint32_t size = big_endian_u32(bytes.data() + 4 + 4 * d);
     dims.push_back(size);
-    // Stop multiplying once the product exceeds the file: it is wrong either way.
+    // Stop multiplying before the product overflows: the file is then too short anyway.
     if (!too_large) {
-      if (size != 0 && expected > data_bytes / size) too_large = true;
+      if (size != 0 && expected > (size_t{1} << 62) / size) too_large = true;
       expected *= size;
     }
   }

@@ -1,0 +1,335 @@
+// DataLoader: batching and collation, shuffling, samplers, the same batches for any number
+// of workers, errors carried to the caller with the sample index, and clean shutdown.
+#include <ember/data/dataloader.h>
+#include <ember/tensor/cuda.h>
+#include <ember/tensor/ops.h>
+#include <ember/tensor/random.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <numeric>
+#include <thread>
+
+#include "test_util.h"
+
+namespace ember::data {
+namespace {
+
+// n examples [2] f32 holding (i, -i), target i % 3.
+std::shared_ptr<TensorDataset> small_dataset(int64_t n) {
+  std::vector<float> data;
+  std::vector<int64_t> targets;
+  for (int64_t i = 0; i < n; ++i) {
+    data.push_back(static_cast<float>(i));
+    data.push_back(static_cast<float>(-i));
+    targets.push_back(i % 3);
+  }
+  return std::make_shared<TensorDataset>(from_vector(data, {n, 2}), from_vector(targets));
+}
+
+// CIFAR-shaped random u8 images.
+std::shared_ptr<TensorDataset> cifar_like(int64_t n) {
+  Generator gen(3);
+  return std::make_shared<TensorDataset>(randint(0, 256, {n, 32, 32, 3}, kU8, &gen),
+                                         randint(0, 10, {n}, kI64, &gen));
+}
+
+std::shared_ptr<const Transform> augment() {
+  return std::make_shared<Compose>(std::vector<std::shared_ptr<const Transform>>{
+      std::make_shared<RandomCrop>(32, 32, 4, PadMode::kReflect),
+      std::make_shared<RandomHorizontalFlip>(), std::make_shared<ToTensor>(),
+      std::make_shared<Normalize>(std::vector<float>{0.5f, 0.5f, 0.5f},
+                                  std::vector<float>{0.25f, 0.25f, 0.25f})});
+}
+
+std::vector<Batch> collect(DataLoader& loader) {
+  std::vector<Batch> batches;
+  for (const Batch& b : loader) batches.push_back(b);
+  return batches;
+}
+
+TEST(TensorDataset, RowsAreViewsWithTheirTargets) {
+  auto ds = small_dataset(4);
+  EXPECT_EQ(ds->size(), 4);
+  const Example e = ds->get(2);
+  EXPECT_EQ(e.data.to_vector<float>(), (std::vector<float>{2.0f, -2.0f}));
+  EXPECT_EQ(e.target, 2);
+  EXPECT_TRUE(e.data.storage().is_same(ds->data().storage()));
+  EXPECT_EMBER_ERROR(ds->get(4), "TensorDataset::get: index 4 is out of range for 4 examples");
+  EXPECT_EMBER_ERROR(ds->get(-1), "index -1 is out of range");
+  EXPECT_EMBER_ERROR(TensorDataset(zeros({3, 2}), zeros({4}, kI64)),
+                     "data has 3 examples but targets has 4");
+  EXPECT_EMBER_ERROR(TensorDataset(zeros({3, 2}), zeros({3})),
+                     "targets must be a 1-d integer tensor");
+}
+
+TEST(DataLoader, SequentialBatchesCollateIntoContiguousTensors) {
+  DataLoaderOptions options;
+  options.batch_size = 4;
+  DataLoader loader(small_dataset(10), options);
+  EXPECT_EQ(loader.size(), 3);
+  const auto batches = collect(loader);
+  ASSERT_EQ(batches.size(), 3u);
+  EXPECT_EQ(batches[0].data.sizes(), (Shape{4, 2}));
+  EXPECT_TRUE(batches[0].data.is_contiguous());
+  EXPECT_EQ(batches[0].target.dtype(), kI64);
+  EXPECT_EQ(batches[1].data.to_vector<float>(), (std::vector<float>{4, -4, 5, -5, 6, -6, 7, -7}));
+  EXPECT_EQ(batches[1].target.to_vector<int64_t>(), (std::vector<int64_t>{1, 2, 0, 1}));
+  EXPECT_EQ(batches[2].data.sizes(), (Shape{2, 2}));  // the last, partial batch
+  EXPECT_EQ(batches[2].indices, (std::vector<int64_t>{8, 9}));
+
+  options.drop_last = true;
+  DataLoader dropping(small_dataset(10), options);
+  EXPECT_EQ(dropping.size(), 2);
+  EXPECT_EQ(collect(dropping).size(), 2u);
+  DataLoader empty_loader(small_dataset(0), options);
+  EXPECT_EQ(empty_loader.size(), 0);
+  EXPECT_TRUE(collect(empty_loader).empty());
+}
+
+TEST(DataLoader, ShuffleVisitsEveryIndexOncePerEpochInANewOrder) {
+  DataLoaderOptions options;
+  options.batch_size = 8;
+  options.shuffle = true;
+  options.seed = 9;
+  options.num_workers = 2;
+  DataLoader loader(small_dataset(50), options);
+  std::vector<std::vector<int64_t>> orders;
+  for (int epoch = 0; epoch < 3; ++epoch) {
+    std::vector<int64_t> order;
+    for (const Batch& b : loader) {
+      const auto values = b.data.to_vector<float>();
+      for (size_t k = 0; k < b.indices.size(); ++k) {
+        EXPECT_EQ(values[2 * k], static_cast<float>(b.indices[k]));  // data matches the index
+        order.push_back(b.indices[k]);
+      }
+    }
+    auto sorted = order;
+    std::sort(sorted.begin(), sorted.end());
+    std::vector<int64_t> all(50);
+    std::iota(all.begin(), all.end(), int64_t{0});
+    EXPECT_EQ(sorted, all);
+    EXPECT_EQ(order, random_permutation(50, 9, static_cast<uint64_t>(epoch)));
+    orders.push_back(order);
+  }
+  EXPECT_EQ(loader.epoch(), 3u);
+  EXPECT_NE(orders[0], orders[1]);
+  loader.set_epoch(1);  // replaying an epoch gives its order again
+  std::vector<int64_t> replay;
+  for (const Batch& b : loader) replay.insert(replay.end(), b.indices.begin(), b.indices.end());
+  EXPECT_EQ(replay, orders[1]);
+}
+
+TEST(DataLoader, BatchesAreIdenticalForAnyWorkerCount) {
+  auto ds = cifar_like(200);
+  std::vector<Batch> reference;
+  for (int workers : {0, 1, 2, 3, 5}) {
+    for (int prefetch : {1, 3}) {
+      DataLoaderOptions options;
+      options.batch_size = 32;
+      options.shuffle = true;
+      options.seed = 21;
+      options.num_workers = workers;
+      options.prefetch_factor = prefetch;
+      options.transform = augment();
+      DataLoader loader(ds, options);
+      loader.set_epoch(4);
+      const auto batches = collect(loader);
+      ASSERT_EQ(batches.size(), 7u);
+      EXPECT_EQ(batches[0].data.sizes(), (Shape{32, 3, 32, 32}));
+      EXPECT_EQ(batches[0].data.dtype(), kF32);
+      EXPECT_EQ(batches[6].data.sizes(), (Shape{8, 3, 32, 32}));
+      if (reference.empty()) {
+        reference = batches;
+        continue;
+      }
+      for (size_t i = 0; i < batches.size(); ++i) {
+        EXPECT_EQ(batches[i].indices, reference[i].indices) << workers << " workers";
+        EXPECT_TRUE(equal(batches[i].data, reference[i].data))
+            << workers << " workers, batch " << i;
+        EXPECT_TRUE(equal(batches[i].target, reference[i].target));
+      }
+    }
+  }
+  // Each sample is the pipeline applied with the SampleRng of (seed, epoch, index).
+  const Batch& b = reference[2];
+  for (size_t k = 0; k < b.indices.size(); k += 7) {
+    SampleRng rng(21, 4, b.indices[k]);
+    const Tensor expected = augment()->apply(ds->get(b.indices[k]).data, rng);
+    EXPECT_TRUE(equal(b.data.select(0, static_cast<int64_t>(k)), expected));
+    EXPECT_EQ(b.target.to_vector<int64_t>()[k], ds->targets()[static_cast<size_t>(b.indices[k])]);
+  }
+}
+
+// Yields the odd indices in reverse, and records the epochs the loader set.
+class OddReverseSampler : public Sampler {
+ public:
+  explicit OddReverseSampler(int64_t n) : n_(n) {}
+  std::vector<int64_t> indices() const override {
+    std::vector<int64_t> v;
+    for (int64_t i = n_ - 1; i >= 0; --i)
+      if (i % 2 == 1) v.push_back(i);
+    return v;
+  }
+  int64_t size() const override { return n_ / 2; }
+  void set_epoch(uint64_t epoch) override {
+    Sampler::set_epoch(epoch);
+    epochs.push_back(epoch);
+  }
+  std::vector<uint64_t> epochs;
+
+ private:
+  int64_t n_;
+};
+
+TEST(DataLoader, UsesAnySamplerAndSetsItsEpoch) {
+  auto sampler = std::make_shared<OddReverseSampler>(10);
+  DataLoaderOptions options;
+  options.batch_size = 2;
+  options.sampler = sampler;
+  options.shuffle = true;  // ignored: the sampler decides
+  options.num_workers = 2;
+  DataLoader loader(small_dataset(10), options);
+  EXPECT_EQ(loader.size(), 3);
+  loader.set_epoch(7);
+  std::vector<int64_t> order;
+  for (const Batch& b : loader) order.insert(order.end(), b.indices.begin(), b.indices.end());
+  EXPECT_EQ(order, (std::vector<int64_t>{9, 7, 5, 3, 1}));
+  collect(loader);
+  EXPECT_EQ(sampler->epochs, (std::vector<uint64_t>{7, 8}));
+}
+
+// Throws on one index; counts the examples it produced.
+class FailingDataset : public Dataset {
+ public:
+  FailingDataset(int64_t n, int64_t bad) : n_(n), bad_(bad) {}
+  int64_t size() const override { return n_; }
+  Example get(int64_t index) const override {
+    if (index == bad_) throw std::runtime_error("disk on fire");
+    ++produced;
+    return {full({3}, static_cast<double>(index)), index};
+  }
+  mutable std::atomic<int64_t> produced{0};
+
+ private:
+  int64_t n_, bad_;
+};
+
+TEST(DataLoader, AWorkerErrorReachesTheCallerInOrderWithTheSampleIndex) {
+  for (int workers : {0, 1, 3}) {
+    DataLoaderOptions options;
+    options.batch_size = 4;
+    options.num_workers = workers;
+    DataLoader loader(std::make_shared<FailingDataset>(40, 13), options);
+    std::vector<int64_t> seen;
+    try {
+      for (const Batch& b : loader) seen.insert(seen.end(), b.indices.begin(), b.indices.end());
+      ADD_FAILURE() << "no error with " << workers << " workers";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(
+                    "DataLoader: sample 13 (batch 3 of epoch 0) failed: disk on fire"),
+                std::string::npos)
+          << e.what();
+    }
+    EXPECT_EQ(seen.size(), 12u) << workers << " workers";  // batches 0-2 arrived first
+    // The loader is usable again afterwards.
+    auto it = loader.begin();
+    EXPECT_EQ(it->indices, (std::vector<int64_t>{0, 1, 2, 3}));
+  }
+}
+
+TEST(DataLoader, BadSamplesAndMismatchedShapesAreReported) {
+  auto sampler = std::make_shared<OddReverseSampler>(30);  // indices past a 10-example dataset
+  DataLoaderOptions options;
+  options.batch_size = 4;
+  options.sampler = sampler;
+  DataLoader loader(small_dataset(10), options);
+  EXPECT_EMBER_ERROR(loader.begin(),
+                     "sample 29 (batch 0 of epoch 0) failed: sampler: index is out of range for a "
+                     "dataset of 10 examples");
+
+  // Images of two sizes cannot share a batch without a resize.
+  auto mixed = std::make_shared<TensorDataset>(zeros({4, 6}, kU8),
+                                               from_vector(std::vector<int64_t>{0, 1, 2, 3}));
+  class Varying : public Dataset {
+   public:
+    int64_t size() const override { return 2; }
+    Example get(int64_t index) const override { return {zeros({index + 1, 2}), 0}; }
+  };
+  DataLoaderOptions two;
+  two.batch_size = 2;
+  DataLoader varying(std::make_shared<Varying>(), two);
+  EXPECT_EMBER_ERROR(varying.begin(),
+                     "sample 1 (batch 0 of epoch 0) failed: collate: its data is f32 [2, 2] but "
+                     "the batch's first sample (index 0) is f32 [1, 2]");
+  EXPECT_EMBER_ERROR(DataLoader(mixed, {.batch_size = 0}), "batch_size must be >= 1, got 0");
+  EXPECT_EMBER_ERROR(DataLoader(mixed, {.num_workers = -1}), "num_workers must be >= 0");
+  EXPECT_EMBER_ERROR(DataLoader(nullptr), "dataset is null");
+}
+
+// Slow examples, so that a loader is always mid-batch when the test abandons it; counts
+// the examples it produced.
+class SlowDataset : public Dataset {
+ public:
+  int64_t size() const override { return 100000; }
+  Example get(int64_t index) const override {
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+    ++produced;
+    return {full({4}, static_cast<double>(index)), index};
+  }
+  mutable std::atomic<int64_t> produced{0};
+};
+
+TEST(DataLoader, DestructionAndRestartMidEpochStopTheWorkers) {
+  DataLoaderOptions options;
+  options.batch_size = 16;
+  options.num_workers = 3;
+  options.prefetch_factor = 4;
+  auto ds = std::make_shared<SlowDataset>();
+  {
+    DataLoader loader(ds, options);
+    auto it = loader.begin();
+    ++it;
+    EXPECT_EQ(it->indices.front(), 16);
+    auto again = loader.begin();  // abandons the first epoch
+    EXPECT_EQ(again->indices.front(), 0);
+    EXPECT_EQ(loader.epoch(), 2u);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // let the workers fill up
+  }  // destroyed with workers mid-batch: they stop and are joined
+  const int64_t produced = ds->produced;
+  // Each epoch loads at most the batches in the prefetch window (3 workers x 4, plus the
+  // ones taken), far short of the 100,000-example epoch.
+  EXPECT_LE(produced, 2 * (3 * 4 + 2) * 16);
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_EQ(ds->produced, produced);  // no thread outlived the loader
+}
+
+TEST(DataLoader, PinsBatchesOnlyWhenCudaIsPresent) {
+  DataLoaderOptions options;
+  options.batch_size = 5;
+  options.pin_memory = true;
+  options.num_workers = 1;
+  DataLoader loader(small_dataset(10), options);
+  for (const Batch& b : loader) {
+    EXPECT_EQ(b.data.is_pinned(), cuda::is_available());
+    EXPECT_EQ(b.target.is_pinned(), cuda::is_available());
+  }
+}
+
+TEST(DataLoader, PinnedBatchesCopyToTheGpu) {
+  EMBER_REQUIRE_CUDA();
+  DataLoaderOptions options;
+  options.batch_size = 4;
+  options.pin_memory = true;
+  options.num_workers = 2;
+  DataLoader loader(small_dataset(8), options);
+  for (const Batch& b : loader) {
+    ASSERT_TRUE(b.data.is_pinned());
+    const Tensor gpu = b.data.to(cuda_device(0), /*non_blocking=*/true);
+    EXPECT_TRUE(equal(gpu.cpu(), b.data));
+  }
+}
+
+}  // namespace
+}  // namespace ember::data
