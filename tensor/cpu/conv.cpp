@@ -1,0 +1,329 @@
+// CPU conv2d: im2col over a chunk of the batch, then one OpenBLAS GEMM per group for the
+// whole chunk (so OpenBLAS's own threads see large products), col2im for grad_input.
+#include <cblas.h>
+
+#include <algorithm>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "../detail/dispatch.h"
+#include "cpu_kernels.h"
+
+namespace ember::detail {
+namespace {
+
+// Geometry of one convolution, in elements.
+struct ConvShape {
+  int64_t n, c, h, w;  // input
+  int64_t o, kh, kw;   // weight [o, c / groups, kh, kw]
+  int64_t ho, wo;      // output
+  int64_t sh, sw, ph, pw, dh, dw, groups;
+  int64_t cg() const { return c / groups; }
+  int64_t og() const { return o / groups; }
+  int64_t kk() const { return kh * kw; }
+  int64_t rows() const { return c * kh * kw; }  // rows of the column matrix
+  int64_t plane_in() const { return h * w; }
+  int64_t plane_out() const { return ho * wo; }
+};
+
+ConvShape conv_shape(const Tensor& input, const Tensor& weight, int64_t ho, int64_t wo,
+                     const Conv2dParams& p) {
+  return {input.size(0),
+          input.size(1),
+          input.size(2),
+          input.size(3),
+          weight.size(0),
+          weight.size(2),
+          weight.size(3),
+          ho,
+          wo,
+          p.stride[0],
+          p.stride[1],
+          p.padding[0],
+          p.padding[1],
+          p.dilation[0],
+          p.dilation[1],
+          p.groups};
+}
+
+// Samples per chunk: the column buffer of a chunk stays near kColTarget elements.
+constexpr int64_t kColTarget = int64_t{1} << 22;
+int64_t chunk_size(const ConvShape& s) {
+  const int64_t per_sample = std::max<int64_t>(1, s.rows() * s.plane_out());
+  return std::clamp<int64_t>(kColTarget / per_sample, 1, s.n);
+}
+
+// True when the column matrix of a sample is its input plane itself (1x1, stride 1, no pad).
+bool is_pointwise(const ConvShape& s) {
+  return s.kh == 1 && s.kw == 1 && s.sh == 1 && s.sw == 1 && s.ph == 0 && s.pw == 0;
+}
+
+// col [rows, nc * P] (P = ho * wo) from input samples [n0, n0 + nc).
+template <typename T>
+void im2col(T* col, const T* input, const ConvShape& s, int64_t n0, int64_t nc) {
+  const int64_t P = s.plane_out(), ld = nc * P;
+  const int64_t rows = s.rows();
+#pragma omp parallel for collapse(2) schedule(static) if (rows * ld >= kParallelGrain)
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t b = 0; b < nc; ++b) {
+      const int64_t c = r / s.kk(), i = (r / s.kw) % s.kh, j = r % s.kw;
+      const T* plane = input + ((n0 + b) * s.c + c) * s.plane_in();
+      T* dst = col + r * ld + b * P;
+      // Output columns [ow_lo, ow_hi) read inside the input row; the rest are padding.
+      const int64_t off_w = j * s.dw - s.pw;
+      int64_t ow_lo = off_w >= 0 ? 0 : (-off_w + s.sw - 1) / s.sw;
+      int64_t ow_hi = s.w - off_w <= 0 ? 0 : (s.w - off_w + s.sw - 1) / s.sw;
+      ow_lo = std::min(ow_lo, s.wo);
+      ow_hi = std::clamp(ow_hi, ow_lo, s.wo);
+      for (int64_t oh = 0; oh < s.ho; ++oh) {
+        T* out = dst + oh * s.wo;
+        const int64_t ih = oh * s.sh - s.ph + i * s.dh;
+        if (ih < 0 || ih >= s.h) {
+          std::fill(out, out + s.wo, T(0));
+          continue;
+        }
+        const T* row = plane + ih * s.w + off_w;
+        std::fill(out, out + ow_lo, T(0));
+        if (s.sw == 1) {
+          std::memcpy(out + ow_lo, row + ow_lo, static_cast<size_t>(ow_hi - ow_lo) * sizeof(T));
+        } else {
+          for (int64_t ow = ow_lo; ow < ow_hi; ++ow) out[ow] = row[ow * s.sw];
+        }
+        std::fill(out + ow_hi, out + s.wo, T(0));
+      }
+    }
+  }
+}
+
+// grad_input samples [n0, n0 + nc) = col2im(col [rows, nc * P]); each (sample, channel) plane
+// is written by one thread, from the kh * kw rows of its channel.
+template <typename T>
+void col2im(T* grad_input, const T* col, const ConvShape& s, int64_t n0, int64_t nc) {
+  const int64_t P = s.plane_out(), ld = nc * P;
+#pragma omp parallel for collapse(2) schedule(static) if (s.rows() * ld >= kParallelGrain)
+  for (int64_t b = 0; b < nc; ++b) {
+    for (int64_t c = 0; c < s.c; ++c) {
+      T* plane = grad_input + ((n0 + b) * s.c + c) * s.plane_in();
+      std::fill(plane, plane + s.plane_in(), T(0));
+      for (int64_t i = 0; i < s.kh; ++i) {
+        for (int64_t j = 0; j < s.kw; ++j) {
+          const T* src = col + ((c * s.kh + i) * s.kw + j) * ld + b * P;
+          const int64_t off_w = j * s.dw - s.pw;
+          int64_t ow_lo = off_w >= 0 ? 0 : (-off_w + s.sw - 1) / s.sw;
+          int64_t ow_hi = s.w - off_w <= 0 ? 0 : (s.w - off_w + s.sw - 1) / s.sw;
+          ow_lo = std::min(ow_lo, s.wo);
+          ow_hi = std::clamp(ow_hi, ow_lo, s.wo);
+          for (int64_t oh = 0; oh < s.ho; ++oh) {
+            const int64_t ih = oh * s.sh - s.ph + i * s.dh;
+            if (ih < 0 || ih >= s.h) continue;
+            T* row = plane + ih * s.w + off_w;
+            const T* in = src + oh * s.wo;
+            if (s.sw == 1) {
+              for (int64_t ow = ow_lo; ow < ow_hi; ++ow) row[ow] += in[ow];
+            } else {
+              for (int64_t ow = ow_lo; ow < ow_hi; ++ow) row[ow * s.sw] += in[ow];
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+template <typename T>
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b,
+          int64_t ldb, T beta, T* c, int64_t ldc) {
+  if (k == 0) {  // an empty sum: C = beta * C, C not read when beta is 0
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == T(0) ? T(0) : c[i * ldc + j];
+    }
+    return;
+  }
+  const auto opa = ta ? CblasTrans : CblasNoTrans, opb = tb ? CblasTrans : CblasNoTrans;
+  const auto bi = [](int64_t v) { return static_cast<blasint>(v); };
+  if constexpr (std::is_same_v<T, float>) {
+    cblas_sgemm(CblasRowMajor, opa, opb, bi(m), bi(n), bi(k), 1.0f, a, bi(lda), b, bi(ldb), beta, c,
+                bi(ldc));
+  } else {
+    cblas_dgemm(CblasRowMajor, opa, opb, bi(m), bi(n), bi(k), 1.0, a, bi(lda), b, bi(ldb), beta, c,
+                bi(ldc));
+  }
+}
+
+// Chunk samples [n0, n0 + nc) of x [N, C, P] as [C, nc * P] (channel-major), or back.
+template <typename T>
+void to_channel_major(T* dst, const T* x, int64_t C, int64_t P, int64_t n0, int64_t nc) {
+#pragma omp parallel for collapse(2) schedule(static) if (C * nc * P >= kParallelGrain)
+  for (int64_t c = 0; c < C; ++c) {
+    for (int64_t b = 0; b < nc; ++b) {
+      std::memcpy(dst + (c * nc + b) * P, x + ((n0 + b) * C + c) * P,
+                  static_cast<size_t>(P) * sizeof(T));
+    }
+  }
+}
+
+template <typename T>
+void conv_forward_typed(const Tensor& out, const Tensor& input, const Tensor& weight,
+                        const Tensor& bias, const ConvShape& s) {
+  const T* x = input.data_ptr<T>();
+  const T* wt = weight.data_ptr<T>();
+  const T* bs = bias.defined() ? bias.data_ptr<T>() : nullptr;
+  T* y = out.data_ptr<T>();
+  const int64_t P = s.plane_out(), K = s.cg() * s.kk(), nchunk = chunk_size(s);
+  const bool pointwise = is_pointwise(s);
+  std::vector<T> col(static_cast<size_t>(pointwise ? s.c * nchunk * P : s.rows() * nchunk * P));
+  std::vector<T> res(static_cast<size_t>(s.o * nchunk * P));
+  for (int64_t n0 = 0; n0 < s.n; n0 += nchunk) {
+    const int64_t nc = std::min(nchunk, s.n - n0), ld = nc * P;
+    if (pointwise) {
+      to_channel_major(col.data(), x, s.c, P, n0, nc);
+    } else {
+      im2col(col.data(), x, s, n0, nc);
+    }
+    for (int64_t g = 0; g < s.groups; ++g) {
+      gemm<T>(false, false, s.og(), ld, K, wt + g * s.og() * K, K, col.data() + g * K * ld, ld,
+              T(0), res.data() + g * s.og() * ld, ld);
+    }
+    // res [O, nc * P] -> y [nc, O, P] with the bias.
+#pragma omp parallel for collapse(2) schedule(static) if (s.o * ld >= kParallelGrain)
+    for (int64_t b = 0; b < nc; ++b) {
+      for (int64_t o = 0; o < s.o; ++o) {
+        const T* src = res.data() + (o * nc + b) * P;
+        T* dst = y + ((n0 + b) * s.o + o) * P;
+        const T add = bs ? bs[o] : T(0);
+        for (int64_t p = 0; p < P; ++p) dst[p] = src[p] + add;
+      }
+    }
+  }
+}
+
+template <typename T>
+void conv_backward_typed(const Tensor& grad_input, const Tensor& grad_weight,
+                         const Tensor& grad_bias, const Tensor& grad_out, const Tensor& input,
+                         const Tensor& weight, const ConvShape& s) {
+  const T* gy = grad_out.data_ptr<T>();
+  const int64_t P = s.plane_out(), K = s.cg() * s.kk();
+  if (grad_bias.defined()) {
+    T* gb = grad_bias.data_ptr<T>();
+#pragma omp parallel for schedule(static) if (s.n * s.o * P >= kParallelGrain)
+    for (int64_t o = 0; o < s.o; ++o) {
+      acc_t<T> total = 0;
+      for (int64_t b = 0; b < s.n; ++b) {
+        const T* src = gy + (b * s.o + o) * P;
+        for (int64_t p = 0; p < P; ++p) total += src[p];
+      }
+      gb[o] = static_cast<T>(total);
+    }
+  }
+  if (!grad_input.defined() && !grad_weight.defined()) return;
+  const T* x = input.data_ptr<T>();
+  const T* wt = weight.data_ptr<T>();
+  T* gw = grad_weight.defined() ? grad_weight.data_ptr<T>() : nullptr;
+  T* gx = grad_input.defined() ? grad_input.data_ptr<T>() : nullptr;
+  const int64_t nchunk = chunk_size(s);
+  const bool pointwise = is_pointwise(s);
+  std::vector<T> col(static_cast<size_t>(s.rows() * nchunk * P));
+  std::vector<T> gy_cm(static_cast<size_t>(s.o * nchunk * P));
+  for (int64_t n0 = 0; n0 < s.n; n0 += nchunk) {
+    const int64_t nc = std::min(nchunk, s.n - n0), ld = nc * P;
+    to_channel_major(gy_cm.data(), gy, s.o, P, n0, nc);
+    if (gw) {
+      if (pointwise) {
+        to_channel_major(col.data(), x, s.c, P, n0, nc);
+      } else {
+        im2col(col.data(), x, s, n0, nc);
+      }
+      // grad_weight_g [Og, K] += gy_g [Og, ld] @ col_g^T [ld, K]
+      for (int64_t g = 0; g < s.groups; ++g) {
+        gemm<T>(false, true, s.og(), K, ld, gy_cm.data() + g * s.og() * ld, ld,
+                col.data() + g * K * ld, ld, n0 == 0 ? T(0) : T(1), gw + g * s.og() * K, K);
+      }
+    }
+    if (gx) {
+      // col_g [K, ld] = W_g^T [K, Og] @ gy_g [Og, ld], then scattered back to the input.
+      for (int64_t g = 0; g < s.groups; ++g) {
+        gemm<T>(true, false, K, ld, s.og(), wt + g * s.og() * K, K, gy_cm.data() + g * s.og() * ld,
+                ld, T(0), col.data() + g * K * ld, ld);
+      }
+      if (pointwise) {
+#pragma omp parallel for collapse(2) schedule(static) if (s.c * ld >= kParallelGrain)
+        for (int64_t b = 0; b < nc; ++b) {
+          for (int64_t c = 0; c < s.c; ++c) {
+            std::memcpy(gx + ((n0 + b) * s.c + c) * P, col.data() + (c * nc + b) * P,
+                        static_cast<size_t>(P) * sizeof(T));
+          }
+        }
+      } else {
+        col2im(gx, col.data(), s, n0, nc);
+      }
+    }
+  }
+}
+
+// f16/bf16 run through f32 copies; f32 and f64 run directly.
+template <typename Fn>
+void with_compute_dtype(DType dtype, Fn&& fn) {
+  if (dtype == kF64) {
+    fn(TypeTag<double>{}, kF64);
+  } else {
+    fn(TypeTag<float>{}, kF32);
+  }
+}
+
+// Writes src into dst when they are different tensors (in-place methods need a handle).
+void write_back(const Tensor& dst, const Tensor& src) {
+  if (!dst.defined() || dst.is_same(src)) return;
+  Tensor handle = dst;
+  handle.copy_(src);
+}
+
+Tensor as_dtype(const Tensor& t, DType dtype) {
+  return !t.defined() || t.dtype() == dtype ? t : t.to(dtype);
+}
+
+void conv2d_forward_cpu(const Tensor& out, const Tensor& input, const Tensor& weight,
+                        const Tensor& bias, const Conv2dParams& params) {
+  EMBER_ASSERT(input.is_contiguous() && weight.is_contiguous() && out.is_contiguous());
+  EMBER_ASSERT(!bias.defined() || bias.is_contiguous());
+  const ConvShape s = conv_shape(input, weight, out.size(2), out.size(3), params);
+  if (out.numel() == 0) return;
+  with_compute_dtype(input.dtype(), [&](auto tag, DType dt) {
+    using T = typename decltype(tag)::type;
+    const Tensor o = as_dtype(out, dt);
+    conv_forward_typed<T>(o, as_dtype(input, dt), as_dtype(weight, dt), as_dtype(bias, dt), s);
+    write_back(out, o);
+  });
+}
+
+void conv2d_backward_cpu(const Tensor& grad_input, const Tensor& grad_weight,
+                         const Tensor& grad_bias, const Tensor& grad_out, const Tensor& input,
+                         const Tensor& weight, const Conv2dParams& params) {
+  EMBER_ASSERT(grad_out.is_contiguous() && input.is_contiguous() && weight.is_contiguous());
+  const ConvShape s = conv_shape(input, weight, grad_out.size(2), grad_out.size(3), params);
+  with_compute_dtype(input.dtype(), [&](auto tag, DType dt) {
+    using T = typename decltype(tag)::type;
+    const Tensor gx = as_dtype(grad_input, dt), gw = as_dtype(grad_weight, dt),
+                 gb = as_dtype(grad_bias, dt);
+    if (s.n == 0 || s.plane_out() == 0) {
+      for (Tensor t : {gx, gw, gb}) {
+        if (t.defined()) t.zero_();
+      }
+    } else {
+      conv_backward_typed<T>(gx, gw, gb, as_dtype(grad_out, dt), as_dtype(input, dt),
+                             as_dtype(weight, dt), s);
+    }
+    write_back(grad_input, gx);
+    write_back(grad_weight, gw);
+    write_back(grad_bias, gb);
+  });
+}
+
+}  // namespace
+
+void register_cpu_conv_kernels(KernelTable& table) {
+  table.conv2d_forward = &conv2d_forward_cpu;
+  table.conv2d_backward = &conv2d_backward_cpu;
+}
+
+}  // namespace ember::detail

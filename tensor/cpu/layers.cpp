@@ -1,0 +1,532 @@
+// CPU kernels for batch norm, max/average/adaptive-average pooling and cross-entropy.
+// Statistics and sums accumulate in double; planes and channels split across OpenMP threads.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "../detail/dispatch.h"
+#include "cpu_kernels.h"
+
+namespace ember::detail {
+namespace {
+
+// The values of a small per-channel tensor (any floating dtype) as doubles; `fallback`
+// when undefined.
+std::vector<double> to_doubles(const Tensor& t, int64_t n, double fallback) {
+  if (!t.defined()) return std::vector<double>(static_cast<size_t>(n), fallback);
+  EMBER_ASSERT(t.numel() == n && t.is_contiguous());
+  return t.to_vector<double>();
+}
+
+// Writes doubles into a contiguous floating tensor of `values.size()` elements.
+void store_doubles(const Tensor& t, const std::vector<double>& values) {
+  EMBER_ASSERT(t.is_contiguous() && t.numel() == static_cast<int64_t>(values.size()));
+  dispatch_floating(t.dtype(), "batch_norm", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    T* p = t.data_ptr<T>();
+    for (size_t i = 0; i < values.size(); ++i) p[i] = static_cast<T>(values[i]);
+  });
+}
+
+// ---------------------------------------------------------------------------------------
+// Batch norm over [N, C, S].
+
+template <typename T>
+void batch_norm_forward_typed(const Tensor& out, const Tensor& save_mean, const Tensor& save_invstd,
+                              const Tensor& input, const Tensor& weight, const Tensor& bias,
+                              const Tensor& running_mean, const Tensor& running_var, bool training,
+                              double momentum, double eps) {
+  const int64_t N = input.size(0), C = input.size(1),
+                S = input.numel() / std::max<int64_t>(1, N * C);
+  const T* x = input.data_ptr<T>();
+  T* y = out.data_ptr<T>();
+  const std::vector<double> w = to_doubles(weight, C, 1.0), b = to_doubles(bias, C, 0.0);
+  std::vector<double> mean(static_cast<size_t>(C)), invstd(static_cast<size_t>(C));
+  const int64_t count = N * S;
+  if (training) {
+    std::vector<double> var(static_cast<size_t>(C));
+#pragma omp parallel for schedule(static) if (input.numel() >= kParallelGrain)
+    for (int64_t c = 0; c < C; ++c) {
+      double sum = 0;
+      for (int64_t n = 0; n < N; ++n) {
+        const T* p = x + (n * C + c) * S;
+        for (int64_t i = 0; i < S; ++i) sum += static_cast<double>(p[i]);
+      }
+      const double m = count > 0 ? sum / static_cast<double>(count) : 0.0;
+      double sq = 0;  // second pass: no cancellation for large means
+      for (int64_t n = 0; n < N; ++n) {
+        const T* p = x + (n * C + c) * S;
+        for (int64_t i = 0; i < S; ++i) {
+          const double d = static_cast<double>(p[i]) - m;
+          sq += d * d;
+        }
+      }
+      mean[c] = m;
+      var[c] = count > 0 ? sq / static_cast<double>(count) : 0.0;
+      invstd[c] = 1.0 / std::sqrt(var[c] + eps);
+    }
+    if (running_mean.defined()) {
+      std::vector<double> rm = to_doubles(running_mean, C, 0.0);
+      for (int64_t c = 0; c < C; ++c) rm[c] = (1 - momentum) * rm[c] + momentum * mean[c];
+      store_doubles(running_mean, rm);
+    }
+    if (running_var.defined()) {
+      std::vector<double> rv = to_doubles(running_var, C, 1.0);
+      const double unbias = count > 1 ? static_cast<double>(count) / static_cast<double>(count - 1)
+                                      : std::numeric_limits<double>::quiet_NaN();
+      for (int64_t c = 0; c < C; ++c) rv[c] = (1 - momentum) * rv[c] + momentum * var[c] * unbias;
+      store_doubles(running_var, rv);
+    }
+  } else {
+    mean = to_doubles(running_mean, C, 0.0);
+    const std::vector<double> rv = to_doubles(running_var, C, 1.0);
+    for (int64_t c = 0; c < C; ++c) invstd[c] = 1.0 / std::sqrt(rv[c] + eps);
+  }
+  store_doubles(save_mean, mean);
+  store_doubles(save_invstd, invstd);
+  using A = acc_t<T>;
+#pragma omp parallel for collapse(2) schedule(static) if (input.numel() >= kParallelGrain)
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t c = 0; c < C; ++c) {
+      const A scale = static_cast<A>(w[c] * invstd[c]);
+      const A shift = static_cast<A>(b[c] - mean[c] * w[c] * invstd[c]);
+      const T* p = x + (n * C + c) * S;
+      T* q = y + (n * C + c) * S;
+      for (int64_t i = 0; i < S; ++i) q[i] = static_cast<T>(static_cast<A>(p[i]) * scale + shift);
+    }
+  }
+}
+
+void batch_norm_forward_cpu(const Tensor& out, const Tensor& save_mean, const Tensor& save_invstd,
+                            const Tensor& input, const Tensor& weight, const Tensor& bias,
+                            const Tensor& running_mean, const Tensor& running_var, bool training,
+                            double momentum, double eps) {
+  EMBER_ASSERT(input.is_contiguous() && out.is_contiguous() && input.dim() >= 2);
+  dispatch_floating(input.dtype(), "batch_norm", [&](auto tag) {
+    batch_norm_forward_typed<typename decltype(tag)::type>(out, save_mean, save_invstd, input,
+                                                           weight, bias, running_mean, running_var,
+                                                           training, momentum, eps);
+  });
+}
+
+template <typename T>
+void batch_norm_backward_typed(const Tensor& grad_input, const Tensor& grad_weight,
+                               const Tensor& grad_bias, const Tensor& grad_out, const Tensor& input,
+                               const Tensor& weight, const Tensor& save_mean,
+                               const Tensor& save_invstd, bool training) {
+  const int64_t N = input.size(0), C = input.size(1),
+                S = input.numel() / std::max<int64_t>(1, N * C);
+  const T* x = input.data_ptr<T>();
+  const T* gy = grad_out.data_ptr<T>();
+  const std::vector<double> w = to_doubles(weight, C, 1.0);
+  const std::vector<double> mean = to_doubles(save_mean, C, 0.0);
+  const std::vector<double> invstd = to_doubles(save_invstd, C, 1.0);
+  // Per channel: sum(gy) and sum(gy * xhat).
+  std::vector<double> sum_gy(static_cast<size_t>(C)), sum_gy_xhat(static_cast<size_t>(C));
+#pragma omp parallel for schedule(static) if (input.numel() >= kParallelGrain)
+  for (int64_t c = 0; c < C; ++c) {
+    double s = 0, sx = 0;
+    for (int64_t n = 0; n < N; ++n) {
+      const T* p = x + (n * C + c) * S;
+      const T* g = gy + (n * C + c) * S;
+      for (int64_t i = 0; i < S; ++i) {
+        const double gv = static_cast<double>(g[i]);
+        s += gv;
+        sx += gv * (static_cast<double>(p[i]) - mean[c]);
+      }
+    }
+    sum_gy[c] = s;
+    sum_gy_xhat[c] = sx * invstd[c];
+  }
+  if (grad_weight.defined()) store_doubles(grad_weight, sum_gy_xhat);
+  if (grad_bias.defined()) store_doubles(grad_bias, sum_gy);
+  if (!grad_input.defined()) return;
+  T* gx = grad_input.data_ptr<T>();
+  const double count = static_cast<double>(N * S);
+  using A = acc_t<T>;
+#pragma omp parallel for collapse(2) schedule(static) if (input.numel() >= kParallelGrain)
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t c = 0; c < C; ++c) {
+      const T* p = x + (n * C + c) * S;
+      const T* g = gy + (n * C + c) * S;
+      T* q = gx + (n * C + c) * S;
+      const double k = w[c] * invstd[c];
+      if (!training) {
+        const A scale = static_cast<A>(k);
+        for (int64_t i = 0; i < S; ++i) q[i] = static_cast<T>(static_cast<A>(g[i]) * scale);
+        continue;
+      }
+      // gx = k * (gy - mean(gy) - xhat * mean(gy * xhat)), xhat = (x - mean) * invstd,
+      // folded into gx = a * gy + b * x + d.
+      const double mg = sum_gy[c] / count, mgx = sum_gy_xhat[c] / count;
+      const double bx = -k * mgx * invstd[c];
+      const A a = static_cast<A>(k), bb = static_cast<A>(bx),
+              d = static_cast<A>(-k * mg - bx * mean[c]);
+      for (int64_t i = 0; i < S; ++i) {
+        q[i] = static_cast<T>(a * static_cast<A>(g[i]) + bb * static_cast<A>(p[i]) + d);
+      }
+    }
+  }
+}
+
+void batch_norm_backward_cpu(const Tensor& grad_input, const Tensor& grad_weight,
+                             const Tensor& grad_bias, const Tensor& grad_out, const Tensor& input,
+                             const Tensor& weight, const Tensor& save_mean,
+                             const Tensor& save_invstd, bool training) {
+  EMBER_ASSERT(input.is_contiguous() && grad_out.is_contiguous() && input.dim() >= 2);
+  dispatch_floating(input.dtype(), "batch_norm_backward", [&](auto tag) {
+    batch_norm_backward_typed<typename decltype(tag)::type>(grad_input, grad_weight, grad_bias,
+                                                            grad_out, input, weight, save_mean,
+                                                            save_invstd, training);
+  });
+}
+
+// ---------------------------------------------------------------------------------------
+// Pooling: every kernel walks [N * C] independent planes.
+
+struct PlaneGeometry {
+  int64_t planes, h, w, ho, wo;
+};
+
+PlaneGeometry plane_geometry(const Tensor& input_like, const Tensor& output_like) {
+  return {input_like.size(0) * input_like.size(1), input_like.size(2), input_like.size(3),
+          output_like.size(2), output_like.size(3)};
+}
+
+template <typename T>
+void max_pool_forward_typed(const Tensor& out, const Tensor& indices, const Tensor& input,
+                            const Pool2dParams& p) {
+  const PlaneGeometry g = plane_geometry(input, out);
+  const T* x = input.data_ptr<T>();
+  T* y = out.data_ptr<T>();
+  int64_t* idx = indices.data_ptr<int64_t>();
+  const int64_t kh = p.kernel[0], kw = p.kernel[1], sh = p.stride[0], sw = p.stride[1];
+  const int64_t ph = p.padding[0], pw = p.padding[1], dh = p.dilation[0], dw = p.dilation[1];
+#pragma omp parallel for schedule(static) if (out.numel() * kh * kw >= kParallelGrain)
+  for (int64_t pl = 0; pl < g.planes; ++pl) {
+    const T* plane = x + pl * g.h * g.w;
+    for (int64_t oh = 0; oh < g.ho; ++oh) {
+      for (int64_t ow = 0; ow < g.wo; ++ow) {
+        // NaN wins (as PyTorch); -inf everywhere keeps the first position inside the input. A
+        // window whose taps all miss the input (large dilation) gives -inf and index -1.
+        int64_t best = -1;
+        acc_t<T> best_value = -std::numeric_limits<acc_t<T>>::infinity();
+        for (int64_t i = 0; i < kh; ++i) {
+          const int64_t ih = oh * sh - ph + i * dh;
+          if (ih < 0 || ih >= g.h) continue;
+          for (int64_t j = 0; j < kw; ++j) {
+            const int64_t iw = ow * sw - pw + j * dw;
+            if (iw < 0 || iw >= g.w) continue;
+            const auto v = static_cast<acc_t<T>>(plane[ih * g.w + iw]);
+            if (best < 0 || v > best_value || std::isnan(v)) {
+              best = ih * g.w + iw;
+              best_value = v;
+              if (std::isnan(v)) break;
+            }
+          }
+          if (best >= 0 && std::isnan(best_value)) break;
+        }
+        const int64_t o = (pl * g.ho + oh) * g.wo + ow;
+        y[o] = static_cast<T>(best_value);
+        idx[o] = best;
+      }
+    }
+  }
+}
+
+template <typename T>
+void max_pool_backward_typed(const Tensor& grad_input, const Tensor& grad_out,
+                             const Tensor& indices) {
+  const PlaneGeometry g = plane_geometry(grad_input, grad_out);
+  T* gx = grad_input.data_ptr<T>();
+  const T* gy = grad_out.data_ptr<T>();
+  const int64_t* idx = indices.data_ptr<int64_t>();
+  const int64_t in_plane = g.h * g.w, out_plane = g.ho * g.wo;
+#pragma omp parallel for schedule(static) if (grad_input.numel() >= kParallelGrain)
+  for (int64_t pl = 0; pl < g.planes; ++pl) {
+    T* dst = gx + pl * in_plane;
+    std::fill(dst, dst + in_plane, T(0));
+    for (int64_t o = 0; o < out_plane; ++o) {
+      const int64_t at = idx[pl * out_plane + o];
+      if (at < 0) continue;
+      dst[at] = static_cast<T>(static_cast<acc_t<T>>(dst[at]) +
+                               static_cast<acc_t<T>>(gy[pl * out_plane + o]));
+    }
+  }
+}
+
+// The window of output (oh, ow) in average pooling: rows [h0, h1), columns [w0, w1) inside
+// the input, and the divisor PyTorch uses.
+struct AvgWindow {
+  int64_t h0, h1, w0, w1, divisor;
+};
+
+AvgWindow avg_window(const Pool2dParams& p, int64_t h, int64_t w, int64_t oh, int64_t ow) {
+  int64_t h0 = oh * p.stride[0] - p.padding[0], w0 = ow * p.stride[1] - p.padding[1];
+  int64_t h1 = std::min(h0 + p.kernel[0], h + p.padding[0]);
+  int64_t w1 = std::min(w0 + p.kernel[1], w + p.padding[1]);
+  const int64_t padded = (h1 - h0) * (w1 - w0);
+  h0 = std::max<int64_t>(h0, 0);
+  w0 = std::max<int64_t>(w0, 0);
+  h1 = std::min(h1, h);
+  w1 = std::min(w1, w);
+  const int64_t divisor = p.count_include_pad ? padded : (h1 - h0) * (w1 - w0);
+  return {h0, h1, w0, w1, divisor};
+}
+
+template <typename T>
+void avg_pool_forward_typed(const Tensor& out, const Tensor& input, const Pool2dParams& p) {
+  const PlaneGeometry g = plane_geometry(input, out);
+  const T* x = input.data_ptr<T>();
+  T* y = out.data_ptr<T>();
+#pragma omp parallel for schedule(static) if (out.numel() * p.kernel[0] * p.kernel[1] >= \
+                                              kParallelGrain)
+  for (int64_t pl = 0; pl < g.planes; ++pl) {
+    const T* plane = x + pl * g.h * g.w;
+    for (int64_t oh = 0; oh < g.ho; ++oh) {
+      for (int64_t ow = 0; ow < g.wo; ++ow) {
+        const AvgWindow win = avg_window(p, g.h, g.w, oh, ow);
+        acc_t<T> sum = 0;
+        for (int64_t ih = win.h0; ih < win.h1; ++ih) {
+          for (int64_t iw = win.w0; iw < win.w1; ++iw)
+            sum += static_cast<acc_t<T>>(plane[ih * g.w + iw]);
+        }
+        y[(pl * g.ho + oh) * g.wo + ow] = static_cast<T>(
+            win.divisor > 0 ? sum / static_cast<acc_t<T>>(win.divisor) : acc_t<T>(0));
+      }
+    }
+  }
+}
+
+template <typename T>
+void avg_pool_backward_typed(const Tensor& grad_input, const Tensor& grad_out,
+                             const Pool2dParams& p) {
+  const PlaneGeometry g = plane_geometry(grad_input, grad_out);
+  T* gx = grad_input.data_ptr<T>();
+  const T* gy = grad_out.data_ptr<T>();
+  const int64_t in_plane = g.h * g.w;
+#pragma omp parallel for schedule(static) if (grad_input.numel() >= kParallelGrain)
+  for (int64_t pl = 0; pl < g.planes; ++pl) {
+    std::vector<acc_t<T>> acc(static_cast<size_t>(in_plane), acc_t<T>(0));
+    for (int64_t oh = 0; oh < g.ho; ++oh) {
+      for (int64_t ow = 0; ow < g.wo; ++ow) {
+        const AvgWindow win = avg_window(p, g.h, g.w, oh, ow);
+        if (win.divisor <= 0) continue;
+        const acc_t<T> share = static_cast<acc_t<T>>(gy[(pl * g.ho + oh) * g.wo + ow]) /
+                               static_cast<acc_t<T>>(win.divisor);
+        for (int64_t ih = win.h0; ih < win.h1; ++ih) {
+          for (int64_t iw = win.w0; iw < win.w1; ++iw)
+            acc[static_cast<size_t>(ih * g.w + iw)] += share;
+        }
+      }
+    }
+    T* dst = gx + pl * in_plane;
+    for (int64_t i = 0; i < in_plane; ++i) dst[i] = static_cast<T>(acc[static_cast<size_t>(i)]);
+  }
+}
+
+// Adaptive windows: [floor(i * in / out), ceil((i + 1) * in / out)).
+int64_t adaptive_start(int64_t i, int64_t in, int64_t out) { return (i * in) / out; }
+int64_t adaptive_end(int64_t i, int64_t in, int64_t out) { return ((i + 1) * in + out - 1) / out; }
+
+template <typename T>
+void adaptive_avg_forward_typed(const Tensor& out, const Tensor& input) {
+  const PlaneGeometry g = plane_geometry(input, out);
+  const T* x = input.data_ptr<T>();
+  T* y = out.data_ptr<T>();
+#pragma omp parallel for schedule(static) if (input.numel() >= kParallelGrain)
+  for (int64_t pl = 0; pl < g.planes; ++pl) {
+    const T* plane = x + pl * g.h * g.w;
+    for (int64_t oh = 0; oh < g.ho; ++oh) {
+      const int64_t h0 = adaptive_start(oh, g.h, g.ho), h1 = adaptive_end(oh, g.h, g.ho);
+      for (int64_t ow = 0; ow < g.wo; ++ow) {
+        const int64_t w0 = adaptive_start(ow, g.w, g.wo), w1 = adaptive_end(ow, g.w, g.wo);
+        acc_t<T> sum = 0;
+        for (int64_t ih = h0; ih < h1; ++ih) {
+          for (int64_t iw = w0; iw < w1; ++iw) sum += static_cast<acc_t<T>>(plane[ih * g.w + iw]);
+        }
+        y[(pl * g.ho + oh) * g.wo + ow] =
+            static_cast<T>(sum / static_cast<acc_t<T>>((h1 - h0) * (w1 - w0)));
+      }
+    }
+  }
+}
+
+template <typename T>
+void adaptive_avg_backward_typed(const Tensor& grad_input, const Tensor& grad_out) {
+  const PlaneGeometry g = plane_geometry(grad_input, grad_out);
+  T* gx = grad_input.data_ptr<T>();
+  const T* gy = grad_out.data_ptr<T>();
+  const int64_t in_plane = g.h * g.w;
+#pragma omp parallel for schedule(static) if (grad_input.numel() >= kParallelGrain)
+  for (int64_t pl = 0; pl < g.planes; ++pl) {
+    std::vector<acc_t<T>> acc(static_cast<size_t>(in_plane), acc_t<T>(0));
+    for (int64_t oh = 0; oh < g.ho; ++oh) {
+      const int64_t h0 = adaptive_start(oh, g.h, g.ho), h1 = adaptive_end(oh, g.h, g.ho);
+      for (int64_t ow = 0; ow < g.wo; ++ow) {
+        const int64_t w0 = adaptive_start(ow, g.w, g.wo), w1 = adaptive_end(ow, g.w, g.wo);
+        const acc_t<T> share = static_cast<acc_t<T>>(gy[(pl * g.ho + oh) * g.wo + ow]) /
+                               static_cast<acc_t<T>>((h1 - h0) * (w1 - w0));
+        for (int64_t ih = h0; ih < h1; ++ih) {
+          for (int64_t iw = w0; iw < w1; ++iw) acc[static_cast<size_t>(ih * g.w + iw)] += share;
+        }
+      }
+    }
+    T* dst = gx + pl * in_plane;
+    for (int64_t i = 0; i < in_plane; ++i) dst[i] = static_cast<T>(acc[static_cast<size_t>(i)]);
+  }
+}
+
+void max_pool2d_forward_cpu(const Tensor& out, const Tensor& indices, const Tensor& input,
+                            const Pool2dParams& params) {
+  EMBER_ASSERT(input.is_contiguous() && out.is_contiguous() && indices.is_contiguous());
+  dispatch_floating(input.dtype(), "max_pool2d", [&](auto tag) {
+    max_pool_forward_typed<typename decltype(tag)::type>(out, indices, input, params);
+  });
+}
+
+void max_pool2d_backward_cpu(const Tensor& grad_input, const Tensor& grad_out,
+                             const Tensor& indices, const Pool2dParams&) {
+  EMBER_ASSERT(grad_input.is_contiguous() && grad_out.is_contiguous() && indices.is_contiguous());
+  dispatch_floating(grad_input.dtype(), "max_pool2d_backward", [&](auto tag) {
+    max_pool_backward_typed<typename decltype(tag)::type>(grad_input, grad_out, indices);
+  });
+}
+
+void avg_pool2d_forward_cpu(const Tensor& out, const Tensor& input, const Pool2dParams& params) {
+  EMBER_ASSERT(input.is_contiguous() && out.is_contiguous());
+  dispatch_floating(input.dtype(), "avg_pool2d", [&](auto tag) {
+    avg_pool_forward_typed<typename decltype(tag)::type>(out, input, params);
+  });
+}
+
+void avg_pool2d_backward_cpu(const Tensor& grad_input, const Tensor& grad_out,
+                             const Pool2dParams& params) {
+  EMBER_ASSERT(grad_input.is_contiguous() && grad_out.is_contiguous());
+  dispatch_floating(grad_input.dtype(), "avg_pool2d_backward", [&](auto tag) {
+    avg_pool_backward_typed<typename decltype(tag)::type>(grad_input, grad_out, params);
+  });
+}
+
+void adaptive_avg_pool2d_forward_cpu(const Tensor& out, const Tensor& input) {
+  EMBER_ASSERT(input.is_contiguous() && out.is_contiguous());
+  dispatch_floating(input.dtype(), "adaptive_avg_pool2d", [&](auto tag) {
+    adaptive_avg_forward_typed<typename decltype(tag)::type>(out, input);
+  });
+}
+
+void adaptive_avg_pool2d_backward_cpu(const Tensor& grad_input, const Tensor& grad_out) {
+  EMBER_ASSERT(grad_input.is_contiguous() && grad_out.is_contiguous());
+  dispatch_floating(grad_input.dtype(), "adaptive_avg_pool2d_backward", [&](auto tag) {
+    adaptive_avg_backward_typed<typename decltype(tag)::type>(grad_input, grad_out);
+  });
+}
+
+// ---------------------------------------------------------------------------------------
+// Cross-entropy over logits [N, C].
+
+template <typename T>
+void cross_entropy_forward_typed(const Tensor& loss, const Tensor& lse, const Tensor& logits,
+                                 const Tensor& target, int64_t ignore_index, double smoothing) {
+  const int64_t N = logits.size(0), C = logits.size(1);
+  const T* x = logits.data_ptr<T>();
+  const int64_t* t = target.data_ptr<int64_t>();
+  T* l = loss.data_ptr<T>();
+  T* s = lse.data_ptr<T>();
+  for (int64_t n = 0; n < N; ++n) {
+    EMBER_ASSERT(t[n] == ignore_index || (t[n] >= 0 && t[n] < C), "cross_entropy target ", t[n]);
+  }
+#pragma omp parallel for schedule(static) if (logits.numel() >= kParallelGrain)
+  for (int64_t n = 0; n < N; ++n) {
+    const T* row = x + n * C;
+    double m = -std::numeric_limits<double>::infinity(), total = 0;
+    for (int64_t c = 0; c < C; ++c) {
+      m = std::max(m, static_cast<double>(row[c]));
+      total += static_cast<double>(row[c]);
+    }
+    double e = 0;
+    if (std::isinf(m)) {
+      e = 1;  // all -inf (lse -inf) or some +inf (lse +inf): exp(x - m) would give NaN
+    } else {
+      for (int64_t c = 0; c < C; ++c) e += std::exp(static_cast<double>(row[c]) - m);
+    }
+    const double logsumexp = m + std::log(e);
+    s[n] = static_cast<T>(logsumexp);
+    if (t[n] == ignore_index) {
+      l[n] = T(0);
+      continue;
+    }
+    double value = logsumexp - (1.0 - smoothing) * static_cast<double>(row[t[n]]);
+    if (smoothing != 0.0) value -= smoothing / static_cast<double>(C) * total;
+    l[n] = static_cast<T>(value);
+  }
+}
+
+template <typename T>
+void cross_entropy_backward_typed(const Tensor& grad_logits, const Tensor& grad_loss,
+                                  const Tensor& logits, const Tensor& lse, const Tensor& target,
+                                  int64_t ignore_index, double smoothing) {
+  const int64_t N = logits.size(0), C = logits.size(1);
+  const T* x = logits.data_ptr<T>();
+  const T* gl = grad_loss.data_ptr<T>();
+  const T* s = lse.data_ptr<T>();
+  const int64_t* t = target.data_ptr<int64_t>();
+  T* gx = grad_logits.data_ptr<T>();
+  // grad_loss may be one value broadcast over N (stride 0).
+  const int64_t gl_stride = grad_loss.numel() == 1 ? 0 : grad_loss.stride(0);
+  const double off = smoothing / static_cast<double>(C);
+#pragma omp parallel for schedule(static) if (logits.numel() >= kParallelGrain)
+  for (int64_t n = 0; n < N; ++n) {
+    T* out = gx + n * C;
+    if (t[n] == ignore_index) {
+      std::fill(out, out + C, T(0));
+      continue;
+    }
+    const T* row = x + n * C;
+    const double g = static_cast<double>(gl[n * gl_stride]), l = static_cast<double>(s[n]);
+    for (int64_t c = 0; c < C; ++c) {
+      double v = std::exp(static_cast<double>(row[c]) - l) - off;
+      if (c == t[n]) v -= 1.0 - smoothing;
+      out[c] = static_cast<T>(g * v);
+    }
+  }
+}
+
+void cross_entropy_forward_cpu(const Tensor& loss, const Tensor& lse, const Tensor& logits,
+                               const Tensor& target, int64_t ignore_index, double smoothing) {
+  EMBER_ASSERT(logits.is_contiguous() && target.is_contiguous() && loss.is_contiguous() &&
+               lse.is_contiguous());
+  dispatch_floating(logits.dtype(), "cross_entropy", [&](auto tag) {
+    cross_entropy_forward_typed<typename decltype(tag)::type>(loss, lse, logits, target,
+                                                              ignore_index, smoothing);
+  });
+}
+
+void cross_entropy_backward_cpu(const Tensor& grad_logits, const Tensor& grad_loss,
+                                const Tensor& logits, const Tensor& lse, const Tensor& target,
+                                int64_t ignore_index, double smoothing) {
+  EMBER_ASSERT(logits.is_contiguous() && target.is_contiguous() && grad_logits.is_contiguous() &&
+               lse.is_contiguous());
+  dispatch_floating(logits.dtype(), "cross_entropy_backward", [&](auto tag) {
+    cross_entropy_backward_typed<typename decltype(tag)::type>(grad_logits, grad_loss, logits, lse,
+                                                               target, ignore_index, smoothing);
+  });
+}
+
+}  // namespace
+
+void register_cpu_layer_kernels(KernelTable& table) {
+  table.batch_norm_forward = &batch_norm_forward_cpu;
+  table.batch_norm_backward = &batch_norm_backward_cpu;
+  table.max_pool2d_forward = &max_pool2d_forward_cpu;
+  table.max_pool2d_backward = &max_pool2d_backward_cpu;
+  table.avg_pool2d_forward = &avg_pool2d_forward_cpu;
+  table.avg_pool2d_backward = &avg_pool2d_backward_cpu;
+  table.adaptive_avg_pool2d_forward = &adaptive_avg_pool2d_forward_cpu;
+  table.adaptive_avg_pool2d_backward = &adaptive_avg_pool2d_backward_cpu;
+  table.cross_entropy_forward = &cross_entropy_forward_cpu;
+  table.cross_entropy_backward = &cross_entropy_backward_cpu;
+}
+
+}  // namespace ember::detail
