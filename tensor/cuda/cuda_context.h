@@ -1,0 +1,39 @@
+// Device and stream helpers the CUDA kernels share. Private to tensor/cuda/.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "../tensor.h"
+
+namespace ember::detail {
+
+// Makes `device` current for a scope and restores the previous device afterwards.
+class CudaDeviceGuard {
+ public:
+  explicit CudaDeviceGuard(int device);
+  ~CudaDeviceGuard();
+  CudaDeviceGuard(const CudaDeviceGuard&) = delete;
+  CudaDeviceGuard& operator=(const CudaDeviceGuard&) = delete;
+
+ private:
+  int previous_ = -1;
+};
+
+// ember::Error naming `op` unless `device` is a visible CUDA ordinal.
+void check_cuda_device(int device, const char* op);
+// `device`, or the current device for -1, checked as above.
+int resolve_cuda_device(int device, const char* op);
+
+// The calling thread's current stream on `device`.
+cudaStream_t current_cuda_stream(int device);
+
+// Guards t's device and yields the stream ops on it run on.
+struct KernelContext {
+  explicit KernelContext(const Tensor& t)
+      : guard(t.device().index), stream(current_cuda_stream(t.device().index)) {}
+  explicit KernelContext(int device) : guard(device), stream(current_cuda_stream(device)) {}
+  CudaDeviceGuard guard;
+  cudaStream_t stream;
+};
+
+}  // namespace ember::detail

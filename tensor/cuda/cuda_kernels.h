@@ -1,0 +1,15 @@
+// The CUDA kernel files each fill their part of the kernel table. Private to tensor/cuda/.
+#pragma once
+
+#include "../detail/kernel_table.h"
+
+namespace ember::detail {
+
+void register_cuda_elementwise_kernels(KernelTable& table);  // fill, copy, unary, binary, where
+void register_cuda_reduce_kernels(KernelTable& table);       // reduce, arg_reduce, softmax
+void register_cuda_index_kernels(KernelTable& table);        // index_select, gather, scatter_add
+void register_cuda_random_kernels(KernelTable& table);       // random
+void register_cuda_blas_kernels(KernelTable& table);         // gemm
+void register_cuda_memory_kernels(KernelTable& table);       // allocator, transfer
+
+}  // namespace ember::detail

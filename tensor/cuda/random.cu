@@ -1,0 +1,55 @@
+// Random fills from Philox: element i of a draw is a pure function of (seed, offset, i),
+// computed by the same functions (detail/philox.h) as the CPU kernel.
+//
+// NOTE: this file is compiled with -fmad=false (tensor/CMakeLists.txt). A fused multiply-add
+// rounds once where the CPU rounds twice, so `low + (high - low) * u` would differ from the
+// CPU's bits in the last place; without contraction uniform and randint draws are
+// bit-identical on both devices. Normal draws also go through logf/cosf, whose CUDA and
+// glibc versions may differ by an ulp.
+#include "../detail/dispatch.h"
+#include "../detail/philox.h"
+#include "cuda_kernels.h"
+#include "launch.cuh"
+
+namespace ember::detail {
+namespace {
+
+template <typename T>
+__global__ void random_kernel(RandomKind kind, T* data, int64_t n, uint64_t seed, uint64_t offset,
+                              double a, double b, int64_t low, uint64_t range) {
+  for (int64_t i = global_thread(); i < n; i += grid_stride()) {
+    const auto index = static_cast<uint64_t>(i);
+    if (kind == RandomKind::kRandint) {
+      data[i] = cast_to<T>(random_int(seed, offset, index, low, range));
+    } else if constexpr (std::is_same_v<T, double>) {
+      data[i] = kind == RandomKind::kUniform ? random_uniform_double(seed, offset, index, a, b)
+                                             : random_normal_double(seed, offset, index, a, b);
+    } else {
+      const float fa = static_cast<float>(a), fb = static_cast<float>(b);
+      data[i] = cast_to<T>(kind == RandomKind::kUniform
+                               ? random_uniform_float(seed, offset, index, fa, fb)
+                               : random_normal_float(seed, offset, index, fa, fb));
+    }
+  }
+}
+
+void random(RandomKind kind, const Tensor& out, uint64_t seed, uint64_t offset, double a,
+            double b) {
+  const int64_t n = out.numel();
+  if (n == 0) return;
+  KernelContext ctx(out);
+  const auto low = static_cast<int64_t>(a);
+  const auto range = static_cast<uint64_t>(static_cast<int64_t>(b) - low);
+  dispatch_all(out.dtype(), "random", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    random_kernel<T><<<grid_for(n), kBlockSize, 0, ctx.stream>>>(
+        kind, static_cast<T*>(out.data_ptr()), n, seed, offset, a, b, low, range);
+    EMBER_CUDA_CHECK_LAUNCH();
+  });
+}
+
+}  // namespace
+
+void register_cuda_random_kernels(KernelTable& table) { table.random = random; }
+
+}  // namespace ember::detail

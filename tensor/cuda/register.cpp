@@ -1,0 +1,15 @@
+// Fills the CUDA column of the kernel table.
+#include "cuda_kernels.h"
+
+namespace ember::detail {
+
+void register_cuda_kernels(KernelTable& table) {
+  register_cuda_memory_kernels(table);
+  register_cuda_elementwise_kernels(table);
+  register_cuda_reduce_kernels(table);
+  register_cuda_index_kernels(table);
+  register_cuda_random_kernels(table);
+  register_cuda_blas_kernels(table);
+}
+
+}  // namespace ember::detail
