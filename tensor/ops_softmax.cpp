@@ -1,0 +1,41 @@
+// softmax and log_softmax along one dim.
+#include "detail/op_utils.h"
+#include "ops.h"
+
+namespace ember {
+namespace {
+
+Tensor softmax_impl(const Tensor& t, int64_t dim, bool log, const char* op) {
+  detail::check_defined(t, op);
+  EMBER_CHECK(t.is_floating_point(), op, "expected a floating dtype, got ", t.dtype(),
+              " (convert with .to(kF32) first)");
+  const int64_t d = detail::wrap_dim(dim, t.dim(), op);
+  // A 0-d tensor is one row of one value.
+  int64_t outer = 1, n = 1, inner = 1;
+  for (int64_t e = 0; e < t.dim(); ++e) {
+    if (e < d)
+      outer *= t.size(e);
+    else if (e == d)
+      n = t.size(e);
+    else
+      inner *= t.size(e);
+  }
+  const Tensor in = t.contiguous();
+  Tensor out = empty(t.sizes(), t.options());
+  if (out.numel() == 0) return out;
+  const auto& kernels = detail::kernels_for(t.device(), op);
+  detail::require_kernel(kernels.softmax, t.device(), op)(out, in, outer, n, inner, log);
+  return out;
+}
+
+}  // namespace
+
+Tensor softmax(const Tensor& t, int64_t dim) { return softmax_impl(t, dim, false, "softmax"); }
+Tensor log_softmax(const Tensor& t, int64_t dim) {
+  return softmax_impl(t, dim, true, "log_softmax");
+}
+
+Tensor Tensor::softmax(int64_t dim) const { return ember::softmax(*this, dim); }
+Tensor Tensor::log_softmax(int64_t dim) const { return ember::log_softmax(*this, dim); }
+
+}  // namespace ember
