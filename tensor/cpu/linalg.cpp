@@ -1,0 +1,78 @@
+// CPU GEMM on OpenBLAS: row-major cblas_sgemm / cblas_dgemm, one call per batch entry.
+#include <cblas.h>
+
+#include <limits>
+#include <type_traits>
+
+#include "cpu_kernels.h"
+
+namespace ember::detail {
+namespace {
+
+// C = beta * C over an m x n block with row stride ldc (the k == 0 product is empty).
+template <typename T>
+void scale_block(T* c, int64_t m, int64_t n, int64_t ldc, T beta) {
+  for (int64_t i = 0; i < m; ++i) {
+    T* row = c + i * ldc;
+    if (beta == T(0)) {
+      for (int64_t j = 0; j < n; ++j) row[j] = T(0);  // no NaN * 0: C is not read
+    } else {
+      for (int64_t j = 0; j < n; ++j) row[j] *= beta;
+    }
+  }
+}
+
+template <typename T>
+void gemm_typed(const GemmArgs& g) {
+  const T* a = static_cast<const T*>(g.a);
+  const T* b = static_cast<const T*>(g.b);
+  T* c = static_cast<T*>(g.c);
+  const auto ta = g.trans_a ? CblasTrans : CblasNoTrans;
+  const auto tb = g.trans_b ? CblasTrans : CblasNoTrans;
+  for (int64_t i = 0; i < g.batch; ++i) {
+    const T* ai = a + i * g.stride_a;
+    const T* bi = b + i * g.stride_b;
+    T* ci = c + i * g.stride_c;
+    if (g.k == 0) {
+      scale_block(ci, g.m, g.n, g.ldc, static_cast<T>(g.beta));
+      continue;
+    }
+    if constexpr (std::is_same_v<T, float>) {
+      cblas_sgemm(CblasRowMajor, ta, tb, static_cast<blasint>(g.m), static_cast<blasint>(g.n),
+                  static_cast<blasint>(g.k), static_cast<float>(g.alpha), ai,
+                  static_cast<blasint>(g.lda), bi, static_cast<blasint>(g.ldb),
+                  static_cast<float>(g.beta), ci, static_cast<blasint>(g.ldc));
+    } else {
+      cblas_dgemm(CblasRowMajor, ta, tb, static_cast<blasint>(g.m), static_cast<blasint>(g.n),
+                  static_cast<blasint>(g.k), g.alpha, ai, static_cast<blasint>(g.lda), bi,
+                  static_cast<blasint>(g.ldb), g.beta, ci, static_cast<blasint>(g.ldc));
+    }
+  }
+}
+
+void gemm_cpu(const GemmArgs& g) {
+  EMBER_ASSERT(g.device.is_cpu(), "gemm_cpu got a ", g.device.str(), " operand");
+  EMBER_ASSERT(g.m >= 0 && g.n >= 0 && g.k >= 0 && g.batch >= 0);
+  if (g.m == 0 || g.n == 0 || g.batch == 0) return;
+  constexpr int64_t kBlasMax = std::numeric_limits<blasint>::max();
+  EMBER_CHECK(g.m <= kBlasMax && g.n <= kBlasMax && g.k <= kBlasMax && g.lda <= kBlasMax &&
+                  g.ldb <= kBlasMax && g.ldc <= kBlasMax,
+              "matmul", "sizes (m ", g.m, ", n ", g.n, ", k ", g.k, ") exceed the BLAS limit of ",
+              kBlasMax, " on cpu");
+  switch (g.dtype) {
+    case kF32:
+      gemm_typed<float>(g);
+      break;
+    case kF64:
+      gemm_typed<double>(g);
+      break;
+    default:
+      EMBER_ASSERT(false, "gemm_cpu got dtype ", g.dtype);
+  }
+}
+
+}  // namespace
+
+void register_cpu_linalg_kernels(KernelTable& table) { table.gemm = &gemm_cpu; }
+
+}  // namespace ember::detail
