@@ -39,6 +39,7 @@ packages=(
   libopenmpi-dev openmpi-bin
   libstb-dev zlib1g-dev nlohmann-json3-dev libcli11-dev
   clang-format
+  dataset-fashion-mnist
 )
 
 missing=()

@@ -1,6 +1,7 @@
 // DataLoader: batching and collation, shuffling, samplers, the same batches for any number
 // of workers, errors carried to the caller with the sample index, and clean shutdown.
 #include <ember/data/dataloader.h>
+#include <ember/data/datasets.h>
 #include <ember/tensor/cuda.h>
 #include <ember/tensor/ops.h>
 #include <ember/tensor/random.h>
@@ -8,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <filesystem>
 #include <numeric>
 #include <thread>
 
@@ -303,6 +305,34 @@ TEST(DataLoader, DestructionAndRestartMidEpochStopTheWorkers) {
   EXPECT_LE(produced, 2 * (3 * 4 + 2) * 16);
   std::this_thread::sleep_for(std::chrono::milliseconds(5));
   EXPECT_EQ(ds->produced, produced);  // no thread outlived the loader
+}
+
+TEST(DataLoader, FashionMnistEndToEnd) {
+  if (!std::filesystem::exists(std::string(FashionMnist::kDefaultRoot) +
+                               "/t10k-images-idx3-ubyte.gz"))
+    GTEST_SKIP() << "apt-get install dataset-fashion-mnist";
+  // The README's example, on the test split.
+  auto test = std::make_shared<FashionMnist>(Split::kTest);
+  DataLoader loader(test, {.batch_size = 128,
+                           .shuffle = true,
+                           .seed = 1,
+                           .num_workers = 2,
+                           .transform = std::make_shared<ToTensor>()});
+  EXPECT_EQ(loader.size(), 79);
+  int64_t seen = 0;
+  std::vector<int64_t> counts(10, 0);
+  for (const Batch& batch : loader) {
+    ASSERT_EQ(batch.data.sizes(), (Shape{batch.data.size(0), 1, 28, 28}));
+    ASSERT_EQ(batch.data.dtype(), kF32);
+    for (int64_t t : batch.target.to_vector<int64_t>()) ++counts[static_cast<size_t>(t)];
+    seen += batch.data.size(0);
+    if (seen == 128) {
+      EXPECT_GE(batch.data.min().item<float>(), 0.0f);
+      EXPECT_LE(batch.data.max().item<float>(), 1.0f);
+    }
+  }
+  EXPECT_EQ(seen, 10000);
+  EXPECT_EQ(counts, std::vector<int64_t>(10, 1000));
 }
 
 TEST(DataLoader, PinsBatchesOnlyWhenCudaIsPresent) {
