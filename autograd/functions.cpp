@@ -4,6 +4,7 @@
 #include <limits>
 
 #include <ember/tensor/detail/autograd_hooks.h>
+#include <ember/tensor/detail/layer_backward.h>
 #include <ember/tensor/detail/op_utils.h>
 #include <ember/tensor/grad_mode.h>
 #include <ember/tensor/ops.h>

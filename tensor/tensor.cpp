@@ -366,6 +366,22 @@ Tensor Tensor::detach() const {
   return result;
 }
 
+void Tensor::set_data(const Tensor& other) const {
+  detail::check_defined(other, "set_data", "other");
+  Impl& self = impl();
+  const Impl& from = other.impl();
+  self.storage = from.storage;
+  self.dtype = from.dtype;
+  self.sizes = from.sizes;
+  self.strides = from.strides;
+  self.offset = from.offset;
+  self.numel = from.numel;
+  if (self.autograd && self.autograd->grad.defined()) {
+    Tensor& grad = self.autograd->grad;
+    grad = grad.sizes() == self.sizes ? grad.to(device(), dtype()) : Tensor();
+  }
+}
+
 // --- copies ----------------------------------------------------------------------------
 
 Tensor Tensor::contiguous() const { return is_contiguous() ? *this : clone(); }

@@ -131,6 +131,10 @@ class Tensor {
                     std::optional<int64_t> storage_offset = {}) const;
   // A new handle on the same data with no autograd history.
   Tensor detach() const;
+  // Points this tensor (and every handle sharing it) at `other`'s data, keeping its autograd
+  // identity; its gradient follows to the new device and dtype. Module::to() moves
+  // parameters this way, so references held by optimizers stay valid.
+  void set_data(const Tensor& other) const;
 
   // --- copies -------------------------------------------------------------------------
   Tensor contiguous() const;  // *this when already contiguous

@@ -10,6 +10,8 @@ void register_cpu_elementwise_kernels(
 void register_cpu_reduce_kernels(KernelTable& table);  // reduce, arg_reduce, softmax
 void register_cpu_linalg_kernels(KernelTable& table);  // gemm
 void register_cpu_index_kernels(KernelTable& table);   // index_select, gather, scatter_add
+void register_cpu_conv_kernels(KernelTable& table);    // conv2d_forward, conv2d_backward
+void register_cpu_layer_kernels(KernelTable& table);   // batch norm, pooling, cross-entropy
 
 // Splits [0, n) across OpenMP threads when n elements are worth it (a grain of work each).
 inline constexpr int64_t kParallelGrain = 32768;

@@ -14,6 +14,7 @@
 
 #include "../grad_mode.h"
 #include "../tensor.h"
+#include "kernel_table.h"
 
 namespace ember::detail {
 
@@ -84,6 +85,9 @@ struct OpArgs {
   int64_t dim = 0, dim2 = 0, start = 0, step = 1, correction = 0;
   Shape dims;
   bool keepdim = false;
+  bool training = false;
+  Conv2dParams conv;
+  Pool2dParams pool;
   std::vector<Tensor> extra;  // index tensors, masks, saved statistics
 };
 

@@ -76,6 +76,21 @@ struct GemmArgs {
   double alpha = 1.0, beta = 0.0;
 };
 
+struct Conv2dParams {
+  int64_t stride[2] = {1, 1};
+  int64_t padding[2] = {0, 0};
+  int64_t dilation[2] = {1, 1};
+  int64_t groups = 1;
+};
+
+struct Pool2dParams {
+  int64_t kernel[2] = {1, 1};
+  int64_t stride[2] = {1, 1};
+  int64_t padding[2] = {0, 0};
+  int64_t dilation[2] = {1, 1};
+  bool count_include_pad = true;  // average pooling: divide by the window including padding
+};
+
 struct KernelTable {
   // Memory for tensors on this device type (the index picks the CUDA device).
   Allocator* (*allocator)(int device_index) = nullptr;
@@ -112,6 +127,54 @@ struct KernelTable {
   // out (contiguous, floating or integral) filled from Philox (seed, offset); params a, b.
   void (*random)(RandomKind kind, const Tensor& out, uint64_t seed, uint64_t offset, double a,
                  double b) = nullptr;
+  // --- layers: every tensor contiguous NCHW, one floating dtype; shapes checked by the front end.
+  // out [N, O, Ho, Wo] = conv(input [N, C, H, W], weight [O, C/g, kH, kW]) + bias [O] (bias may
+  // be undefined).
+  void (*conv2d_forward)(const Tensor& out, const Tensor& input, const Tensor& weight,
+                         const Tensor& bias, const Conv2dParams& params) = nullptr;
+  // Fills each defined gradient (grad_input like input, grad_weight like weight, grad_bias [O]).
+  void (*conv2d_backward)(const Tensor& grad_input, const Tensor& grad_weight,
+                          const Tensor& grad_bias, const Tensor& grad_out, const Tensor& input,
+                          const Tensor& weight, const Conv2dParams& params) = nullptr;
+  // Batch norm over input [N, C, S] (S = spatial size, may be 1); weight/bias [C] may be
+  // undefined (1 and 0). Training: batch mean and 1/sqrt(biased var + eps) go to save_mean /
+  // save_invstd [C] (f32 for 16-bit inputs, else input's dtype), and running stats (if defined)
+  // are updated with momentum and the unbiased variance. Eval: running stats normalise, and
+  // save_mean/save_invstd receive them (mean and 1/sqrt(var + eps)).
+  void (*batch_norm_forward)(const Tensor& out, const Tensor& save_mean, const Tensor& save_invstd,
+                             const Tensor& input, const Tensor& weight, const Tensor& bias,
+                             const Tensor& running_mean, const Tensor& running_var, bool training,
+                             double momentum, double eps) = nullptr;
+  // Gradients for a forward with the saved statistics; training includes the statistics'
+  // dependence on the input, eval does not. Undefined outputs are skipped.
+  void (*batch_norm_backward)(const Tensor& grad_input, const Tensor& grad_weight,
+                              const Tensor& grad_bias, const Tensor& grad_out, const Tensor& input,
+                              const Tensor& weight, const Tensor& save_mean,
+                              const Tensor& save_invstd, bool training) = nullptr;
+  // out/indices [N, C, Ho, Wo]; indices (i64) are flat positions h * W + w in the input plane.
+  void (*max_pool2d_forward)(const Tensor& out, const Tensor& indices, const Tensor& input,
+                             const Pool2dParams& params) = nullptr;
+  // grad_input (zero-filled by the kernel) accumulates grad_out at the saved indices.
+  void (*max_pool2d_backward)(const Tensor& grad_input, const Tensor& grad_out,
+                              const Tensor& indices, const Pool2dParams& params) = nullptr;
+  void (*avg_pool2d_forward)(const Tensor& out, const Tensor& input,
+                             const Pool2dParams& params) = nullptr;
+  void (*avg_pool2d_backward)(const Tensor& grad_input, const Tensor& grad_out,
+                              const Pool2dParams& params) = nullptr;
+  // Output cell (i, j) averages input rows [floor(i*H/Ho), ceil((i+1)*H/Ho)) and likewise columns.
+  void (*adaptive_avg_pool2d_forward)(const Tensor& out, const Tensor& input) = nullptr;
+  void (*adaptive_avg_pool2d_backward)(const Tensor& grad_input, const Tensor& grad_out) = nullptr;
+  // Per-sample loss [N] of logits [N, C] against target [N] (i64, in range or ignore_index):
+  // loss = lse - (1 - s) * x[target] - (s / C) * sum(x), with lse = logsumexp(x) saved [N];
+  // ignored samples get loss 0.
+  void (*cross_entropy_forward)(const Tensor& loss, const Tensor& lse, const Tensor& logits,
+                                const Tensor& target, int64_t ignore_index,
+                                double smoothing) = nullptr;
+  // grad_logits [N, C] = grad_loss[n] * (softmax(x) - (1 - s) * onehot(target) - s / C); 0 if
+  // ignored.
+  void (*cross_entropy_backward)(const Tensor& grad_logits, const Tensor& grad_loss,
+                                 const Tensor& logits, const Tensor& lse, const Tensor& target,
+                                 int64_t ignore_index, double smoothing) = nullptr;
   // Copies between the host and this device type, or between two devices of it: dst and src
   // contiguous, same dtype and numel. Only the CUDA table has it.
   void (*transfer)(const Tensor& dst, const Tensor& src, bool non_blocking) = nullptr;

@@ -1,0 +1,191 @@
+#include "module.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+namespace ember::nn {
+
+Tensor Module::forward(const Tensor&) {
+  throw Error(name() + ": this module has no single-input forward");
+}
+
+Tensor& Module::register_parameter(std::string name, Tensor tensor, bool requires_grad) {
+  EMBER_CHECK(!name.empty() && name.find('.') == std::string::npos, this->name(),
+              "invalid parameter name \"", name, "\"");
+  for (const auto& [n, t] : parameters_)
+    EMBER_CHECK(n != name, this->name(), "parameter \"", name, "\" exists");
+  if (tensor.defined() && requires_grad) tensor.requires_grad_();
+  parameters_.emplace_back(std::move(name), std::move(tensor));
+  return parameters_.back().second;
+}
+
+Tensor& Module::register_buffer(std::string name, Tensor tensor) {
+  EMBER_CHECK(!name.empty() && name.find('.') == std::string::npos, this->name(),
+              "invalid buffer name \"", name, "\"");
+  for (const auto& [n, t] : buffers_)
+    EMBER_CHECK(n != name, this->name(), "buffer \"", name, "\" exists");
+  buffers_.emplace_back(std::move(name), std::move(tensor));
+  return buffers_.back().second;
+}
+
+void Module::add_child(std::string name, std::shared_ptr<Module> module) {
+  EMBER_CHECK(module != nullptr, this->name(), "submodule \"", name, "\" is null");
+  for (const auto& [n, m] : children_)
+    EMBER_CHECK(n != name, this->name(), "submodule \"", name, "\" exists");
+  children_.emplace_back(std::move(name), std::move(module));
+}
+
+void Module::replace_module(const std::string& name, std::shared_ptr<Module> module) {
+  EMBER_CHECK(module != nullptr, this->name(), "replacement for submodule \"", name, "\" is null");
+  for (auto& [n, m] : children_) {
+    if (n == name) {
+      m = std::move(module);
+      return;
+    }
+  }
+  throw Error(this->name() + ": no submodule named \"" + name + "\"");
+}
+
+Tensor& Module::buffer(const std::string& name) {
+  for (auto& [n, t] : buffers_) {
+    if (n == name) return t;
+  }
+  throw Error(this->name() + ": no buffer named \"" + name + "\"");
+}
+
+Tensor& Module::parameter(const std::string& name) {
+  for (auto& [n, t] : parameters_) {
+    if (n == name) return t;
+  }
+  throw Error(this->name() + ": no parameter named \"" + name + "\"");
+}
+
+void Module::collect(const std::string& prefix, bool recurse, bool parameters,
+                     NamedTensors& out) const {
+  for (const auto& [n, t] : parameters ? parameters_ : buffers_) {
+    if (t.defined()) out.emplace_back(prefix + n, t);
+  }
+  if (!recurse) return;
+  for (const auto& [n, m] : children_) m->collect(prefix + n + ".", true, parameters, out);
+}
+
+NamedTensors Module::named_parameters(bool recurse) const {
+  NamedTensors out;
+  collect("", recurse, true, out);
+  return out;
+}
+
+NamedTensors Module::named_buffers(bool recurse) const {
+  NamedTensors out;
+  collect("", recurse, false, out);
+  return out;
+}
+
+std::vector<Tensor> Module::parameters(bool recurse) const {
+  std::vector<Tensor> out;
+  for (auto& [n, t] : named_parameters(recurse)) out.push_back(t);
+  return out;
+}
+
+std::vector<std::pair<std::string, Module*>> Module::named_modules() {
+  std::vector<std::pair<std::string, Module*>> out{{"", this}};
+  // Depth-first in registration order: a module comes before its children.
+  for (size_t i = 0; i < out.size(); ++i) {
+    std::vector<std::pair<std::string, Module*>> below;
+    for (auto& [n, child] : out[i].second->children_) {
+      below.emplace_back(out[i].first.empty() ? n : out[i].first + "." + n, child.get());
+    }
+    out.insert(out.begin() + static_cast<std::ptrdiff_t>(i) + 1, below.begin(), below.end());
+  }
+  return out;
+}
+
+NamedTensors Module::state_dict() const {
+  NamedTensors out = named_parameters();
+  NamedTensors buffers = named_buffers();
+  out.insert(out.end(), buffers.begin(), buffers.end());
+  return out;
+}
+
+void Module::load_state_dict(const NamedTensors& state, bool strict) {
+  std::map<std::string, const Tensor*> given;
+  for (const auto& [n, t] : state) given[n] = &t;
+  NamedTensors own = state_dict();
+  std::vector<std::string> missing, mismatched;
+  std::set<std::string> used;
+  for (const auto& [n, t] : own) {
+    auto it = given.find(n);
+    if (it == given.end()) {
+      missing.push_back(n);
+      continue;
+    }
+    used.insert(n);
+    if (it->second->sizes() != t.sizes()) {
+      mismatched.push_back(detail::str_cat(n, " (checkpoint ", shape_str(it->second->sizes()),
+                                           ", model ", shape_str(t.sizes()), ")"));
+    }
+  }
+  std::vector<std::string> unexpected;
+  for (const auto& [n, t] : state) {
+    if (!used.count(n)) unexpected.push_back(n);
+  }
+  auto join = [](const std::vector<std::string>& names) {
+    std::string s;
+    for (const auto& n : names) s += (s.empty() ? "" : ", ") + n;
+    return s;
+  };
+  EMBER_CHECK(mismatched.empty(), "load_state_dict", "shape mismatch for ", join(mismatched));
+  if (strict) {
+    EMBER_CHECK(missing.empty() && unexpected.empty(), "load_state_dict",
+                missing.empty() ? "" : "missing keys: " + join(missing),
+                missing.empty() || unexpected.empty() ? "" : "; ",
+                unexpected.empty() ? "" : "unexpected keys: " + join(unexpected));
+  }
+  NoGradGuard no_grad;
+  for (auto& [n, t] : own) {
+    auto it = given.find(n);
+    if (it != given.end()) t.copy_(*it->second);
+  }
+}
+
+void Module::to(Device device, bool non_blocking) {
+  NoGradGuard no_grad;
+  for (auto& [n, t] : state_dict()) {
+    if (t.device() != device) t.set_data(t.to(device, non_blocking));
+  }
+}
+
+void Module::to(DType dtype) {
+  EMBER_CHECK(is_floating(dtype), name(), "modules convert only to floating dtypes, got ", dtype);
+  NoGradGuard no_grad;
+  for (auto& [n, t] : state_dict()) {
+    if (t.is_floating_point() && t.dtype() != dtype) t.set_data(t.to(dtype));
+  }
+}
+
+void Module::train(bool on) {
+  training_ = on;
+  for (auto& [n, m] : children_) m->train(on);
+}
+
+void Module::zero_grad(bool set_to_none) {
+  NoGradGuard no_grad;
+  for (auto& t : parameters()) {
+    if (!t.grad().defined()) continue;
+    if (set_to_none) {
+      t.set_grad(Tensor());
+    } else {
+      Tensor g = t.grad();
+      g.zero_();
+    }
+  }
+}
+
+int64_t parameter_count(const Module& module) {
+  int64_t n = 0;
+  for (const auto& t : module.parameters()) n += t.numel();
+  return n;
+}
+
+}  // namespace ember::nn

@@ -1,0 +1,84 @@
+// Module: the base of every layer and model. Parameters, buffers and submodules are
+// registered by name, so named_parameters(), state_dict(), load_state_dict(), to(),
+// train()/eval() and the distributed layer's bucketing all walk the same tree.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ember/autograd/autograd.h>
+#include <ember/tensor/ops.h>
+
+namespace ember::nn {
+
+// Name/tensor pairs in registration order ("layer1.0.conv1.weight", ...).
+using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+
+class Module {
+ public:
+  Module() = default;
+  virtual ~Module() = default;
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+
+  // The layer's computation; modules without a single-input forward (containers of other
+  // shapes, losses) throw ember::Error.
+  virtual Tensor forward(const Tensor& input);
+  Tensor operator()(const Tensor& input) { return forward(input); }
+  // The type name used in printing and errors ("Conv2d", "ResNet", ...).
+  virtual std::string name() const = 0;
+
+  std::vector<Tensor> parameters(bool recurse = true) const;
+  NamedTensors named_parameters(bool recurse = true) const;
+  NamedTensors named_buffers(bool recurse = true) const;
+  const std::vector<std::pair<std::string, std::shared_ptr<Module>>>& named_children() const {
+    return children_;
+  }
+  // This module and every one below it, depth-first, with dotted names ("" for this one).
+  std::vector<std::pair<std::string, Module*>> named_modules();
+
+  // Parameters and buffers by dotted name. load_state_dict copies values into the existing
+  // tensors (converting dtype/device); strict mode reports missing and unexpected keys and
+  // any shape mismatch, naming them, and changes nothing in that case.
+  NamedTensors state_dict() const;
+  void load_state_dict(const NamedTensors& state, bool strict = true);
+
+  // Moves (or converts) every parameter and buffer in place; references stay valid.
+  void to(Device device, bool non_blocking = false);
+  void to(DType dtype);  // floating parameters and buffers only
+  void train(bool on = true);
+  void eval() { train(false); }
+  bool is_training() const { return training_; }
+  void zero_grad(bool set_to_none = true);
+
+  // Replaces the registered submodule `name` (convert_sync_batchnorm uses this).
+  void replace_module(const std::string& name, std::shared_ptr<Module> module);
+  // Replaces the registered buffer `name` (load-time re-materialisation, conversions).
+  Tensor& buffer(const std::string& name);
+  Tensor& parameter(const std::string& name);
+
+ protected:
+  Tensor& register_parameter(std::string name, Tensor tensor, bool requires_grad = true);
+  Tensor& register_buffer(std::string name, Tensor tensor);
+  template <typename M>
+  std::shared_ptr<M> register_module(std::string name, std::shared_ptr<M> module) {
+    add_child(std::move(name), module);
+    return module;
+  }
+
+ private:
+  void add_child(std::string name, std::shared_ptr<Module> module);
+  void collect(const std::string& prefix, bool recurse, bool parameters, NamedTensors& out) const;
+
+  NamedTensors parameters_;
+  NamedTensors buffers_;
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+  bool training_ = true;
+};
+
+// The number of elements in all parameters.
+int64_t parameter_count(const Module& module);
+
+}  // namespace ember::nn

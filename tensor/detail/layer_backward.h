@@ -1,0 +1,28 @@
+// The backward computations of the layer ops, for autograd's formulas: each allocates the
+// gradients asked for (needs[i]) and runs the device's backward kernel.
+#pragma once
+
+#include <array>
+
+#include "../tensor.h"
+#include "kernel_table.h"
+
+namespace ember::detail {
+
+// Gradients for input, weight and bias (undefined where not needed).
+std::array<Tensor, 3> conv2d_backward(const Tensor& grad_out, const Tensor& input,
+                                      const Tensor& weight, const Conv2dParams& params,
+                                      std::array<bool, 3> needs);
+std::array<Tensor, 3> batch_norm_backward(const Tensor& grad_out, const Tensor& input,
+                                          const Tensor& weight, const Tensor& save_mean,
+                                          const Tensor& save_invstd, bool training,
+                                          std::array<bool, 3> needs);
+Tensor max_pool2d_backward(const Tensor& grad_out, const Shape& input_sizes, const Tensor& indices,
+                           const Pool2dParams& params);
+Tensor avg_pool2d_backward(const Tensor& grad_out, const Shape& input_sizes,
+                           const Pool2dParams& params);
+Tensor adaptive_avg_pool2d_backward(const Tensor& grad_out, const Shape& input_sizes);
+Tensor cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits, const Tensor& lse,
+                              const Tensor& target, int64_t ignore_index, double smoothing);
+
+}  // namespace ember::detail

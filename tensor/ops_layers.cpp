@@ -1,0 +1,423 @@
+// Front ends of the layer ops: argument checks, output shapes, autograd recording.
+#include <cmath>
+
+#include "detail/autograd_hooks.h"
+#include "detail/layer_backward.h"
+#include "detail/op_utils.h"
+#include "layer_ops.h"
+#include "ops.h"
+
+namespace ember {
+
+using detail::AutogradScope;
+using detail::Conv2dParams;
+using detail::OpArgs;
+using detail::OpId;
+using detail::Pool2dParams;
+
+namespace {
+
+std::string pair_str(Pair p) { return detail::str_cat("(", p[0], ", ", p[1], ")"); }
+
+void check_nchw(const Tensor& t, const char* op) {
+  detail::check_defined(t, op);
+  EMBER_CHECK(t.dim() == 4, op, "expected a 4-d input [N, C, H, W], got shape ",
+              shape_str(t.sizes()));
+  EMBER_CHECK(t.is_floating_point(), op, "expected a floating input, got ", t.dtype());
+}
+
+void check_like(const Tensor& t, const Tensor& input, const char* op, const char* name) {
+  if (!t.defined()) return;
+  EMBER_CHECK(t.dtype() == input.dtype(), op, name, " has dtype ", t.dtype(), " but input has ",
+              input.dtype());
+  EMBER_CHECK(t.device() == input.device(), op, name, " is on ", t.device().str(),
+              " but input is on ", input.device().str());
+}
+
+// PyTorch's output size of a sliding window (ceil_mode drops a last window that would
+// start in the right padding).
+int64_t window_count(int64_t in, int64_t k, int64_t s, int64_t p, int64_t d, bool ceil_mode) {
+  const int64_t span = in + 2 * p - d * (k - 1) - 1;
+  if (span < 0) return 0;
+  int64_t out = (ceil_mode ? (span + s - 1) / s : span / s) + 1;
+  if (ceil_mode && (out - 1) * s >= in + p) --out;
+  return out;
+}
+
+Tensor reduce_loss(const Tensor& per_sample, Reduction reduction, const Tensor& divisor) {
+  switch (reduction) {
+    case Reduction::kNone:
+      return per_sample;
+    case Reduction::kSum:
+      return sum(per_sample);
+    case Reduction::kMean:
+      return divisor.defined() ? sum(per_sample) / divisor : mean(per_sample);
+  }
+  return per_sample;
+}
+
+// Targets: 1-d i64 of length N with values in [0, C) or equal to ignore_index.
+void check_targets(const Tensor& scores, const Tensor& target, int64_t ignore_index,
+                   const char* op) {
+  detail::check_defined(target, op, "target");
+  EMBER_CHECK(scores.dim() == 2, op, "expected input [N, C], got shape ",
+              shape_str(scores.sizes()));
+  EMBER_CHECK(scores.is_floating_point(), op, "expected floating scores, got ", scores.dtype());
+  EMBER_CHECK(target.dim() == 1 && target.size(0) == scores.size(0), op, "target of shape ",
+              shape_str(target.sizes()), " does not match input of shape ",
+              shape_str(scores.sizes()));
+  EMBER_CHECK(target.dtype() == kI64, op, "target must be i64 class indices, got ", target.dtype());
+  detail::check_same_device({&scores, &target}, op);
+  if (target.numel() == 0) return;
+  const Tensor kept = where(eq(target, ignore_index), 0, target);
+  const int64_t lo = min(kept).item<int64_t>(), hi = max(kept).item<int64_t>();
+  const int64_t classes = scores.size(1);
+  EMBER_CHECK(lo >= 0 && hi < classes, op, "target ", lo < 0 ? lo : hi, " is out of range for ",
+              classes, " classes");
+}
+
+}  // namespace
+
+Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, Pair stride,
+              Pair padding, Pair dilation, int64_t groups) {
+  const char* op = "conv2d";
+  check_nchw(input, op);
+  detail::check_defined(weight, op, "weight");
+  EMBER_CHECK(weight.dim() == 4, op, "expected a 4-d weight [O, C/groups, kH, kW], got shape ",
+              shape_str(weight.sizes()));
+  check_like(weight, input, op, "weight");
+  check_like(bias, input, op, "bias");
+  EMBER_CHECK(groups > 0, op, "groups must be positive, got ", groups);
+  EMBER_CHECK(stride[0] > 0 && stride[1] > 0, op, "stride must be positive, got ",
+              pair_str(stride));
+  EMBER_CHECK(padding[0] >= 0 && padding[1] >= 0, op, "padding must be non-negative, got ",
+              pair_str(padding));
+  EMBER_CHECK(dilation[0] > 0 && dilation[1] > 0, op, "dilation must be positive, got ",
+              pair_str(dilation));
+  const int64_t channels = input.size(1), out_channels = weight.size(0);
+  EMBER_CHECK(channels == weight.size(1) * groups, op, "input has ", channels,
+              " channels but weight expects ", weight.size(1) * groups, " (input ",
+              shape_str(input.sizes()), ", weight ", shape_str(weight.sizes()),
+              groups > 1 ? detail::str_cat(", groups ", groups) : "", ")");
+  EMBER_CHECK(out_channels % groups == 0, op, "weight has ", out_channels,
+              " output channels, not divisible by ", groups, " groups");
+  EMBER_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == out_channels), op,
+              "bias of shape ", bias.defined() ? shape_str(bias.sizes()) : "", " does not match ",
+              out_channels, " output channels");
+  const int64_t ho =
+      window_count(input.size(2), weight.size(2), stride[0], padding[0], dilation[0], false);
+  const int64_t wo =
+      window_count(input.size(3), weight.size(3), stride[1], padding[1], dilation[1], false);
+  EMBER_CHECK(ho > 0 && wo > 0, op, "input of spatial size ", input.size(2), "x", input.size(3),
+              " is too small for kernel ", weight.size(2), "x", weight.size(3), " with padding ",
+              pair_str(padding), " and dilation ", pair_str(dilation));
+
+  AutogradScope scope(OpId::kConv2d, {&input, &weight, &bias});
+  Conv2dParams params;
+  params.stride[0] = stride[0];
+  params.stride[1] = stride[1];
+  params.padding[0] = padding[0];
+  params.padding[1] = padding[1];
+  params.dilation[0] = dilation[0];
+  params.dilation[1] = dilation[1];
+  params.groups = groups;
+  Tensor out = empty({input.size(0), out_channels, ho, wo}, input.options());
+  if (out.numel() > 0) {
+    auto kernel = detail::require_kernel(detail::kernels_for(input.device(), op).conv2d_forward,
+                                         input.device(), op);
+    kernel(out, input.contiguous(), weight.contiguous(), bias.defined() ? bias.contiguous() : bias,
+           params);
+  }
+  OpArgs args;
+  args.conv = params;
+  return scope.finish(out, std::move(args));
+}
+
+Tensor batch_norm(const Tensor& input, const Tensor& weight, const Tensor& bias,
+                  const Tensor& running_mean, const Tensor& running_var, bool training,
+                  double momentum, double eps) {
+  const char* op = "batch_norm";
+  detail::check_defined(input, op);
+  EMBER_CHECK(input.dim() >= 2, op, "expected an input [N, C, ...], got shape ",
+              shape_str(input.sizes()));
+  EMBER_CHECK(input.is_floating_point(), op, "expected a floating input, got ", input.dtype());
+  const int64_t n = input.size(0), channels = input.size(1);
+  const int64_t spatial = input.dim() > 2 ? input.numel() / std::max<int64_t>(n * channels, 1) : 1;
+  for (const auto& [t, name] : {std::pair{&weight, "weight"},
+                                {&bias, "bias"},
+                                {&running_mean, "running_mean"},
+                                {&running_var, "running_var"}}) {
+    check_like(*t, input, op, name);
+    EMBER_CHECK(!t->defined() || (t->dim() == 1 && t->size(0) == channels), op, name, " of shape ",
+                t->defined() ? shape_str(t->sizes()) : "", " does not match ", channels,
+                " channels of input ", shape_str(input.sizes()));
+  }
+  EMBER_CHECK(running_mean.defined() == running_var.defined(), op,
+              "running_mean and running_var must be given together");
+  EMBER_CHECK(training || running_mean.defined(), op,
+              "running_mean and running_var are needed in eval mode");
+  EMBER_CHECK(!training || n * spatial > 1, op,
+              "expected more than 1 value per channel when training, got input of ", "shape ",
+              shape_str(input.sizes()));
+  EMBER_CHECK(eps > 0, op, "eps must be positive, got ", eps);
+  detail::check_inplace(op, running_mean);
+  detail::check_inplace(op, running_var);
+
+  AutogradScope scope(OpId::kBatchNorm, {&input, &weight, &bias});
+  const Tensor x = input.contiguous().reshape({n, channels, spatial});
+  Tensor out = empty(x.sizes(), input.options());
+  const DType stat_dtype = input.dtype() == kF16 || input.dtype() == kBF16 ? kF32 : input.dtype();
+  Tensor save_mean = empty({channels}, TensorOptions(stat_dtype, input.device()));
+  Tensor save_invstd = empty({channels}, TensorOptions(stat_dtype, input.device()));
+  if (running_mean.defined() && training) {
+    running_mean.storage().bump_version();
+    running_var.storage().bump_version();
+  }
+  if (x.numel() > 0) {
+    auto kernel = detail::require_kernel(detail::kernels_for(input.device(), op).batch_norm_forward,
+                                         input.device(), op);
+    kernel(out, save_mean, save_invstd, x, weight.defined() ? weight.contiguous() : weight,
+           bias.defined() ? bias.contiguous() : bias, running_mean, running_var, training, momentum,
+           eps);
+  }
+  OpArgs args;
+  args.training = training;
+  if (scope.recording()) args.extra = {save_mean, save_invstd};
+  return scope.finish(out.view(input.sizes()), std::move(args));
+}
+
+namespace {
+
+Pool2dParams pool_params(const Tensor& input, Pair kernel, Pair stride, Pair padding, Pair dilation,
+                         const char* op) {
+  check_nchw(input, op);
+  EMBER_CHECK(kernel[0] > 0 && kernel[1] > 0, op, "kernel size must be positive, got ",
+              pair_str(kernel));
+  if (stride[0] == 0 && stride[1] == 0) stride = kernel;
+  EMBER_CHECK(stride[0] > 0 && stride[1] > 0, op, "stride must be positive, got ",
+              pair_str(stride));
+  EMBER_CHECK(dilation[0] > 0 && dilation[1] > 0, op, "dilation must be positive, got ",
+              pair_str(dilation));
+  for (int i = 0; i < 2; ++i) {
+    const int64_t effective = (kernel[i] - 1) * dilation[i] + 1;
+    EMBER_CHECK(padding[i] >= 0 && padding[i] * 2 <= effective, op, "padding ", pair_str(padding),
+                " must be non-negative and at most half of the kernel size ", pair_str(kernel));
+  }
+  Pool2dParams params;
+  for (int i = 0; i < 2; ++i) {
+    params.kernel[i] = kernel[i];
+    params.stride[i] = stride[i];
+    params.padding[i] = padding[i];
+    params.dilation[i] = dilation[i];
+  }
+  return params;
+}
+
+Shape pooled_shape(const Tensor& input, const Pool2dParams& p, bool ceil_mode, const char* op) {
+  const int64_t ho =
+      window_count(input.size(2), p.kernel[0], p.stride[0], p.padding[0], p.dilation[0], ceil_mode);
+  const int64_t wo =
+      window_count(input.size(3), p.kernel[1], p.stride[1], p.padding[1], p.dilation[1], ceil_mode);
+  EMBER_CHECK(ho > 0 && wo > 0, op, "input of spatial size ", input.size(2), "x", input.size(3),
+              " is too small for kernel (", p.kernel[0], ", ", p.kernel[1], ")");
+  return {input.size(0), input.size(1), ho, wo};
+}
+
+}  // namespace
+
+Tensor max_pool2d(const Tensor& input, Pair kernel, Pair stride, Pair padding, Pair dilation,
+                  bool ceil_mode) {
+  const char* op = "max_pool2d";
+  const Pool2dParams params = pool_params(input, kernel, stride, padding, dilation, op);
+  const Shape shape = pooled_shape(input, params, ceil_mode, op);
+  AutogradScope scope(OpId::kMaxPool2d, {&input});
+  Tensor out = empty(shape, input.options());
+  Tensor indices = empty(shape, TensorOptions(kI64, input.device()));
+  if (out.numel() > 0) {
+    detail::require_kernel(detail::kernels_for(input.device(), op).max_pool2d_forward,
+                           input.device(), op)(out, indices, input.contiguous(), params);
+  }
+  OpArgs args;
+  args.pool = params;
+  if (scope.recording()) args.extra = {indices};
+  return scope.finish(out, std::move(args));
+}
+
+Tensor avg_pool2d(const Tensor& input, Pair kernel, Pair stride, Pair padding, bool ceil_mode,
+                  bool count_include_pad) {
+  const char* op = "avg_pool2d";
+  Pool2dParams params = pool_params(input, kernel, stride, padding, {1, 1}, op);
+  params.count_include_pad = count_include_pad;
+  const Shape shape = pooled_shape(input, params, ceil_mode, op);
+  AutogradScope scope(OpId::kAvgPool2d, {&input});
+  Tensor out = empty(shape, input.options());
+  if (out.numel() > 0) {
+    detail::require_kernel(detail::kernels_for(input.device(), op).avg_pool2d_forward,
+                           input.device(), op)(out, input.contiguous(), params);
+  }
+  OpArgs args;
+  args.pool = params;
+  return scope.finish(out, std::move(args));
+}
+
+Tensor adaptive_avg_pool2d(const Tensor& input, Pair output_size) {
+  const char* op = "adaptive_avg_pool2d";
+  check_nchw(input, op);
+  EMBER_CHECK(output_size[0] > 0 && output_size[1] > 0, op, "output size must be positive, got ",
+              pair_str(output_size));
+  EMBER_CHECK(input.size(2) > 0 && input.size(3) > 0, op, "input of shape ",
+              shape_str(input.sizes()), " has an empty plane");
+  AutogradScope scope(OpId::kAdaptiveAvgPool2d, {&input});
+  Tensor out =
+      empty({input.size(0), input.size(1), output_size[0], output_size[1]}, input.options());
+  if (out.numel() > 0) {
+    detail::require_kernel(detail::kernels_for(input.device(), op).adaptive_avg_pool2d_forward,
+                           input.device(), op)(out, input.contiguous());
+  }
+  return scope.finish(out);
+}
+
+Tensor dropout(const Tensor& input, double p, bool training, Generator* gen) {
+  detail::check_defined(input, "dropout");
+  EMBER_CHECK(p >= 0.0 && p <= 1.0, "dropout", "probability must be in [0, 1], got ", p);
+  if (!training || p == 0.0) return input;
+  if (p == 1.0) return input * 0.0;
+  const Tensor keep = bernoulli(input.sizes(), 1.0 - p, input.options(), gen);
+  return input * (keep / (1.0 - p));
+}
+
+Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias) {
+  const char* op = "linear";
+  detail::check_defined(input, op);
+  detail::check_defined(weight, op, "weight");
+  EMBER_CHECK(weight.dim() == 2, op, "expected a 2-d weight [out, in], got shape ",
+              shape_str(weight.sizes()));
+  EMBER_CHECK(input.dim() >= 1 && input.size(-1) == weight.size(1), op, "input has ",
+              input.dim() >= 1 ? input.size(-1) : 0, " features but weight expects ",
+              weight.size(1), " (input ", shape_str(input.sizes()), ", weight ",
+              shape_str(weight.sizes()), ")");
+  EMBER_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == weight.size(0)), op,
+              "bias of shape ", bias.defined() ? shape_str(bias.sizes()) : "", " does not match ",
+              weight.size(0), " outputs");
+  if (input.dim() == 2 && bias.defined()) return addmm(bias, input, weight.t());
+  Tensor out = matmul(input, weight.t());
+  return bias.defined() ? out + bias : out;
+}
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction reduction,
+                     int64_t ignore_index, double label_smoothing) {
+  const char* op = "cross_entropy";
+  detail::check_defined(logits, op);
+  check_targets(logits, target, ignore_index, op);
+  EMBER_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0, op,
+              "label_smoothing must be in [0, 1], got ", label_smoothing);
+  AutogradScope scope(OpId::kCrossEntropy, {&logits});
+  const int64_t n = logits.size(0);
+  Tensor loss = empty({n}, logits.options());
+  Tensor lse = empty({n}, logits.options());
+  if (n > 0) {
+    detail::require_kernel(detail::kernels_for(logits.device(), op).cross_entropy_forward,
+                           logits.device(), op)(loss, lse, logits.contiguous(), target.contiguous(),
+                                                ignore_index, label_smoothing);
+  }
+  OpArgs args;
+  args.a = label_smoothing;
+  args.dim = ignore_index;
+  if (scope.recording()) args.extra = {lse, target};
+  const Tensor per_sample = scope.finish(loss, std::move(args));
+  const Tensor kept =
+      reduction == Reduction::kMean ? sum(ne(target, ignore_index)).to(logits.dtype()) : Tensor();
+  return reduce_loss(per_sample, reduction, kept);
+}
+
+Tensor nll_loss(const Tensor& log_probs, const Tensor& target, Reduction reduction,
+                int64_t ignore_index) {
+  const char* op = "nll_loss";
+  detail::check_defined(log_probs, op);
+  check_targets(log_probs, target, ignore_index, op);
+  const Tensor ignored = eq(target, ignore_index);
+  const Tensor picked = gather(log_probs, 1, where(ignored, 0, target).unsqueeze(1)).squeeze(1);
+  const Tensor per_sample = where(ignored, 0.0, -picked);
+  const Tensor kept =
+      reduction == Reduction::kMean ? sum(eq(ignored, false)).to(log_probs.dtype()) : Tensor();
+  return reduce_loss(per_sample, reduction, kept);
+}
+
+Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
+  detail::check_defined(input, "mse_loss");
+  detail::check_defined(target, "mse_loss", "target");
+  EMBER_CHECK(input.sizes() == target.sizes(), "mse_loss", "input of shape ",
+              shape_str(input.sizes()), " and target of shape ", shape_str(target.sizes()),
+              " differ");
+  const Tensor diff = input - target;
+  return reduce_loss(diff * diff, reduction, Tensor());
+}
+
+// --- backward computations ---------------------------------------------------------------
+
+namespace detail {
+
+std::array<Tensor, 3> conv2d_backward(const Tensor& grad_out, const Tensor& input,
+                                      const Tensor& weight, const Conv2dParams& params,
+                                      std::array<bool, 3> needs) {
+  Tensor gi = needs[0] ? empty(input.sizes(), input.options()) : Tensor();
+  Tensor gw = needs[1] ? empty(weight.sizes(), weight.options()) : Tensor();
+  Tensor gb = needs[2] ? empty({weight.size(0)}, weight.options()) : Tensor();
+  if (needs[0] || needs[1] || needs[2]) {
+    require_kernel(kernels_for(input.device(), "conv2d").conv2d_backward, input.device(), "conv2d")(
+        gi, gw, gb, grad_out.contiguous(), input.contiguous(), weight.contiguous(), params);
+  }
+  return {gi, gw, gb};
+}
+
+std::array<Tensor, 3> batch_norm_backward(const Tensor& grad_out, const Tensor& input,
+                                          const Tensor& weight, const Tensor& save_mean,
+                                          const Tensor& save_invstd, bool training,
+                                          std::array<bool, 3> needs) {
+  const int64_t n = input.size(0), channels = input.size(1);
+  const int64_t spatial = input.numel() / std::max<int64_t>(n * channels, 1);
+  const Tensor x = input.contiguous().reshape({n, channels, spatial});
+  Tensor gi = needs[0] ? empty(x.sizes(), input.options()) : Tensor();
+  Tensor gw = needs[1] && weight.defined() ? empty({channels}, weight.options()) : Tensor();
+  Tensor gb = needs[2] ? empty({channels}, input.options()) : Tensor();
+  require_kernel(kernels_for(input.device(), "batch_norm").batch_norm_backward, input.device(),
+                 "batch_norm")(gi, gw, gb, grad_out.contiguous().reshape(x.sizes()), x, weight,
+                               save_mean, save_invstd, training);
+  return {gi.defined() ? gi.view(input.sizes()) : gi, gw, gb};
+}
+
+Tensor max_pool2d_backward(const Tensor& grad_out, const Shape& input_sizes, const Tensor& indices,
+                           const Pool2dParams& params) {
+  Tensor gi = empty(input_sizes, grad_out.options());
+  require_kernel(kernels_for(grad_out.device(), "max_pool2d").max_pool2d_backward,
+                 grad_out.device(), "max_pool2d")(gi, grad_out.contiguous(), indices, params);
+  return gi;
+}
+
+Tensor avg_pool2d_backward(const Tensor& grad_out, const Shape& input_sizes,
+                           const Pool2dParams& params) {
+  Tensor gi = empty(input_sizes, grad_out.options());
+  require_kernel(kernels_for(grad_out.device(), "avg_pool2d").avg_pool2d_backward,
+                 grad_out.device(), "avg_pool2d")(gi, grad_out.contiguous(), params);
+  return gi;
+}
+
+Tensor adaptive_avg_pool2d_backward(const Tensor& grad_out, const Shape& input_sizes) {
+  Tensor gi = empty(input_sizes, grad_out.options());
+  require_kernel(kernels_for(grad_out.device(), "adaptive_avg_pool2d").adaptive_avg_pool2d_backward,
+                 grad_out.device(), "adaptive_avg_pool2d")(gi, grad_out.contiguous());
+  return gi;
+}
+
+Tensor cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits, const Tensor& lse,
+                              const Tensor& target, int64_t ignore_index, double smoothing) {
+  Tensor gl = empty(logits.sizes(), logits.options());
+  require_kernel(kernels_for(logits.device(), "cross_entropy").cross_entropy_backward,
+                 logits.device(), "cross_entropy")(gl, grad_loss.contiguous(), logits.contiguous(),
+                                                   lse, target, ignore_index, smoothing);
+  return gl;
+}
+
+}  // namespace detail
+
+}  // namespace ember
