@@ -1,0 +1,114 @@
+#include "adam.h"
+
+#include <cmath>
+
+#include <ember/tensor/ops.h>
+
+namespace ember::optim {
+
+namespace {
+
+Options adam_options(double lr, std::pair<double, double> betas, double eps, double weight_decay,
+                     bool amsgrad) {
+  return {{"lr", lr},   {"beta1", betas.first},         {"beta2", betas.second},
+          {"eps", eps}, {"weight_decay", weight_decay}, {"amsgrad", amsgrad ? 1.0 : 0.0}};
+}
+
+std::vector<ParamGroup> one_group(std::vector<Tensor> params) {
+  return {ParamGroup(std::move(params))};
+}
+
+}  // namespace
+
+Options AdamOptions::to_options() const {
+  return adam_options(lr, betas, eps, weight_decay, amsgrad);
+}
+
+Options AdamWOptions::to_options() const {
+  return adam_options(lr, betas, eps, weight_decay, amsgrad);
+}
+
+Adam::Adam(std::vector<Tensor> params, AdamOptions options)
+    : Adam("Adam", one_group(std::move(params)), options.to_options(), false) {}
+
+Adam::Adam(std::vector<ParamGroup> groups, AdamOptions defaults)
+    : Adam("Adam", std::move(groups), defaults.to_options(), false) {}
+
+Adam::Adam(const char* name, std::vector<ParamGroup> groups, Options defaults, bool decoupled)
+    : Optimizer(name, std::move(defaults)), decoupled_weight_decay_(decoupled) {
+  check_options(this->defaults());
+  EMBER_CHECK(!groups.empty(), this->name(), "got an empty parameter list");
+  for (auto& group : groups) add_param_group(std::move(group));
+}
+
+AdamW::AdamW(std::vector<Tensor> params, AdamWOptions options)
+    : Adam("AdamW", one_group(std::move(params)), options.to_options(), true) {}
+
+AdamW::AdamW(std::vector<ParamGroup> groups, AdamWOptions defaults)
+    : Adam("AdamW", std::move(groups), defaults.to_options(), true) {}
+
+void Adam::check_options(const Options& options) const {
+  const double lr = options.at("lr");
+  const double beta1 = options.at("beta1");
+  const double beta2 = options.at("beta2");
+  const double eps = options.at("eps");
+  const double weight_decay = options.at("weight_decay");
+  const double amsgrad = options.at("amsgrad");
+  EMBER_CHECK(lr >= 0.0, name(), "invalid learning rate ", lr, " (must be >= 0)");
+  EMBER_CHECK(beta1 >= 0.0 && beta1 < 1.0, name(), "invalid beta1 ", beta1, " (must be in [0, 1))");
+  EMBER_CHECK(beta2 >= 0.0 && beta2 < 1.0, name(), "invalid beta2 ", beta2, " (must be in [0, 1))");
+  EMBER_CHECK(eps > 0.0, name(), "invalid eps ", eps, " (must be > 0)");
+  EMBER_CHECK(weight_decay >= 0.0, name(), "invalid weight_decay ", weight_decay,
+              " (must be >= 0)");
+  EMBER_CHECK(amsgrad == 0.0 || amsgrad == 1.0, name(), "amsgrad must be 0 or 1, got ", amsgrad);
+}
+
+void Adam::step_group(ParamGroup& group, std::vector<ParamState>& state) {
+  const double lr = group.option("lr");
+  const double beta1 = group.option("beta1");
+  const double beta2 = group.option("beta2");
+  const double eps = group.option("eps");
+  const double weight_decay = group.option("weight_decay");
+  const bool amsgrad = group.option("amsgrad") != 0.0;
+
+  for (size_t i = 0; i < group.params.size(); ++i) {
+    Tensor& p = group.params[i];
+    if (!p.grad().defined()) continue;
+    ParamState& s = state[i];
+    auto& buffers = s.buffers;
+    if (buffers.count("exp_avg") == 0) buffers["exp_avg"] = zeros_like(p);
+    if (buffers.count("exp_avg_sq") == 0) buffers["exp_avg_sq"] = zeros_like(p);
+    if (amsgrad && buffers.count("max_exp_avg_sq") == 0) buffers["max_exp_avg_sq"] = zeros_like(p);
+    Tensor& exp_avg = buffers["exp_avg"];
+    Tensor& exp_avg_sq = buffers["exp_avg_sq"];
+
+    s.step += 1;
+    Tensor grad = p.grad();
+    if (weight_decay != 0.0) {
+      if (decoupled_weight_decay_)
+        p.mul_(1.0 - lr * weight_decay);
+      else
+        grad = add(grad, p, weight_decay);
+    }
+    exp_avg.mul_(beta1).add_(grad, 1.0 - beta1);
+    // One scratch tensor: first grad^2, then the denominator.
+    Tensor scratch = mul(grad, grad);
+    exp_avg_sq.mul_(beta2).add_(scratch, 1.0 - beta2);
+
+    const double t = static_cast<double>(s.step);
+    const double bias_correction1 = 1.0 - std::pow(beta1, t);
+    const double bias_correction2_sqrt = std::sqrt(1.0 - std::pow(beta2, t));
+    const double step_size = lr / bias_correction1;
+    if (amsgrad) {
+      Tensor& max_exp_avg_sq = buffers["max_exp_avg_sq"];
+      max_exp_avg_sq.maximum_(exp_avg_sq);
+      scratch.copy_(max_exp_avg_sq);
+    } else {
+      scratch.copy_(exp_avg_sq);
+    }
+    scratch.sqrt_().div_(bias_correction2_sqrt).add_(eps);
+    p.add_(div(exp_avg, scratch), -step_size);
+  }
+}
+
+}  // namespace ember::optim

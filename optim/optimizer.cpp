@@ -1,0 +1,197 @@
+#include "optimizer.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+
+#include <ember/tensor/grad_mode.h>
+#include <ember/tensor/ops.h>
+
+namespace ember::optim {
+
+namespace {
+
+// Splits "<prefix>.<index>.<rest>"; false when `key` has another form.
+bool split_key(const std::string& key, const std::string& prefix, size_t& index,
+               std::string& rest) {
+  if (key.size() <= prefix.size() + 1 || key.compare(0, prefix.size(), prefix) != 0 ||
+      key[prefix.size()] != '.')
+    return false;
+  const char* begin = key.data() + prefix.size() + 1;
+  const char* end = key.data() + key.size();
+  const auto [ptr, ec] = std::from_chars(begin, end, index);
+  if (ec != std::errc() || ptr == begin || ptr == end || *ptr != '.' || ptr + 1 == end)
+    return false;
+  rest.assign(ptr + 1, end);
+  return true;
+}
+
+std::string group_key(size_t group, const std::string& name) {
+  return "param_groups." + std::to_string(group) + "." + name;
+}
+
+}  // namespace
+
+double ParamGroup::option(const std::string& name) const {
+  const auto it = options.find(name);
+  EMBER_CHECK(it != options.end(), "ParamGroup", "no option named \"", name, "\"");
+  return it->second;
+}
+
+Optimizer::Optimizer(std::string name, Options defaults)
+    : name_(std::move(name)), defaults_(std::move(defaults)) {}
+
+void Optimizer::add_param_group(ParamGroup group) {
+  EMBER_CHECK(!group.params.empty(), name_, "a parameter group needs at least one parameter");
+  for (const auto& [key, value] : group.options) {
+    EMBER_CHECK(defaults_.count(key) != 0, name_, "unknown option \"", key, "\" (= ", value,
+                ") in a parameter group");
+  }
+  for (const auto& [key, value] : defaults_) group.options.emplace(key, value);
+  check_options(group.options);
+
+  for (size_t i = 0; i < group.params.size(); ++i) {
+    const Tensor& p = group.params[i];
+    EMBER_CHECK(p.defined(), name_, "parameter ", i, " of the new group is undefined");
+    EMBER_CHECK(p.is_floating_point(), name_, "parameter ", i, " of the new group has dtype ",
+                p.dtype(), "; only floating-point tensors can be optimized");
+    EMBER_CHECK(p.requires_grad(), name_, "parameter ", i, " of the new group (shape ",
+                shape_str(p.sizes()), ") does not require grad");
+    EMBER_CHECK(p.is_leaf(), name_, "parameter ", i, " of the new group (shape ",
+                shape_str(p.sizes()), ") is not a leaf; only leaves can be optimized");
+    for (size_t j = 0; j < i; ++j) {
+      EMBER_CHECK(!p.is_same(group.params[j]), name_, "parameter ", i, " of the new group (shape ",
+                  shape_str(p.sizes()), ") appears twice in it (also at ", j, ")");
+    }
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      for (size_t j = 0; j < groups_[g].params.size(); ++j) {
+        EMBER_CHECK(!p.is_same(groups_[g].params[j]), name_, "parameter ", i,
+                    " of the new group (shape ", shape_str(p.sizes()), ") is already parameter ", j,
+                    " of group ", g);
+      }
+    }
+  }
+  state_.emplace_back(group.params.size());
+  groups_.push_back(std::move(group));
+}
+
+void Optimizer::step() {
+  NoGradGuard no_grad;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    // param_groups() is mutable, so keep the state parallel to the parameters.
+    state_[g].resize(groups_[g].params.size());
+    step_group(groups_[g], state_[g]);
+  }
+}
+
+void Optimizer::zero_grad(bool set_to_none) {
+  NoGradGuard no_grad;
+  for (auto& group : groups_) {
+    for (auto& p : group.params) {
+      if (!p.grad().defined()) continue;
+      if (set_to_none) {
+        p.set_grad(Tensor());
+      } else {
+        Tensor grad = p.grad();
+        grad.zero_();
+      }
+    }
+  }
+}
+
+const ParamState& Optimizer::state(size_t group, size_t index) const {
+  EMBER_CHECK(group < groups_.size() && index < groups_[group].params.size(), name_,
+              "no parameter ", index, " in group ", group, " (", groups_.size(), " groups)");
+  static const ParamState kEmpty;
+  return index < state_[group].size() ? state_[group][index] : kEmpty;
+}
+
+StateDict Optimizer::state_dict() const {
+  StateDict dict;
+  size_t k = 0;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    for (const auto& [key, value] : groups_[g].options) dict.scalars[group_key(g, key)] = value;
+    dict.scalars[group_key(g, "num_params")] = static_cast<double>(groups_[g].params.size());
+    for (size_t i = 0; i < groups_[g].params.size(); ++i, ++k) {
+      if (i >= state_[g].size() || state_[g][i].empty()) continue;
+      const ParamState& s = state_[g][i];
+      const std::string prefix = "state." + std::to_string(k) + ".";
+      dict.scalars[prefix + "step"] = static_cast<double>(s.step);
+      for (const auto& [name, buffer] : s.buffers) dict.tensors[prefix + name] = buffer;
+    }
+  }
+  return dict;
+}
+
+void Optimizer::load_state_dict(const StateDict& dict) {
+  // Where each global parameter index k lives.
+  std::vector<std::pair<size_t, size_t>> where;
+  for (size_t g = 0; g < groups_.size(); ++g)
+    for (size_t i = 0; i < groups_[g].params.size(); ++i) where.emplace_back(g, i);
+
+  std::vector<Options> options(groups_.size());
+  std::vector<std::vector<ParamState>> state(groups_.size());
+  for (size_t g = 0; g < groups_.size(); ++g) state[g].resize(groups_[g].params.size());
+
+  size_t index = 0;
+  std::string rest;
+  size_t dict_groups = 0;
+  for (const auto& [key, value] : dict.scalars) {
+    if (split_key(key, "param_groups", index, rest)) dict_groups = std::max(dict_groups, index + 1);
+  }
+  EMBER_CHECK(dict_groups == groups_.size(), name_, "load_state_dict: the state dict has ",
+              dict_groups, " param groups but the optimizer has ", groups_.size());
+  for (const auto& [key, value] : dict.scalars) {
+    if (split_key(key, "param_groups", index, rest)) {
+      if (rest == "num_params") {
+        EMBER_CHECK(value == static_cast<double>(groups_[index].params.size()), name_,
+                    "load_state_dict: group ", index, " has ", groups_[index].params.size(),
+                    " parameters but the state dict has ", value);
+      } else {
+        EMBER_CHECK(defaults_.count(rest) != 0, name_, "load_state_dict: unknown option \"", rest,
+                    "\" in group ", index);
+        options[index][rest] = value;
+      }
+    } else if (split_key(key, "state", index, rest) && rest == "step") {
+      EMBER_CHECK(index < where.size(), name_, "load_state_dict: state for parameter ", index,
+                  " but the optimizer has ", where.size(), " parameters");
+      EMBER_CHECK(value >= 0 && value == std::floor(value), name_, "load_state_dict: invalid step ",
+                  value, " for parameter ", index);
+      state[where[index].first][where[index].second].step = static_cast<int64_t>(value);
+    } else {
+      EMBER_CHECK(false, name_, "load_state_dict: unexpected scalar \"", key, "\"");
+    }
+  }
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    EMBER_CHECK(dict.scalars.count(group_key(g, "num_params")) != 0, name_,
+                "load_state_dict: the state dict has no group ", g, " (the optimizer has ",
+                groups_.size(), " groups)");
+    for (const auto& [key, value] : groups_[g].options) {
+      EMBER_CHECK(options[g].count(key) != 0, name_, "load_state_dict: group ", g,
+                  " lacks option \"", key, "\"");
+    }
+    check_options(options[g]);
+  }
+  for (const auto& [key, tensor] : dict.tensors) {
+    EMBER_CHECK(split_key(key, "state", index, rest) && rest != "step", name_,
+                "load_state_dict: unexpected tensor \"", key, "\"");
+    EMBER_CHECK(index < where.size(), name_, "load_state_dict: state for parameter ", index,
+                " but the optimizer has ", where.size(), " parameters");
+    const auto [g, i] = where[index];
+    const Tensor& p = groups_[g].params[i];
+    EMBER_CHECK(tensor.defined() && tensor.sizes() == p.sizes(), name_, "load_state_dict: \"", key,
+                "\" has shape ", tensor.defined() ? shape_str(tensor.sizes()) : "undefined",
+                " but parameter ", index, " has shape ", shape_str(p.sizes()));
+    Tensor copy = empty(p.sizes(), p.options());
+    {
+      NoGradGuard no_grad;
+      copy.copy_(tensor);
+    }
+    state[g][i].buffers[rest] = copy;
+  }
+
+  for (size_t g = 0; g < groups_.size(); ++g) groups_[g].options = std::move(options[g]);
+  state_ = std::move(state);
+}
+
+}  // namespace ember::optim

@@ -1,0 +1,78 @@
+#include "sgd.h"
+
+#include <ember/tensor/ops.h>
+
+namespace ember::optim {
+
+Options SGDOptions::to_options() const {
+  return {{"lr", lr},
+          {"momentum", momentum},
+          {"dampening", dampening},
+          {"weight_decay", weight_decay},
+          {"nesterov", nesterov ? 1.0 : 0.0}};
+}
+
+SGD::SGD(std::vector<Tensor> params, SGDOptions options)
+    : SGD(std::vector<ParamGroup>{ParamGroup(std::move(params))}, options) {}
+
+SGD::SGD(std::vector<ParamGroup> groups, SGDOptions defaults)
+    : Optimizer("SGD", defaults.to_options()) {
+  check_options(this->defaults());
+  EMBER_CHECK(!groups.empty(), "SGD", "got an empty parameter list");
+  for (auto& group : groups) add_param_group(std::move(group));
+}
+
+void SGD::check_options(const Options& options) const {
+  const double lr = options.at("lr");
+  const double momentum = options.at("momentum");
+  const double dampening = options.at("dampening");
+  const double weight_decay = options.at("weight_decay");
+  const double nesterov = options.at("nesterov");
+  EMBER_CHECK(lr >= 0.0, "SGD", "invalid learning rate ", lr, " (must be >= 0)");
+  EMBER_CHECK(momentum >= 0.0, "SGD", "invalid momentum ", momentum, " (must be >= 0)");
+  EMBER_CHECK(weight_decay >= 0.0, "SGD", "invalid weight_decay ", weight_decay, " (must be >= 0)");
+  EMBER_CHECK(nesterov == 0.0 || nesterov == 1.0, "SGD", "nesterov must be 0 or 1, got ", nesterov);
+  EMBER_CHECK(nesterov == 0.0 || (momentum > 0.0 && dampening == 0.0), "SGD",
+              "Nesterov momentum requires momentum > 0 and dampening == 0 (momentum ", momentum,
+              ", dampening ", dampening, ")");
+}
+
+void SGD::step_group(ParamGroup& group, std::vector<ParamState>& state) {
+  const double lr = group.option("lr");
+  const double momentum = group.option("momentum");
+  const double dampening = group.option("dampening");
+  const double weight_decay = group.option("weight_decay");
+  const bool nesterov = group.option("nesterov") != 0.0;
+
+  for (size_t i = 0; i < group.params.size(); ++i) {
+    Tensor& p = group.params[i];
+    if (!p.grad().defined()) continue;
+    // d_p aliases the gradient until something needs to be written into it.
+    Tensor d_p = p.grad();
+    bool owned = false;
+    if (weight_decay != 0.0) {
+      d_p = add(d_p, p, weight_decay);
+      owned = true;
+    }
+    if (momentum != 0.0) {
+      auto& buffers = state[i].buffers;
+      auto it = buffers.find("momentum_buffer");
+      if (it == buffers.end()) {
+        it = buffers.emplace("momentum_buffer", d_p.clone()).first;
+      } else {
+        it->second.mul_(momentum).add_(d_p, 1.0 - dampening);
+      }
+      if (nesterov) {
+        if (owned)
+          d_p.add_(it->second, momentum);
+        else
+          d_p = add(d_p, it->second, momentum);
+      } else {
+        d_p = it->second;
+      }
+    }
+    p.add_(d_p, -lr);
+  }
+}
+
+}  // namespace ember::optim

@@ -1,0 +1,36 @@
+// Stochastic gradient descent with momentum, dampening, Nesterov momentum and L2 weight
+// decay, step for step as torch.optim.SGD:
+//
+//   g = grad + weight_decay * p
+//   b = g                                  on the first step (no dampening)
+//   b = momentum * b + (1 - dampening) * g afterwards
+//   g = g + momentum * b  (nesterov)  or  g = b
+//   p = p - lr * g
+#pragma once
+
+#include "optimizer.h"
+
+namespace ember::optim {
+
+struct SGDOptions {
+  double lr = 1e-3;
+  double momentum = 0.0;
+  double dampening = 0.0;
+  double weight_decay = 0.0;
+  bool nesterov = false;  // needs momentum > 0 and dampening == 0
+
+  Options to_options() const;
+};
+
+class SGD : public Optimizer {
+ public:
+  SGD(std::vector<Tensor> params, SGDOptions options = {});
+  // Groups with their own options; what a group leaves out comes from `defaults`.
+  SGD(std::vector<ParamGroup> groups, SGDOptions defaults = {});
+
+ protected:
+  void check_options(const Options& options) const override;
+  void step_group(ParamGroup& group, std::vector<ParamState>& state) override;
+};
+
+}  // namespace ember::optim

@@ -1,0 +1,34 @@
+// PyTorch's reference values for the optim tests (written by golden/make_optim_golden.py).
+#pragma once
+
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "test_util.h"
+
+namespace ember::testing {
+
+inline const nlohmann::json& optim_golden() {
+  static const nlohmann::json golden = [] {
+    std::ifstream in(EMBER_OPTIM_GOLDEN);
+    EXPECT_TRUE(in.good()) << "cannot open " << EMBER_OPTIM_GOLDEN;
+    return nlohmann::json::parse(in);
+  }();
+  return golden;
+}
+
+// |actual - expected| <= atol + rtol * |expected| for every element.
+inline void expect_values_near(const std::vector<double>& actual,
+                               const std::vector<double>& expected, double rtol, double atol,
+                               const std::string& what) {
+  ASSERT_EQ(actual.size(), expected.size()) << what;
+  for (size_t i = 0; i < actual.size(); ++i) {
+    EXPECT_LE(std::abs(actual[i] - expected[i]), atol + rtol * std::abs(expected[i]))
+        << what << " at " << i << ": " << actual[i] << " vs " << expected[i];
+  }
+}
+
+}  // namespace ember::testing

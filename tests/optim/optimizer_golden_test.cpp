@@ -1,0 +1,82 @@
+// SGD, Adam and AdamW against parameter trajectories recorded from PyTorch 1.13.
+#include <memory>
+
+#include <ember/optim/adam.h>
+#include <ember/optim/sgd.h>
+
+#include "golden.h"
+
+namespace ember::optim {
+namespace {
+
+using nlohmann::json;
+
+std::unique_ptr<Optimizer> make_optimizer(const json& spec, const std::vector<Tensor>& params) {
+  const auto defaults = spec["defaults"].get<Options>();
+  std::vector<ParamGroup> groups;
+  if (spec["groups"].empty()) {
+    groups.emplace_back(params, defaults);
+  } else {
+    for (size_t i = 0; i < spec["groups"].size(); ++i) {
+      Options options = defaults;
+      for (const auto& [key, value] : spec["groups"][i].items()) options[key] = value.get<double>();
+      groups.emplace_back(std::vector<Tensor>{params[i]}, options);
+    }
+  }
+  const auto name = spec["optimizer"].get<std::string>();
+  if (name == "SGD") return std::make_unique<SGD>(groups);
+  if (name == "Adam") return std::make_unique<Adam>(groups);
+  EXPECT_EQ(name, "AdamW");
+  return std::make_unique<AdamW>(groups);
+}
+
+// grad = p*p - 0.5*p + 0.3, in the script's order of float32 operations.
+void set_golden_grads(const std::vector<Tensor>& params) {
+  NoGradGuard no_grad;
+  for (const Tensor& p : params) {
+    const Tensor d = p.detach();
+    p.set_grad(add(sub(mul(d, d), mul(d, 0.5)), 0.3));
+  }
+}
+
+std::vector<Tensor> golden_params(Device device) {
+  const json& golden = testing::optim_golden();
+  std::vector<Tensor> params;
+  for (size_t k = 0; k < golden["initial"].size(); ++k) {
+    Tensor p = from_vector(golden["initial"][k].get<std::vector<float>>(),
+                           golden["shapes"][k].get<Shape>(), device);
+    p.requires_grad_();
+    params.push_back(p);
+  }
+  return params;
+}
+
+void check_all_cases(Device device) {
+  const json& golden = testing::optim_golden();
+  ASSERT_GE(golden["optimizers"].size(), 8u);
+  for (const json& spec : golden["optimizers"]) {
+    SCOPED_TRACE(spec["name"].get<std::string>());
+    const std::vector<Tensor> params = golden_params(device);
+    auto optimizer = make_optimizer(spec, params);
+    const json& trajectory = spec["trajectory"];
+    for (size_t step = 0; step < trajectory.size(); ++step) {
+      set_golden_grads(params);
+      optimizer->step();
+      for (size_t k = 0; k < params.size(); ++k) {
+        testing::expect_values_near(
+            params[k].to_vector<double>(), trajectory[step][k].get<std::vector<double>>(), 1e-5,
+            1e-7, "step " + std::to_string(step + 1) + " param " + std::to_string(k));
+      }
+    }
+  }
+}
+
+TEST(OptimizerGolden, MatchesPyTorchOnCpu) { check_all_cases(kCPU); }
+
+TEST(OptimizerGolden, MatchesPyTorchOnCuda) {
+  EMBER_REQUIRE_CUDA();
+  check_all_cases(cuda_device(0));
+}
+
+}  // namespace
+}  // namespace ember::optim
