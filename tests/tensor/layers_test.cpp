@@ -1,0 +1,748 @@
+// The layer ops (conv2d, batch_norm, pooling, cross_entropy) against plain reference loops:
+// forward through the public ops, backward through the computations autograd's formulas call
+// (detail/layer_backward.h), and finite-difference gradient checks of the ops in f64.
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include <ember/tensor/detail/layer_backward.h>
+
+#include "test_util.h"
+
+namespace ember {
+namespace {
+
+using ember::testing::expect_close;
+using Values = std::vector<double>;
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+int64_t numel_of(const Shape& shape) {
+  return std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<>());
+}
+
+Tensor tensor_of(const Values& values, const Shape& shape, DType dtype = kF64) {
+  return from_vector(values, {static_cast<int64_t>(values.size())}).reshape(shape).to(dtype);
+}
+
+Values random_values(int64_t n, unsigned seed, double lo = -1.0, double hi = 1.0) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<double> dist(lo, hi);
+  Values v(static_cast<size_t>(n));
+  for (auto& x : v) x = dist(gen);
+  return v;
+}
+
+double tol_for(DType dtype) { return dtype == kF64 ? 1e-10 : dtype == kF32 ? 2e-5 : 2e-2; }
+
+// ---------------------------------------------------------------------------------------
+// conv2d
+
+struct ConvCase {
+  int64_t n, c, h, w, o, kh, kw;
+  Pair stride, padding, dilation;
+  int64_t groups;
+  bool bias;
+};
+
+int64_t out_size(int64_t in, int64_t k, int64_t s, int64_t p, int64_t d) {
+  return (in + 2 * p - d * (k - 1) - 1) / s + 1;
+}
+
+struct ConvRef {
+  Shape out_shape;
+  Values out;
+  Values gx, gw, gb;  // filled by the backward reference
+};
+
+// Direct convolution and its gradients for grad_out `gy`, by loops in double.
+ConvRef ref_conv(const ConvCase& k, const Values& x, const Values& w, const Values& b,
+                 const Values* gy) {
+  const int64_t ho = out_size(k.h, k.kh, k.stride[0], k.padding[0], k.dilation[0]);
+  const int64_t wo = out_size(k.w, k.kw, k.stride[1], k.padding[1], k.dilation[1]);
+  const int64_t cg = k.c / k.groups, og = k.o / k.groups;
+  ConvRef r;
+  r.out_shape = {k.n, k.o, ho, wo};
+  r.out.assign(static_cast<size_t>(numel_of(r.out_shape)), 0.0);
+  if (gy) {
+    r.gx.assign(x.size(), 0.0);
+    r.gw.assign(w.size(), 0.0);
+    r.gb.assign(static_cast<size_t>(k.o), 0.0);
+  }
+  for (int64_t n = 0; n < k.n; ++n) {
+    for (int64_t o = 0; o < k.o; ++o) {
+      const int64_t g = o / og;
+      for (int64_t i = 0; i < ho; ++i) {
+        for (int64_t j = 0; j < wo; ++j) {
+          const auto oi = static_cast<size_t>(((n * k.o + o) * ho + i) * wo + j);
+          double acc = k.bias ? b[static_cast<size_t>(o)] : 0.0;
+          const double go = gy ? (*gy)[oi] : 0.0;
+          if (gy) r.gb[static_cast<size_t>(o)] += go;
+          for (int64_t ci = 0; ci < cg; ++ci) {
+            const int64_t c = g * cg + ci;
+            for (int64_t u = 0; u < k.kh; ++u) {
+              const int64_t ih = i * k.stride[0] - k.padding[0] + u * k.dilation[0];
+              if (ih < 0 || ih >= k.h) continue;
+              for (int64_t v = 0; v < k.kw; ++v) {
+                const int64_t iw = j * k.stride[1] - k.padding[1] + v * k.dilation[1];
+                if (iw < 0 || iw >= k.w) continue;
+                const auto xi = static_cast<size_t>(((n * k.c + c) * k.h + ih) * k.w + iw);
+                const auto wi = static_cast<size_t>(((o * cg + ci) * k.kh + u) * k.kw + v);
+                acc += x[xi] * w[wi];
+                if (gy) {
+                  r.gx[xi] += go * w[wi];
+                  r.gw[wi] += go * x[xi];
+                }
+              }
+            }
+          }
+          r.out[oi] = acc;
+        }
+      }
+    }
+  }
+  return r;
+}
+
+std::vector<ConvCase> conv_cases() {
+  return {
+      {2, 3, 7, 6, 4, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, true},
+      {2, 3, 8, 9, 5, 3, 2, {2, 1}, {0, 1}, {1, 1}, 1, false},
+      {1, 4, 9, 7, 6, 3, 3, {1, 2}, {2, 1}, {2, 1}, 2, true},
+      {3, 6, 5, 5, 6, 3, 3, {1, 1}, {1, 1}, {1, 1}, 6, true},  // depthwise
+      {2, 4, 6, 5, 8, 1, 1, {1, 1}, {0, 0}, {1, 1}, 1, true},  // pointwise
+      {2, 4, 6, 5, 6, 1, 1, {1, 1}, {0, 0}, {1, 1}, 2, false},
+      {2, 4, 7, 7, 3, 1, 1, {2, 2}, {0, 0}, {1, 1}, 1, false},  // strided downsample
+      {1, 2, 4, 4, 3, 5, 5, {1, 1}, {2, 2}, {1, 1}, 1, true},   // kernel wider than unpadded
+      {2, 2, 10, 3, 2, 2, 3, {3, 2}, {1, 0}, {2, 1}, 1, true},
+  };
+}
+
+detail::Conv2dParams conv_params(const ConvCase& k) {
+  detail::Conv2dParams p;
+  for (size_t i = 0; i < 2; ++i) {
+    p.stride[i] = k.stride[i];
+    p.padding[i] = k.padding[i];
+    p.dilation[i] = k.dilation[i];
+  }
+  p.groups = k.groups;
+  return p;
+}
+
+struct ConvInputs {
+  Values x, w, b;
+  Shape x_shape, w_shape;
+};
+
+ConvInputs conv_inputs(const ConvCase& k, unsigned seed) {
+  ConvInputs in;
+  in.x_shape = {k.n, k.c, k.h, k.w};
+  in.w_shape = {k.o, k.c / k.groups, k.kh, k.kw};
+  in.x = random_values(numel_of(in.x_shape), seed);
+  in.w = random_values(numel_of(in.w_shape), seed + 1);
+  in.b = random_values(k.o, seed + 2);
+  return in;
+}
+
+TEST(LayersConv, ForwardMatchesReference) {
+  unsigned seed = 10;
+  for (const ConvCase& k : conv_cases()) {
+    const ConvInputs in = conv_inputs(k, seed += 3);
+    const ConvRef ref = ref_conv(k, in.x, in.w, in.b, nullptr);
+    for (DType dtype : {kF64, kF32}) {
+      SCOPED_TRACE(::testing::Message() << dtype << " x " << shape_str(in.x_shape) << " w "
+                                        << shape_str(in.w_shape) << " groups " << k.groups);
+      const Tensor b = k.bias ? tensor_of(in.b, {k.o}, dtype) : Tensor();
+      const Tensor y =
+          conv2d(tensor_of(in.x, in.x_shape, dtype), tensor_of(in.w, in.w_shape, dtype), b,
+                 k.stride, k.padding, k.dilation, k.groups);
+      expect_close(y, tensor_of(ref.out, ref.out_shape, dtype), tol_for(dtype), tol_for(dtype));
+    }
+  }
+}
+
+TEST(LayersConv, BackwardMatchesReference) {
+  unsigned seed = 50;
+  for (const ConvCase& k : conv_cases()) {
+    const ConvInputs in = conv_inputs(k, seed += 4);
+    const ConvRef shape_only = ref_conv(k, in.x, in.w, in.b, nullptr);
+    const Values gy = random_values(numel_of(shape_only.out_shape), seed + 3);
+    const ConvRef ref = ref_conv(k, in.x, in.w, in.b, &gy);
+    for (DType dtype : {kF64, kF32}) {
+      SCOPED_TRACE(::testing::Message() << dtype << " x " << shape_str(in.x_shape) << " w "
+                                        << shape_str(in.w_shape) << " groups " << k.groups);
+      const Tensor x = tensor_of(in.x, in.x_shape, dtype), w = tensor_of(in.w, in.w_shape, dtype);
+      const Tensor gyt = tensor_of(gy, ref.out_shape, dtype);
+      const double tol = tol_for(dtype) * 10;
+      const auto g = detail::conv2d_backward(gyt, x, w, conv_params(k), {true, true, k.bias});
+      expect_close(g[0], tensor_of(ref.gx, in.x_shape, dtype), tol, tol);
+      expect_close(g[1], tensor_of(ref.gw, in.w_shape, dtype), tol, tol);
+      EXPECT_EQ(g[2].defined(), k.bias);
+      if (k.bias) expect_close(g[2], tensor_of(ref.gb, {k.o}, dtype), tol, tol);
+      // Only the weight's gradient asked for: the others stay undefined.
+      const auto only_w = detail::conv2d_backward(gyt, x, w, conv_params(k), {false, true, false});
+      EXPECT_FALSE(only_w[0].defined());
+      expect_close(only_w[1], g[1], 0, 0);
+    }
+  }
+}
+
+// Enough samples that the kernel splits the batch into several chunks.
+TEST(LayersConv, LargeBatchSpansChunks) {
+  const ConvCase k{20, 32, 32, 32, 4, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, true};
+  const ConvInputs in = conv_inputs(k, 7);
+  const ConvRef shape_only = ref_conv(k, in.x, in.w, in.b, nullptr);
+  const Values gy = random_values(numel_of(shape_only.out_shape), 8);
+  const ConvRef ref = ref_conv(k, in.x, in.w, in.b, &gy);
+  const Tensor x = tensor_of(in.x, in.x_shape, kF32), w = tensor_of(in.w, in.w_shape, kF32);
+  const Tensor y = conv2d(x, w, tensor_of(in.b, {k.o}, kF32), k.stride, k.padding);
+  expect_close(y, tensor_of(ref.out, ref.out_shape, kF32), 1e-4, 1e-4);
+  const auto g = detail::conv2d_backward(tensor_of(gy, ref.out_shape, kF32), x, w, conv_params(k),
+                                         {true, true, true});
+  expect_close(g[0], tensor_of(ref.gx, in.x_shape, kF32), 1e-4, 1e-4);
+  expect_close(g[1], tensor_of(ref.gw, in.w_shape, kF32), 1e-4, 1e-3);
+  expect_close(g[2], tensor_of(ref.gb, {k.o}, kF32), 1e-4, 1e-3);
+}
+
+TEST(LayersConv, HalfPrecisionMatchesFloat) {
+  const ConvCase k{2, 4, 6, 6, 4, 3, 3, {1, 1}, {1, 1}, {1, 1}, 2, true};
+  const ConvInputs in = conv_inputs(k, 21);
+  for (DType dtype : {kF16, kBF16}) {
+    SCOPED_TRACE(::testing::Message() << dtype);
+    const Tensor x = tensor_of(in.x, in.x_shape, dtype), w = tensor_of(in.w, in.w_shape, dtype);
+    const Tensor b = tensor_of(in.b, {k.o}, dtype);
+    const Tensor y = conv2d(x, w, b, k.stride, k.padding, k.dilation, k.groups);
+    ASSERT_EQ(y.dtype(), dtype);
+    const Tensor expected =
+        conv2d(x.to(kF32), w.to(kF32), b.to(kF32), k.stride, k.padding, k.dilation, k.groups);
+    expect_close(y.to(kF32), expected, dtype == kF16 ? 2e-3 : 1e-2, dtype == kF16 ? 2e-3 : 1e-2);
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// batch_norm
+
+struct BnRef {
+  Values out, mean, var_biased, var_unbiased;
+};
+
+BnRef ref_bn_train(const Values& x, int64_t n, int64_t c, int64_t s, const Values& w,
+                   const Values& b, double eps) {
+  BnRef r;
+  r.out.resize(x.size());
+  const auto at = [&](int64_t i, int64_t ch, int64_t k) {
+    return static_cast<size_t>((i * c + ch) * s + k);
+  };
+  for (int64_t ch = 0; ch < c; ++ch) {
+    double sum = 0;
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t k = 0; k < s; ++k) sum += x[at(i, ch, k)];
+    const double count = static_cast<double>(n * s), mean = sum / count;
+    double sq = 0;
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t k = 0; k < s; ++k) sq += (x[at(i, ch, k)] - mean) * (x[at(i, ch, k)] - mean);
+    r.mean.push_back(mean);
+    r.var_biased.push_back(sq / count);
+    r.var_unbiased.push_back(sq / (count - 1));
+    const double inv = 1.0 / std::sqrt(sq / count + eps);
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t k = 0; k < s; ++k)
+        r.out[at(i, ch, k)] = (x[at(i, ch, k)] - mean) * inv * w[static_cast<size_t>(ch)] +
+                              b[static_cast<size_t>(ch)];
+  }
+  return r;
+}
+
+TEST(LayersBatchNorm, TrainingNormalisesAndUpdatesRunningStats) {
+  const int64_t n = 4, c = 3, h = 2, w = 5, s = h * w;
+  const Values x = random_values(n * c * s, 3, -2.0, 3.0);
+  const Values weight = {0.5, -1.5, 2.0}, bias = {0.1, 0.2, -0.3};
+  const Values rm0 = {0.2, -0.1, 0.4}, rv0 = {1.5, 0.7, 1.1};
+  const double momentum = 0.25, eps = 1e-3;
+  const BnRef ref = ref_bn_train(x, n, c, s, weight, bias, eps);
+  for (DType dtype : {kF64, kF32}) {
+    SCOPED_TRACE(::testing::Message() << dtype);
+    const Tensor rm = tensor_of(rm0, {c}, dtype), rv = tensor_of(rv0, {c}, dtype);
+    const Tensor y = batch_norm(tensor_of(x, {n, c, h, w}, dtype), tensor_of(weight, {c}, dtype),
+                                tensor_of(bias, {c}, dtype), rm, rv, true, momentum, eps);
+    const double tol = tol_for(dtype) * 10;
+    expect_close(y, tensor_of(ref.out, {n, c, h, w}, dtype), tol, tol);
+    Values rm_ref, rv_ref;
+    for (int64_t ch = 0; ch < c; ++ch) {
+      const auto i = static_cast<size_t>(ch);
+      rm_ref.push_back((1 - momentum) * rm0[i] + momentum * ref.mean[i]);
+      rv_ref.push_back((1 - momentum) * rv0[i] + momentum * ref.var_unbiased[i]);
+    }
+    expect_close(rm, tensor_of(rm_ref, {c}, dtype), tol, tol);
+    expect_close(rv, tensor_of(rv_ref, {c}, dtype), tol, tol);
+  }
+}
+
+TEST(LayersBatchNorm, TrainingWithoutAffineOrRunningStats) {
+  const int64_t n = 5, c = 2;
+  const Values x = random_values(n * c, 4);
+  const BnRef ref = ref_bn_train(x, n, c, 1, {1.0, 1.0}, {0.0, 0.0}, 1e-5);
+  const Tensor y = batch_norm(tensor_of(x, {n, c}), {}, {}, {}, {}, true);
+  expect_close(y, tensor_of(ref.out, {n, c}), 1e-10, 1e-10);
+}
+
+TEST(LayersBatchNorm, EvalUsesRunningStats) {
+  const int64_t n = 3, c = 2, s = 4;
+  const Values x = random_values(n * c * s, 5);
+  const Values weight = {1.5, -0.5}, bias = {0.3, 0.0}, rm = {0.1, -0.2}, rv = {0.9, 2.0};
+  const double eps = 1e-5;
+  Values expected(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    const size_t ch = (i / static_cast<size_t>(s)) % static_cast<size_t>(c);
+    expected[i] = (x[i] - rm[ch]) / std::sqrt(rv[ch] + eps) * weight[ch] + bias[ch];
+  }
+  for (DType dtype : {kF64, kF32}) {
+    const Tensor running_mean = tensor_of(rm, {c}, dtype), running_var = tensor_of(rv, {c}, dtype);
+    const Tensor y = batch_norm(tensor_of(x, {n, c, s}, dtype), tensor_of(weight, {c}, dtype),
+                                tensor_of(bias, {c}, dtype), running_mean, running_var, false);
+    expect_close(y, tensor_of(expected, {n, c, s}, dtype), tol_for(dtype), tol_for(dtype));
+    expect_close(running_mean, tensor_of(rm, {c}, dtype), 0, 0);  // untouched in eval
+    expect_close(running_var, tensor_of(rv, {c}, dtype), 0, 0);
+  }
+}
+
+// Backward of training-mode batch norm by its closed form, against autograd.
+TEST(LayersBatchNorm, BackwardMatchesClosedForm) {
+  const int64_t n = 3, c = 2, s = 6;
+  const Values x = random_values(n * c * s, 6, -1.0, 2.0), gy = random_values(n * c * s, 7);
+  const Values weight = {0.7, -1.3}, bias = {0.2, 0.1};
+  const double eps = 1e-5;
+  const BnRef ref = ref_bn_train(x, n, c, s, weight, bias, eps);
+  Values gx(x.size()), gw(2, 0.0), gb(2, 0.0), gx_eval(x.size()), gw_eval(2, 0.0);
+  const Values rm = {0.3, -0.4}, rv = {1.2, 0.6};
+  for (int64_t ch = 0; ch < c; ++ch) {
+    const auto C = static_cast<size_t>(ch);
+    const double inv = 1.0 / std::sqrt(ref.var_biased[C] + eps);
+    const double inv_eval = 1.0 / std::sqrt(rv[C] + eps);
+    double sg = 0, sgx = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t k = 0; k < s; ++k) {
+        const auto at = static_cast<size_t>((i * c + ch) * s + k);
+        sg += gy[at];
+        sgx += gy[at] * (x[at] - ref.mean[C]) * inv;
+        gw_eval[C] += gy[at] * (x[at] - rm[C]) * inv_eval;
+        gx_eval[at] = gy[at] * weight[C] * inv_eval;
+      }
+    }
+    gw[C] = sgx;
+    gb[C] = sg;
+    const double count = static_cast<double>(n * s);
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t k = 0; k < s; ++k) {
+        const auto at = static_cast<size_t>((i * c + ch) * s + k);
+        const double xhat = (x[at] - ref.mean[C]) * inv;
+        gx[at] = weight[C] * inv * (gy[at] - sg / count - xhat * sgx / count);
+      }
+    }
+  }
+  for (DType dtype : {kF64, kF32}) {
+    for (bool training : {true, false}) {
+      SCOPED_TRACE(::testing::Message() << dtype << (training ? " train" : " eval"));
+      // The statistics the forward saves: batch ones in training, running ones in eval.
+      Values save_mean, save_invstd;
+      for (size_t ch = 0; ch < 2; ++ch) {
+        save_mean.push_back(training ? ref.mean[ch] : rm[ch]);
+        save_invstd.push_back(1.0 / std::sqrt((training ? ref.var_biased[ch] : rv[ch]) + eps));
+      }
+      const auto g = detail::batch_norm_backward(
+          tensor_of(gy, {n, c, s}, dtype), tensor_of(x, {n, c, s}, dtype),
+          tensor_of(weight, {c}, dtype), tensor_of(save_mean, {c}, dtype),
+          tensor_of(save_invstd, {c}, dtype), training, {true, true, true});
+      const double tol = tol_for(dtype) * 10;
+      expect_close(g[0], tensor_of(training ? gx : gx_eval, {n, c, s}, dtype), tol, tol);
+      expect_close(g[1], tensor_of(training ? gw : gw_eval, {c}, dtype), tol, tol);
+      expect_close(g[2], tensor_of(gb, {c}, dtype), tol, tol);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Pooling
+
+struct PoolCase {
+  Shape in;  // N, C, H, W
+  Pair kernel, stride, padding, dilation;
+  bool ceil_mode;
+};
+
+int64_t pool_out(int64_t in, int64_t k, int64_t s, int64_t p, int64_t d, bool ceil_mode) {
+  const int64_t span = in + 2 * p - d * (k - 1) - 1;
+  int64_t out = (ceil_mode ? (span + s - 1) / s : span / s) + 1;
+  if (ceil_mode && (out - 1) * s >= in + p) --out;
+  return out;
+}
+
+// Max pooling by loops: values, flat argmax per plane (first max wins, NaN wins), and the
+// gradient for grad_out `gy`.
+void ref_max_pool(const PoolCase& k, const Values& x, const Values& gy, Values& out,
+                  std::vector<int64_t>& idx, Values& gx, Shape& out_shape) {
+  const int64_t H = k.in[2], W = k.in[3], planes = k.in[0] * k.in[1];
+  const int64_t ho =
+      pool_out(H, k.kernel[0], k.stride[0], k.padding[0], k.dilation[0], k.ceil_mode);
+  const int64_t wo =
+      pool_out(W, k.kernel[1], k.stride[1], k.padding[1], k.dilation[1], k.ceil_mode);
+  out_shape = {k.in[0], k.in[1], ho, wo};
+  out.clear();
+  idx.clear();
+  gx.assign(x.size(), 0.0);
+  for (int64_t p = 0; p < planes; ++p) {
+    for (int64_t i = 0; i < ho; ++i) {
+      for (int64_t j = 0; j < wo; ++j) {
+        double best = -kInf;
+        int64_t best_at = -1;
+        for (int64_t u = 0; u < k.kernel[0]; ++u) {
+          for (int64_t v = 0; v < k.kernel[1]; ++v) {
+            const int64_t ih = i * k.stride[0] - k.padding[0] + u * k.dilation[0];
+            const int64_t iw = j * k.stride[1] - k.padding[1] + v * k.dilation[1];
+            if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
+            const double val = x[static_cast<size_t>(p * H * W + ih * W + iw)];
+            if (std::isnan(best)) continue;
+            if (best_at < 0 || val > best || std::isnan(val)) {
+              best = val;
+              best_at = ih * W + iw;
+            }
+          }
+        }
+        out.push_back(best);
+        idx.push_back(best_at);
+        if (!gy.empty()) gx[static_cast<size_t>(p * H * W + best_at)] += gy[out.size() - 1];
+      }
+    }
+  }
+}
+
+detail::Pool2dParams pool_params(const PoolCase& k) {
+  detail::Pool2dParams p;
+  for (size_t i = 0; i < 2; ++i) {
+    p.kernel[i] = k.kernel[i];
+    p.stride[i] = k.stride[i];
+    p.padding[i] = k.padding[i];
+    p.dilation[i] = k.dilation[i];
+  }
+  return p;
+}
+
+TEST(LayersMaxPool, ForwardAndBackwardMatchReference) {
+  const std::vector<PoolCase> cases = {
+      {{2, 3, 6, 6}, {2, 2}, {2, 2}, {0, 0}, {1, 1}, false},
+      {{1, 2, 7, 5}, {3, 3}, {2, 2}, {1, 1}, {1, 1}, false},
+      {{1, 2, 7, 5}, {3, 3}, {2, 2}, {1, 1}, {1, 1}, true},
+      {{2, 1, 8, 9}, {2, 3}, {1, 2}, {1, 1}, {2, 1}, false},
+      {{1, 2, 5, 6}, {2, 2}, {2, 2}, {0, 1}, {1, 1}, true},
+  };
+  unsigned seed = 30;
+  for (const PoolCase& k : cases) {
+    // Negative values everywhere: a padding position (0) must never win.
+    const Values x = random_values(numel_of(k.in), ++seed, -3.0, -0.5);
+    Values out, gx;
+    std::vector<int64_t> idx;
+    Shape out_shape;
+    ref_max_pool(k, x, {}, out, idx, gx, out_shape);
+    const Values gy = random_values(numel_of(out_shape), ++seed);
+    ref_max_pool(k, x, gy, out, idx, gx, out_shape);
+    for (DType dtype : {kF64, kF32}) {
+      SCOPED_TRACE(::testing::Message()
+                   << dtype << " in " << shape_str(k.in) << " ceil " << k.ceil_mode);
+      const Tensor y = max_pool2d(tensor_of(x, k.in, dtype), k.kernel, k.stride, k.padding,
+                                  k.dilation, k.ceil_mode);
+      expect_close(y, tensor_of(out, out_shape, dtype), 0, 0);
+      const Tensor g = detail::max_pool2d_backward(tensor_of(gy, out_shape, dtype), k.in,
+                                                   from_vector(idx, out_shape), pool_params(k));
+      expect_close(g, tensor_of(gx, k.in, dtype), tol_for(dtype), tol_for(dtype));
+    }
+  }
+}
+
+TEST(LayersMaxPool, NanWinsAndPaddingNeverWins) {
+  const Values x = {1.0, 5.0, 5.0, 2.0, kNaN, 0.0, -1.0, 3.0, 3.0};
+  const auto v = max_pool2d(tensor_of(x, {1, 1, 3, 3}), {2, 2}, {1, 1}).to_vector<double>();
+  ASSERT_EQ(v.size(), 4u);
+  for (double value : v) EXPECT_TRUE(std::isnan(value));
+  // Padded windows of an all-negative plane still pick input values.
+  const Tensor neg = tensor_of({-4.0, -3.0, -2.0, -1.0}, {1, 1, 2, 2});
+  EXPECT_EQ(max_pool2d(neg, {2, 2}, {1, 1}, {1, 1}).to_vector<double>(),
+            (Values{-4, -3, -3, -2, -1, -1, -2, -1, -1}));
+}
+
+struct AvgCase {
+  Shape in;
+  Pair kernel, stride, padding;
+  bool ceil_mode, count_include_pad;
+};
+
+// Average pooling by loops, PyTorch's divisor rules; gradient for `gy`.
+void ref_avg_pool(const AvgCase& k, const Values& x, const Values& gy, Values& out, Values& gx,
+                  Shape& out_shape) {
+  const int64_t H = k.in[2], W = k.in[3], planes = k.in[0] * k.in[1];
+  const int64_t ho = pool_out(H, k.kernel[0], k.stride[0], k.padding[0], 1, k.ceil_mode);
+  const int64_t wo = pool_out(W, k.kernel[1], k.stride[1], k.padding[1], 1, k.ceil_mode);
+  out_shape = {k.in[0], k.in[1], ho, wo};
+  out.clear();
+  gx.assign(x.size(), 0.0);
+  for (int64_t p = 0; p < planes; ++p) {
+    for (int64_t i = 0; i < ho; ++i) {
+      for (int64_t j = 0; j < wo; ++j) {
+        const int64_t h0 = i * k.stride[0] - k.padding[0], w0 = j * k.stride[1] - k.padding[1];
+        const int64_t h1 = std::min(h0 + k.kernel[0], H + k.padding[0]);
+        const int64_t w1 = std::min(w0 + k.kernel[1], W + k.padding[1]);
+        double sum = 0;
+        int64_t inside = 0;
+        for (int64_t ih = std::max<int64_t>(h0, 0); ih < std::min(h1, H); ++ih) {
+          for (int64_t iw = std::max<int64_t>(w0, 0); iw < std::min(w1, W); ++iw) {
+            sum += x[static_cast<size_t>(p * H * W + ih * W + iw)];
+            ++inside;
+          }
+        }
+        const double divisor = k.count_include_pad ? static_cast<double>((h1 - h0) * (w1 - w0))
+                                                   : static_cast<double>(inside);
+        out.push_back(sum / divisor);
+        if (gy.empty()) continue;
+        for (int64_t ih = std::max<int64_t>(h0, 0); ih < std::min(h1, H); ++ih) {
+          for (int64_t iw = std::max<int64_t>(w0, 0); iw < std::min(w1, W); ++iw) {
+            gx[static_cast<size_t>(p * H * W + ih * W + iw)] += gy[out.size() - 1] / divisor;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(LayersAvgPool, ForwardAndBackwardMatchReference) {
+  const std::vector<AvgCase> cases = {
+      {{2, 3, 6, 6}, {2, 2}, {2, 2}, {0, 0}, false, true},
+      {{1, 2, 7, 5}, {3, 3}, {2, 2}, {1, 1}, false, true},
+      {{1, 2, 7, 5}, {3, 3}, {2, 2}, {1, 1}, false, false},
+      {{1, 2, 7, 5}, {3, 3}, {2, 2}, {1, 1}, true, true},
+      {{1, 2, 7, 5}, {3, 3}, {2, 2}, {1, 1}, true, false},
+      {{2, 1, 5, 8}, {2, 3}, {2, 3}, {1, 1}, true, true},  // last windows clipped at H + pad
+      {{1, 1, 6, 6}, {4, 4}, {3, 3}, {2, 2}, true, true},
+  };
+  unsigned seed = 70;
+  for (const AvgCase& k : cases) {
+    const Values x = random_values(numel_of(k.in), ++seed);
+    Values out, gx;
+    Shape out_shape;
+    ref_avg_pool(k, x, {}, out, gx, out_shape);
+    const Values gy = random_values(numel_of(out_shape), ++seed);
+    ref_avg_pool(k, x, gy, out, gx, out_shape);
+    for (DType dtype : {kF64, kF32}) {
+      SCOPED_TRACE(::testing::Message() << dtype << " in " << shape_str(k.in) << " ceil "
+                                        << k.ceil_mode << " include_pad " << k.count_include_pad);
+      const Tensor y = avg_pool2d(tensor_of(x, k.in, dtype), k.kernel, k.stride, k.padding,
+                                  k.ceil_mode, k.count_include_pad);
+      expect_close(y, tensor_of(out, out_shape, dtype), tol_for(dtype), tol_for(dtype));
+      detail::Pool2dParams params;
+      for (size_t i = 0; i < 2; ++i) {
+        params.kernel[i] = k.kernel[i];
+        params.stride[i] = k.stride[i];
+        params.padding[i] = k.padding[i];
+      }
+      params.count_include_pad = k.count_include_pad;
+      const Tensor g = detail::avg_pool2d_backward(tensor_of(gy, out_shape, dtype), k.in, params);
+      expect_close(g, tensor_of(gx, k.in, dtype), tol_for(dtype), tol_for(dtype));
+    }
+  }
+}
+
+TEST(LayersAdaptiveAvgPool, ForwardAndBackwardMatchReference) {
+  const std::vector<std::pair<Shape, Pair>> cases = {{{2, 3, 8, 8}, {1, 1}},
+                                                     {{1, 2, 7, 5}, {3, 2}},
+                                                     {{1, 1, 5, 7}, {5, 7}},
+                                                     {{1, 2, 3, 4}, {5, 6}}};
+  unsigned seed = 90;
+  for (const auto& [in, os] : cases) {
+    const int64_t H = in[2], W = in[3], planes = in[0] * in[1];
+    const Shape out_shape{in[0], in[1], os[0], os[1]};
+    const Values x = random_values(numel_of(in), ++seed),
+                 gy = random_values(numel_of(out_shape), ++seed);
+    Values out, gx(x.size(), 0.0);
+    for (int64_t p = 0; p < planes; ++p) {
+      for (int64_t i = 0; i < os[0]; ++i) {
+        const auto h0 = static_cast<int64_t>(
+            std::floor(static_cast<double>(i * H) / static_cast<double>(os[0])));
+        const auto h1 = static_cast<int64_t>(
+            std::ceil(static_cast<double>((i + 1) * H) / static_cast<double>(os[0])));
+        for (int64_t j = 0; j < os[1]; ++j) {
+          const auto w0 = static_cast<int64_t>(
+              std::floor(static_cast<double>(j * W) / static_cast<double>(os[1])));
+          const auto w1 = static_cast<int64_t>(
+              std::ceil(static_cast<double>((j + 1) * W) / static_cast<double>(os[1])));
+          double sum = 0;
+          for (int64_t ih = h0; ih < h1; ++ih)
+            for (int64_t iw = w0; iw < w1; ++iw)
+              sum += x[static_cast<size_t>(p * H * W + ih * W + iw)];
+          const double count = static_cast<double>((h1 - h0) * (w1 - w0));
+          out.push_back(sum / count);
+          for (int64_t ih = h0; ih < h1; ++ih)
+            for (int64_t iw = w0; iw < w1; ++iw)
+              gx[static_cast<size_t>(p * H * W + ih * W + iw)] += gy[out.size() - 1] / count;
+        }
+      }
+    }
+    for (DType dtype : {kF64, kF32}) {
+      SCOPED_TRACE(::testing::Message() << dtype << " in " << shape_str(in));
+      const Tensor y = adaptive_avg_pool2d(tensor_of(x, in, dtype), os);
+      expect_close(y, tensor_of(out, out_shape, dtype), tol_for(dtype), tol_for(dtype));
+      const Tensor g = detail::adaptive_avg_pool2d_backward(tensor_of(gy, out_shape, dtype), in);
+      expect_close(g, tensor_of(gx, in, dtype), tol_for(dtype), tol_for(dtype));
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// cross_entropy
+
+TEST(LayersCrossEntropy, SmoothingIgnoreIndexAndReductions) {
+  const int64_t n = 5, c = 4;
+  Values logits = random_values(n * c, 11, -3.0, 3.0);
+  logits[0] = 80.0;  // large values: the log-sum-exp must stay finite
+  const std::vector<int64_t> target = {0, 3, -1, 2, 1};
+  const Tensor t = from_vector(target, {n});
+  for (double s : {0.0, 0.2}) {
+    for (int64_t ignore : {-100, -1}) {
+      Values per(static_cast<size_t>(n), 0.0), grad(logits.size(), 0.0),
+          lses(static_cast<size_t>(n), 0.0);
+      const Values grad_loss = {0.5, -1.0, 2.0, 1.5, 3.0};
+      int64_t kept = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        if (target[static_cast<size_t>(i)] == ignore) continue;
+        ++kept;
+        double m = -kInf;
+        for (int64_t j = 0; j < c; ++j) m = std::max(m, logits[static_cast<size_t>(i * c + j)]);
+        double e = 0;
+        for (int64_t j = 0; j < c; ++j) e += std::exp(logits[static_cast<size_t>(i * c + j)] - m);
+        const double lse = m + std::log(e);
+        lses[static_cast<size_t>(i)] = lse;
+        // (1 - s) * nll + s * mean over classes of -log p
+        double smooth = 0;
+        for (int64_t j = 0; j < c; ++j) {
+          const double logp = logits[static_cast<size_t>(i * c + j)] - lse;
+          smooth -= logp / static_cast<double>(c);
+        }
+        const double nll =
+            lse - logits[static_cast<size_t>(i * c + target[static_cast<size_t>(i)])];
+        per[static_cast<size_t>(i)] = (1 - s) * nll + s * smooth;
+        for (int64_t j = 0; j < c; ++j) {
+          const double p = std::exp(logits[static_cast<size_t>(i * c + j)] - lse);
+          grad[static_cast<size_t>(i * c + j)] =
+              grad_loss[static_cast<size_t>(i)] *
+              (p - s / static_cast<double>(c) -
+               (j == target[static_cast<size_t>(i)] ? 1 - s : 0.0));
+        }
+      }
+      for (DType dtype : {kF64, kF32}) {
+        SCOPED_TRACE(::testing::Message() << dtype << " smoothing " << s << " ignore " << ignore);
+        const double tol = tol_for(dtype) * 10;
+        const Tensor x = tensor_of(logits, {n, c}, dtype);
+        if (ignore == -100) {
+          // -1 is not ignored then, and out of range: rejected by the front end.
+          EXPECT_EMBER_ERROR(cross_entropy(x, t, Reduction::kNone, ignore, s), "out of range");
+          continue;
+        }
+        expect_close(cross_entropy(x, t, Reduction::kNone, ignore, s), tensor_of(per, {n}, dtype),
+                     tol, tol);
+        const double sum = std::accumulate(per.begin(), per.end(), 0.0);
+        EXPECT_NEAR(cross_entropy(x, t, Reduction::kSum, ignore, s).item<double>(), sum, tol * 10);
+        EXPECT_NEAR(cross_entropy(x, t, Reduction::kMean, ignore, s).item<double>(),
+                    sum / static_cast<double>(kept), tol * 10);
+        const Tensor g = detail::cross_entropy_backward(tensor_of(grad_loss, {n}, dtype), x,
+                                                        tensor_of(lses, {n}, dtype), t, ignore, s);
+        expect_close(g, tensor_of(grad, {n, c}, dtype), tol, tol);
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Finite-difference gradients (f64) of every layer op.
+
+using autograd::gradcheck;
+using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
+
+Tensor leaf(const Shape& shape, unsigned seed, double lo = -1.0, double hi = 1.0) {
+  Tensor t = tensor_of(random_values(numel_of(shape), seed, lo, hi), shape);
+  t.requires_grad_();
+  return t;
+}
+
+void check_grad(const char* name, const Fn& f, const std::vector<Tensor>& inputs) {
+  SCOPED_TRACE(name);
+  const auto result = gradcheck(f, inputs);
+  EXPECT_TRUE(result.ok) << result.message;
+}
+
+TEST(LayersGradcheck, Conv2d) {
+  check_grad("conv2d stride/padding/bias",
+             [](const auto& v) {
+               return conv2d(v[0], v[1], v[2], {2, 1}, {1, 1});
+             },
+             {leaf({2, 3, 5, 4}, 1), leaf({4, 3, 3, 2}, 2), leaf({4}, 3)});
+  check_grad("conv2d dilation/groups",
+             [](const auto& v) {
+               return conv2d(v[0], v[1], {}, {1, 1}, {1, 0}, {2, 1}, 2);
+             },
+             {leaf({1, 4, 6, 5}, 4), leaf({2, 2, 2, 2}, 5)});
+  check_grad("conv2d pointwise", [](const auto& v) { return conv2d(v[0], v[1], v[2]); },
+             {leaf({2, 3, 3, 3}, 6), leaf({2, 3, 1, 1}, 7), leaf({2}, 8)});
+}
+
+TEST(LayersGradcheck, BatchNorm) {
+  const Tensor rm = zeros({3}, kF64), rv = ones({3}, kF64);
+  check_grad("batch_norm train",
+             [&](const auto& v) { return batch_norm(v[0], v[1], v[2], {}, {}, true, 0.1, 1e-3); },
+             {leaf({4, 3, 2, 2}, 9), leaf({3}, 10), leaf({3}, 11)});
+  check_grad("batch_norm train 2-d",
+             [&](const auto& v) { return batch_norm(v[0], {}, {}, {}, {}, true); },
+             {leaf({5, 3}, 12)});
+  check_grad("batch_norm eval",
+             [&](const auto& v) { return batch_norm(v[0], v[1], v[2], rm, rv, false); },
+             {leaf({2, 3, 2}, 13), leaf({3}, 14), leaf({3}, 15)});
+}
+
+TEST(LayersGradcheck, Pooling) {
+  // Distinct values at least 1e-2 apart: finite differences never swap a max.
+  Values spread(2 * 2 * 5 * 6);
+  std::iota(spread.begin(), spread.end(), 0.0);
+  std::shuffle(spread.begin(), spread.end(), std::mt19937(16));
+  for (auto& s : spread) s *= 0.01;
+  Tensor x = tensor_of(spread, {2, 2, 5, 6});
+  x.requires_grad_();
+  check_grad("max_pool2d",
+             [](const auto& v) {
+               return max_pool2d(v[0], {3, 2}, {2, 2}, {1, 1}, {1, 2}, true);
+             },
+             {x});
+  check_grad("avg_pool2d",
+             [](const auto& v) {
+               return avg_pool2d(v[0], {3, 3}, {2, 2}, {1, 1}, true, false);
+             },
+             {leaf({2, 2, 5, 6}, 17)});
+  check_grad("adaptive_avg_pool2d",
+             [](const auto& v) {
+               return adaptive_avg_pool2d(v[0], {3, 4});
+             },
+             {leaf({2, 2, 5, 6}, 18)});
+}
+
+TEST(LayersGradcheck, CrossEntropy) {
+  const Tensor t = from_vector(std::vector<int64_t>{2, 0, 7, 1}, {4});
+  check_grad("cross_entropy mean smoothing",
+             [&](const auto& v) { return cross_entropy(v[0], t, Reduction::kMean, 7, 0.1); },
+             {leaf({4, 3}, 19, -2.0, 2.0)});
+  check_grad("cross_entropy none",
+             [&](const auto& v) { return cross_entropy(v[0], t, Reduction::kNone, 7); },
+             {leaf({4, 3}, 20, -2.0, 2.0)});
+}
+
+}  // namespace
+}  // namespace ember
