@@ -7,6 +7,8 @@ void register_cpu_kernels(KernelTable& table) {
   register_cpu_reduce_kernels(table);
   register_cpu_linalg_kernels(table);
   register_cpu_index_kernels(table);
+  register_cpu_conv_kernels(table);
+  register_cpu_layer_kernels(table);
 }
 
 }  // namespace ember::detail
