@@ -1,0 +1,89 @@
+// clip_grad_norm_ against PyTorch and by hand.
+#include <cmath>
+#include <limits>
+
+#include <ember/optim/clip_grad.h>
+
+#include "golden.h"
+
+namespace ember::optim {
+namespace {
+
+using nlohmann::json;
+
+std::vector<Tensor> golden_params(Device device) {
+  const json& clip = testing::optim_golden()["clip"];
+  std::vector<Tensor> params;
+  for (size_t k = 0; k < clip["grads"].size(); ++k) {
+    const auto shape = clip["shapes"][k].get<Shape>();
+    Tensor p = zeros(shape, device);
+    p.requires_grad_();
+    p.set_grad(from_vector(clip["grads"][k].get<std::vector<float>>(), shape, device));
+    params.push_back(p);
+  }
+  return params;
+}
+
+void check_golden(Device device) {
+  const json& cases = testing::optim_golden()["clip"]["cases"];
+  ASSERT_GE(cases.size(), 4u);
+  for (const json& c : cases) {
+    const double norm_type = c["norm_type"].is_string() ? std::numeric_limits<double>::infinity()
+                                                        : c["norm_type"].get<double>();
+    SCOPED_TRACE("norm_type " + std::to_string(norm_type));
+    auto params = golden_params(device);
+    const Tensor total = clip_grad_norm_(params, c["max_norm"].get<double>(), norm_type);
+    EXPECT_EQ(total.device(), device);
+    EXPECT_EQ(total.numel(), 1);
+    const double expected = c["total_norm"].get<double>();
+    EXPECT_NEAR(total.item<double>(), expected, 1e-5 * expected);
+    for (size_t k = 0; k < params.size(); ++k) {
+      testing::expect_values_near(params[k].grad().to_vector<double>(),
+                                  c["grads"][k].get<std::vector<double>>(), 1e-5, 1e-7,
+                                  "grad " + std::to_string(k));
+    }
+  }
+}
+
+TEST(ClipGradNorm, MatchesPyTorch) { check_golden(kCPU); }
+
+TEST(ClipGradNorm, MatchesPyTorchOnCuda) {
+  EMBER_REQUIRE_CUDA();
+  check_golden(cuda_device(0));
+}
+
+TEST(ClipGradNorm, HandComputed) {
+  Tensor a = zeros({2});
+  a.requires_grad_();
+  Tensor b = zeros({1});
+  b.requires_grad_();
+  Tensor no_grad = zeros({3});
+  no_grad.requires_grad_();
+  a.set_grad(from_vector<float>({3.0f, 0.0f}));
+  b.set_grad(from_vector<float>({-4.0f}));
+  // Total 2-norm 5; clipped to 1 they scale by 1 / (5 + 1e-6).
+  const Tensor total = clip_grad_norm_({a, no_grad, b}, 1.0);
+  EXPECT_NEAR(total.item<double>(), 5.0, 1e-6);
+  EXPECT_NEAR(a.grad().to_vector<double>()[0], 3.0 / (5.0 + 1e-6), 1e-6);
+  EXPECT_NEAR(b.grad().item<double>(), -4.0 / (5.0 + 1e-6), 1e-6);
+  EXPECT_FALSE(no_grad.grad().defined());
+  // Already small enough: unchanged; the inf norm is the largest |g|.
+  const Tensor inf_total = clip_grad_norm_({a, b}, 10.0, std::numeric_limits<double>::infinity());
+  EXPECT_NEAR(inf_total.item<double>(), 4.0 / (5.0 + 1e-6), 1e-6);
+  EXPECT_NEAR(b.grad().item<double>(), -4.0 / (5.0 + 1e-6), 1e-6);
+  // Nothing to clip.
+  EXPECT_EQ(clip_grad_norm_({no_grad}, 1.0).item<double>(), 0.0);
+}
+
+TEST(ClipGradNorm, RejectsBadArguments) {
+  Tensor a = zeros({2});
+  a.requires_grad_();
+  a.set_grad(ones({2}));
+  EXPECT_EMBER_ERROR(clip_grad_norm_({a}, 1.0, 0.0),
+                     "clip_grad_norm_: norm_type must be > 0, got 0");
+  EXPECT_EMBER_ERROR(clip_grad_norm_({a}, -1.0), "clip_grad_norm_: max_norm must be >= 0, got -1");
+  testing::expect_close(a.grad(), ones({2}));
+}
+
+}  // namespace
+}  // namespace ember::optim
