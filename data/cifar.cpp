@@ -18,8 +18,8 @@ std::string find_folder(const std::string& root, const std::string& subdir,
                         const std::string& probe, const char* op, const std::string& url) {
   namespace fs = std::filesystem;
   const fs::path nested = fs::path(root) / subdir;
-  if (fs::exists(nested / probe)) return nested.string();
-  if (fs::exists(fs::path(root) / probe)) return root;
+  if (detail::exists_no_throw(nested / probe)) return nested.string();
+  if (detail::exists_no_throw(fs::path(root) / probe)) return root;
   throw Error(ember::detail::str_cat(
       op, ": dataset not found: looked for '", (nested / probe).string(), "' and '",
       (fs::path(root) / probe).string(), "'. Download ", url, " and unpack it into '", root,
@@ -32,7 +32,7 @@ std::string find_folder(const std::string& root, const std::string& subdir,
 void read_records(const std::string& path, const char* op, const std::vector<int64_t>& limits,
                   std::vector<uint8_t>& pixels, std::vector<std::vector<int64_t>>& labels) {
   namespace fs = std::filesystem;
-  EMBER_CHECK(fs::exists(path), op, "missing file '", path,
+  EMBER_CHECK(detail::exists_no_throw(path), op, "missing file '", path,
               "': the folder looks like a partial copy of the dataset");
   const std::vector<uint8_t> bytes = detail::read_file(path, op);
   const size_t label_bytes = limits.size();

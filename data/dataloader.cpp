@@ -161,6 +161,8 @@ Batch DataLoader::load_batch(uint64_t epoch, const std::vector<int64_t>& order, 
   const int64_t first = batch * options_.batch_size;
   const int64_t count =
       std::min<int64_t>(options_.batch_size, static_cast<int64_t>(order.size()) - first);
+  // NOTE: pinned batches are allocated fresh, never recycled: after the caller drops a batch,
+  // a non_blocking copy to the GPU may still be reading it.
   const bool pinned = options_.pin_memory && cuda::is_available();
   Batch out;
   out.indices.assign(order.begin() + first, order.begin() + first + count);

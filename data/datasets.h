@@ -113,6 +113,9 @@ class ImageFolder : public Dataset {
   const std::vector<std::pair<std::string, int64_t>>& samples() const { return samples_; }
 
  private:
+  // Fills classes_ and samples_; names the class folders without images.
+  void scan(const std::string& root, const std::vector<std::string>& extensions,
+            std::vector<std::string>& empty_classes);
   std::vector<std::string> classes_;
   std::vector<std::pair<std::string, int64_t>> samples_;
   int channels_;

@@ -48,22 +48,16 @@ Tensor decode_image(const std::string& path, int channels) {
   return from_blob(pixels.get(), {height, width, channels}, kU8, kCPU, pixels);
 }
 
-ImageFolder::ImageFolder(const std::string& root, ImageFolderOptions options)
-    : channels_(options.channels) {
+void ImageFolder::scan(const std::string& root, const std::vector<std::string>& extensions,
+                       std::vector<std::string>& empty_classes) {
   namespace fs = std::filesystem;
   const char* op = "ImageFolder";
-  EMBER_CHECK(channels_ == 1 || channels_ == 3 || channels_ == 4, op,
-              "channels must be 1, 3 or 4, got ", channels_);
-  EMBER_CHECK(fs::is_directory(root), op, "dataset not found: '", root,
-              "' is not a folder. Arrange images as ", root, "/<class name>/<image file>");
-  for (auto& ext : options.extensions) ext = lower(ext);
   for (const auto& entry : fs::directory_iterator(root)) {
     if (entry.is_directory()) classes_.push_back(entry.path().filename().string());
   }
   std::sort(classes_.begin(), classes_.end());
   EMBER_CHECK(!classes_.empty(), op, "'", root, "' has no class subfolders. Arrange images as ",
               root, "/<class name>/<image file>");
-  std::vector<std::string> empty_classes;
   for (size_t c = 0; c < classes_.size(); ++c) {
     std::vector<std::string> files;
     const auto it_options = fs::directory_options::follow_directory_symlink;
@@ -71,14 +65,31 @@ ImageFolder::ImageFolder(const std::string& root, ImageFolderOptions options)
          fs::recursive_directory_iterator(fs::path(root) / classes_[c], it_options)) {
       if (!entry.is_regular_file()) continue;
       const std::string ext = lower(entry.path().extension().string());
-      if (std::find(options.extensions.begin(), options.extensions.end(), ext) !=
-          options.extensions.end()) {
+      if (std::find(extensions.begin(), extensions.end(), ext) != extensions.end()) {
         files.push_back(entry.path().string());
       }
     }
     if (files.empty()) empty_classes.push_back(classes_[c]);
     std::sort(files.begin(), files.end());
     for (auto& f : files) samples_.emplace_back(std::move(f), static_cast<int64_t>(c));
+  }
+}
+
+ImageFolder::ImageFolder(const std::string& root, ImageFolderOptions options)
+    : channels_(options.channels) {
+  namespace fs = std::filesystem;
+  const char* op = "ImageFolder";
+  EMBER_CHECK(channels_ == 1 || channels_ == 3 || channels_ == 4, op,
+              "channels must be 1, 3 or 4, got ", channels_);
+  std::error_code error;
+  EMBER_CHECK(fs::is_directory(root, error), op, "dataset not found: '", root,
+              "' is not a folder. Arrange images as ", root, "/<class name>/<image file>");
+  for (auto& ext : options.extensions) ext = lower(ext);
+  std::vector<std::string> empty_classes;
+  try {
+    scan(root, options.extensions, empty_classes);
+  } catch (const fs::filesystem_error& e) {
+    throw Error(ember::detail::str_cat(op, ": cannot list '", root, "': ", e.what()));
   }
   if (!empty_classes.empty()) {
     std::string names, exts;

@@ -13,6 +13,11 @@
 
 namespace ember::data::detail {
 
+bool exists_no_throw(const std::filesystem::path& path) {
+  std::error_code error;
+  return std::filesystem::exists(path, error);
+}
+
 std::vector<uint8_t> read_file(const std::string& path, const char* op) {
   std::unique_ptr<FILE, int (*)(FILE*)> file(std::fopen(path.c_str(), "rb"), &std::fclose);
   EMBER_CHECK(file != nullptr, op, "cannot open '", path, "': ", std::strerror(errno));

@@ -65,8 +65,8 @@ std::string find_idx(const std::string& root, const std::string& name, const cha
   namespace fs = std::filesystem;
   const fs::path raw = fs::path(root) / name;
   const fs::path gz = fs::path(root) / (name + ".gz");
-  if (fs::exists(gz)) return gz.string();
-  if (fs::exists(raw)) return raw.string();
+  if (detail::exists_no_throw(gz)) return gz.string();
+  if (detail::exists_no_throw(raw)) return raw.string();
   throw Error(ember::detail::str_cat(op, ": dataset not found: neither '", gz.string(), "' nor '",
                                      raw.string(), "' exists. ", how_to_get));
 }

@@ -38,7 +38,7 @@ double SampleRng::uniform() {
 
 int64_t SampleRng::uniform_int(int64_t low, int64_t high) {
   EMBER_CHECK(low <= high, "SampleRng::uniform_int", "empty range [", low, ", ", high, "]");
-  const uint64_t range = static_cast<uint64_t>(high - low) + 1;
+  const uint64_t range = static_cast<uint64_t>(high) - static_cast<uint64_t>(low) + 1;
   const uint64_t bits = (static_cast<uint64_t>(next_u32()) << 32) | next_u32();
   return range == 0 ? static_cast<int64_t>(bits) : low + static_cast<int64_t>(bits % range);
 }
