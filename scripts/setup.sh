@@ -34,7 +34,7 @@ done
 # CLI11 and clang-format. OpenMP comes with GCC (libgomp, part of build-essential).
 packages=(
   build-essential cmake ninja-build ccache pkg-config git
-  libopenblas-dev
+  libopenblas-dev libdnnl-dev
   libgtest-dev libgmock-dev googletest
   libopenmpi-dev openmpi-bin
   libstb-dev zlib1g-dev nlohmann-json3-dev libcli11-dev
