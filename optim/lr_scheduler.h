@@ -117,7 +117,8 @@ struct OneCycleOptions {
 // rises from max_lr / div_factor to max_lr over pct_start of total_steps, then anneals to
 // the final lr; with cycle_momentum the group's "momentum" (SGD) or "beta1" (Adam, AdamW)
 // moves the other way between max_momentum and base_momentum. The optimizer's own lr is
-// replaced. Stepping past total_steps throws ember::Error.
+// replaced. The final lr is reached at step total_steps - 1; as in PyTorch one more step is
+// allowed, and stepping past total_steps throws ember::Error.
 class OneCycleLR : public LRScheduler {
  public:
   // One max_lr per group, or a single one for all groups.
@@ -157,7 +158,8 @@ class OneCycleLR : public LRScheduler {
 // SequentialLR([LinearLR(start_factor, total_iters=warmup_steps), after], [warmup_steps]).
 class LinearWarmup : public LRScheduler {
  public:
-  // `after` must be built on the same optimizer; it belongs to the warmup from now on.
+  // Drives `after`'s optimizer; `after` (not yet stepped) belongs to the warmup from now on.
+  // During the warmup only the lr moves (a wrapped OneCycleLR's momentum stays at its step 0).
   LinearWarmup(std::unique_ptr<LRScheduler> after, int64_t warmup_steps,
                double start_factor = 1.0 / 3.0);
   // Warmup to the optimizer's lrs, which then stay constant.
