@@ -3,6 +3,7 @@
 // for PyTorch's CPU conv2d (oneDNN), as the reference to compare against.
 //
 //   conv_bench [--batch 128] [--threads 2]
+//   EMBER_CPU_CONV=im2col conv_bench ...   (f32 on im2col + OpenBLAS instead of oneDNN)
 #include <cblas.h>
 #include <omp.h>
 
@@ -50,6 +51,10 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  const char* impl_env = std::getenv("EMBER_CPU_CONV");
+  // "ember" is the default path: oneDNN for f32 when ember was built with it.
+  const std::string impl =
+      impl_env != nullptr && std::strcmp(impl_env, "im2col") == 0 ? "ember_im2col" : "ember";
   omp_set_num_threads(threads);
   openblas_set_num_threads(threads);
   ember::NoGradGuard no_grad;
@@ -74,7 +79,7 @@ int main(int argc, char** argv) {
     for (int p = 0; p < 2; ++p) {
       JsonLine()
           .add("bench", "conv")
-          .add("impl", "ember")
+          .add("impl", impl)
           .add("shape", s.name)
           .add("pass", passes[p])
           .add("batch", static_cast<long long>(batch))

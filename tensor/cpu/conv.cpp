@@ -6,6 +6,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -339,8 +340,18 @@ std::unique_ptr<Primitives> create(const ConvShape& s, bool bias) {
   return p;
 }
 
+// EMBER_CPU_CONV=im2col in the environment keeps f32 on im2col (for benchmarks and checks).
+bool disabled() {
+  static const bool off = [] {
+    const char* v = std::getenv("EMBER_CPU_CONV");
+    return v != nullptr && std::strcmp(v, "im2col") == 0;
+  }();
+  return off;
+}
+
 // The cached primitives of a geometry; null when oneDNN cannot run it (then im2col does).
 const Primitives* lookup(const ConvShape& s, bool bias) {
+  if (disabled()) return nullptr;
   using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
                          int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool>;
   static std::mutex mutex;
@@ -410,8 +421,16 @@ bool backward(const Tensor& grad_input, const Tensor& grad_weight, const Tensor&
   if (p == nullptr) return false;
   dnnl::stream st(engine());
   const memory gy_user = wrap(user_dst(s), grad_out);
+  // Both passes usually want grad_out in the same layout: reorder it once.
+  memory gy_data, gy_weights;
+  if (grad_input.defined()) gy_data = as_layout(gy_user, p->data_pd.diff_dst_desc(), st);
+  if (grad_weight.defined()) {
+    gy_weights = grad_input.defined() && p->weights_pd.diff_dst_desc() == gy_data.get_desc()
+                     ? gy_data
+                     : as_layout(gy_user, p->weights_pd.diff_dst_desc(), st);
+  }
   if (grad_input.defined()) {
-    const memory gy = as_layout(gy_user, p->data_pd.diff_dst_desc(), st);
+    const memory& gy = gy_data;
     const memory wei = as_layout(wrap(user_weights(s), weight), p->data_pd.weights_desc(), st);
     into_user(wrap(user_src(s), grad_input), p->data_pd.diff_src_desc(), st, [&](const memory& gx) {
       p->data.execute(st,
@@ -419,7 +438,7 @@ bool backward(const Tensor& grad_input, const Tensor& grad_weight, const Tensor&
     });
   }
   if (grad_weight.defined()) {
-    const memory gy = as_layout(gy_user, p->weights_pd.diff_dst_desc(), st);
+    const memory& gy = gy_weights;
     const memory src = as_layout(wrap(user_src(s), input), p->weights_pd.src_desc(), st);
     into_user(wrap(user_weights(s), grad_weight), p->weights_pd.diff_weights_desc(), st,
               [&](const memory& gw) {
