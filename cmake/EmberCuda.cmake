@@ -1,0 +1,55 @@
+# The CUDA backend: on whenever a CUDA toolkit is found (EMBER_CUDA=AUTO), forced with ON.
+include(CheckLanguage)
+set(EMBER_WITH_CUDA OFF)
+if(NOT EMBER_CUDA STREQUAL "OFF")
+  if(NOT CMAKE_CUDA_COMPILER AND EXISTS /usr/local/cuda/bin/nvcc)
+    set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
+  endif()
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    set(EMBER_WITH_CUDA ON)
+  elseif(EMBER_CUDA STREQUAL "ON")
+    message(FATAL_ERROR "EMBER_CUDA=ON but no CUDA compiler was found (set CMAKE_CUDA_COMPILER)")
+  endif()
+endif()
+
+if(NOT EMBER_WITH_CUDA)
+  message(STATUS "ember: CUDA backend off")
+  return()
+endif()
+
+if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+  set(CMAKE_CUDA_ARCHITECTURES ${EMBER_CUDA_ARCHITECTURES})
+endif()
+enable_language(CUDA)
+# CMake 3.25 knows no C++20 dialect flag for nvcc (3.26 does): teach it, then ask for C++20.
+if(NOT CMAKE_CUDA20_STANDARD_COMPILE_OPTION)
+  set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+  set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
+endif()
+set(CMAKE_CUDA_STANDARD 20)
+set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+find_package(CUDAToolkit REQUIRED)
+
+# cuDNN and NCCL: system install, the toolkit folder, or a pip wheel's folder given by
+# EMBER_CUDNN_ROOT / EMBER_NCCL_ROOT (or the CUDNN_ROOT / NCCL_ROOT environment variables).
+# Wheels ship only versioned libraries (libcudnn.so.9), so those names are searched too.
+function(ember_find_vendor_library prefix header libname soversion root)
+  set(hints ${root} $ENV{${prefix}_ROOT} ${CUDAToolkit_LIBRARY_ROOT} /usr/local/cuda /usr)
+  find_path(EMBER_${prefix}_INCLUDE_DIR ${header} HINTS ${hints} PATH_SUFFIXES include)
+  find_library(EMBER_${prefix}_LIBRARY NAMES ${libname} lib${libname}.so.${soversion}
+    HINTS ${hints} PATH_SUFFIXES lib lib64 lib/x86_64-linux-gnu)
+  if(EMBER_${prefix}_INCLUDE_DIR AND EMBER_${prefix}_LIBRARY)
+    string(TOLOWER ${prefix} lower)
+    add_library(ember_${lower} INTERFACE)
+    target_include_directories(ember_${lower} SYSTEM INTERFACE ${EMBER_${prefix}_INCLUDE_DIR})
+    target_link_libraries(ember_${lower} INTERFACE ${EMBER_${prefix}_LIBRARY})
+    message(STATUS "ember: ${prefix} ${EMBER_${prefix}_LIBRARY}")
+  else()
+    message(FATAL_ERROR "ember: ${prefix} not found with the CUDA backend on; "
+      "pass -DEMBER_${prefix}_ROOT=<folder with include/ and lib/>")
+  endif()
+endfunction()
+ember_find_vendor_library(CUDNN cudnn.h cudnn 9 "${EMBER_CUDNN_ROOT}")
+ember_find_vendor_library(NCCL nccl.h nccl 2 "${EMBER_NCCL_ROOT}")
+message(STATUS "ember: CUDA backend on (nvcc ${CMAKE_CUDA_COMPILER_VERSION}, architectures ${CMAKE_CUDA_ARCHITECTURES})")
