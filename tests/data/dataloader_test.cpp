@@ -13,6 +13,7 @@
 #include <numeric>
 #include <thread>
 
+#include "data_files.h"
 #include "test_util.h"
 
 namespace ember::data {
@@ -333,6 +334,42 @@ TEST(DataLoader, FashionMnistEndToEnd) {
   }
   EXPECT_EQ(seen, 10000);
   EXPECT_EQ(counts, std::vector<int64_t>(10, 1000));
+}
+
+TEST(DataLoader, ImageFolderOfMixedSizesBatchesAfterResizeAndCenterCrop) {
+  testing::TempDir dir;
+  const std::vector<std::pair<int, int>> sizes = {{12, 20}, {9, 9}, {30, 16}, {8, 8}, {17, 11}};
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const auto [w, h] = sizes[i];
+    testing::Bytes hwc(static_cast<size_t>(w * h * 3), static_cast<uint8_t>(40 * i));
+    dir.write((i % 2 ? "b/" : "a/") + std::to_string(i) + ".png", testing::png(w, h, 3, hwc));
+  }
+  auto folder = std::make_shared<ImageFolder>(dir.path());
+  DataLoaderOptions options;
+  options.batch_size = 2;
+  options.num_workers = 2;
+  DataLoader raw(folder, options);
+  EXPECT_EMBER_ERROR(raw.begin(), "transform them to one size (e.g. Resize, CenterCrop)");
+
+  options.transform = std::make_shared<Compose>(std::vector<std::shared_ptr<const Transform>>{
+      std::make_shared<Resize>(8), std::make_shared<CenterCrop>(8, 8),
+      std::make_shared<ToTensor>()});
+  DataLoader loader(folder, options);
+  std::vector<int64_t> targets;
+  for (const Batch& b : loader) {
+    EXPECT_EQ(b.data.sizes(), (Shape{b.data.size(0), 3, 8, 8}));
+    for (size_t k = 0; k < b.indices.size(); ++k) {
+      // Each image is one flat colour, which resizing and cropping keep.
+      const auto path = folder->samples()[static_cast<size_t>(b.indices[k])].first;
+      const int i = std::stoi(std::filesystem::path(path).stem().string());
+      EXPECT_TRUE(
+          allclose(b.data.select(0, static_cast<int64_t>(k)), full({3, 8, 8}, (40.0 * i) / 255.0)))
+          << path;
+    }
+    const auto t = b.target.to_vector<int64_t>();
+    targets.insert(targets.end(), t.begin(), t.end());
+  }
+  EXPECT_EQ(targets, (std::vector<int64_t>{0, 0, 0, 1, 1}));  // a: 0, 2, 4; b: 1, 3
 }
 
 TEST(DataLoader, PinsBatchesOnlyWhenCudaIsPresent) {
