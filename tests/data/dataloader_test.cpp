@@ -70,7 +70,10 @@ TEST(TensorDataset, RowsAreViewsWithTheirTargets) {
 TEST(DataLoader, SequentialBatchesCollateIntoContiguousTensors) {
   DataLoaderOptions options;
   options.batch_size = 4;
-  DataLoader loader(small_dataset(10), options);
+  auto ds = small_dataset(10);
+  DataLoader loader(ds, options);
+  EXPECT_EQ(&loader.dataset(), ds.get());
+  EXPECT_EQ(loader.options().batch_size, 4);
   EXPECT_EQ(loader.size(), 3);
   const auto batches = collect(loader);
   ASSERT_EQ(batches.size(), 3u);
