@@ -30,8 +30,9 @@ for arg in "$@"; do
   esac
 done
 
-# Build tools, OpenBLAS, GoogleTest/GoogleMock, Open MPI, stb_image, zlib, nlohmann-json,
-# CLI11 and clang-format. OpenMP comes with GCC (libgomp, part of build-essential).
+# Build tools, OpenBLAS and oneDNN, GoogleTest/GoogleMock, Open MPI, stb_image, zlib,
+# nlohmann-json, CLI11, clang-format, and the Fashion-MNIST data set the data tests read.
+# OpenMP comes with GCC (libgomp, part of build-essential).
 packages=(
   build-essential cmake ninja-build ccache pkg-config git
   libopenblas-dev libdnnl-dev
