@@ -24,6 +24,8 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& gradi
               bool retain_graph, bool create_graph) {
   EMBER_CHECK(gradients.empty() || gradients.size() == roots.size(), "backward", "got ",
               gradients.size(), " gradients for ", roots.size(), " outputs");
+  // A graph built by create_graph refers back to this one, so it has to stay (as in PyTorch).
+  retain_graph = retain_graph || create_graph;
   GradModeGuard mode(create_graph);
 
   // Seed the input buffers of the roots' nodes.

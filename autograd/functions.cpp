@@ -59,8 +59,6 @@ const char* op_name(OpId op) {
       return "ClampBackward";
     case OpId::kWhere:
       return "WhereBackward";
-    case OpId::kMaskedFill:
-      return "MaskedFillBackward";
     case OpId::kCast:
       return "ToCopyBackward";
     case OpId::kReshape:
@@ -155,8 +153,12 @@ SavePlan save_plan(OpId op) {
     case OpId::kVar:
       return {{0}, false};
     case OpId::kWhere:
-    case OpId::kMaskedFill:
-      return {{}, false};  // the condition/mask travels in OpArgs::extra
+      return {{}, false};  // the condition travels in OpArgs::extra
+    case OpId::kConv2d:
+    case OpId::kBatchNorm:
+      return {{0, 1}, false};
+    case OpId::kCrossEntropy:
+      return {{0}, false};
     case OpId::kExp:
     case OpId::kSqrt:
     case OpId::kRsqrt:
@@ -331,8 +333,6 @@ class OpNode final : public Node {
         return {Tensor(), needs(1) ? sum_to(where(cond, g, 0.0), shape(1)) : Tensor(),
                 needs(2) ? sum_to(where(cond, 0.0, g), shape(2)) : Tensor()};
       }
-      case OpId::kMaskedFill:
-        return {where(a.extra.at(0), 0.0, g), Tensor()};
       case OpId::kCast:
       case OpId::kClone:
         return {g};
@@ -448,6 +448,26 @@ class OpNode final : public Node {
         return {scatter_add(zeros(shape(0), g.options()), a.dim, a.extra.at(0), g), Tensor()};
       case OpId::kScatterAdd:
         return {g, Tensor(), needs(2) ? gather(g, a.dim, a.extra.at(0)) : Tensor()};
+      case OpId::kConv2d: {
+        const auto grads3 =
+            detail::conv2d_backward(g, in(0), in(1), a.conv, {needs(0), needs(1), needs(2)});
+        return {grads3[0], grads3[1], grads3[2]};
+      }
+      case OpId::kBatchNorm: {
+        const auto grads3 =
+            detail::batch_norm_backward(g, in(0), in(1), a.extra.at(0), a.extra.at(1), a.training,
+                                        {needs(0), needs(1), needs(2)});
+        return {grads3[0], grads3[1], grads3[2]};
+      }
+      case OpId::kMaxPool2d:
+        return {detail::max_pool2d_backward(g, shape(0), a.extra.at(0), a.pool)};
+      case OpId::kAvgPool2d:
+        return {detail::avg_pool2d_backward(g, shape(0), a.pool)};
+      case OpId::kAdaptiveAvgPool2d:
+        return {detail::adaptive_avg_pool2d_backward(g, shape(0))};
+      case OpId::kCrossEntropy:
+        return {detail::cross_entropy_backward(g, in(0), a.extra.at(0), a.extra.at(1), a.dim, a.a),
+                Tensor()};
       default:
         break;
     }
@@ -493,7 +513,7 @@ void register_hook(const Tensor& t, std::function<Tensor(const Tensor&)> hook) {
 
 void retain_grad(const Tensor& t) {
   std::weak_ptr<AutogradMeta> weak = t.weak_autograd_meta();
-  t.grad_fn()->add_pre_hook(t.autograd_meta()->output_nr, [weak](const Tensor& g) {
+  t.grad_fn()->add_retain_grad_hook(t.autograd_meta()->output_nr, [weak](const Tensor& g) {
     if (auto meta = weak.lock()) meta->grad = meta->grad.defined() ? meta->grad + g : g.clone();
     return Tensor();
   });

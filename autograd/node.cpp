@@ -17,11 +17,17 @@ void Node::add_pre_hook(uint32_t input_nr, std::function<Tensor(const Tensor&)> 
   pre_hooks_.emplace_back(input_nr, std::move(hook));
 }
 
+void Node::add_retain_grad_hook(uint32_t input_nr, std::function<Tensor(const Tensor&)> hook) {
+  retain_grad_hooks_.emplace_back(input_nr, std::move(hook));
+}
+
 void Node::run_pre_hooks(std::vector<Tensor>& grads) const {
-  for (const auto& [input_nr, hook] : pre_hooks_) {
-    if (!grads[input_nr].defined()) continue;
-    Tensor replaced = hook(grads[input_nr]);
-    if (replaced.defined()) grads[input_nr] = std::move(replaced);
+  for (const auto* hooks : {&pre_hooks_, &retain_grad_hooks_}) {
+    for (const auto& [input_nr, hook] : *hooks) {
+      if (!grads[input_nr].defined()) continue;
+      Tensor replaced = hook(grads[input_nr]);
+      if (replaced.defined()) grads[input_nr] = std::move(replaced);
+    }
   }
 }
 

@@ -43,6 +43,8 @@ class Node {
 
   // Hooks that see (and may replace) the gradient arriving at input `input_nr`.
   void add_pre_hook(uint32_t input_nr, std::function<Tensor(const Tensor&)> hook);
+  // retain_grad's hook: it runs after the others, so it sees the gradient they produce.
+  void add_retain_grad_hook(uint32_t input_nr, std::function<Tensor(const Tensor&)> hook);
   void run_pre_hooks(std::vector<Tensor>& grads) const;
 
  private:
@@ -50,6 +52,7 @@ class Node {
   uint64_t sequence_nr_;
   std::vector<Edge> next_edges_;
   std::vector<std::pair<uint32_t, std::function<Tensor(const Tensor&)>>> pre_hooks_;
+  std::vector<std::pair<uint32_t, std::function<Tensor(const Tensor&)>>> retain_grad_hooks_;
 };
 
 // A tensor kept for backward, with the version it had, so that an in-place change made

@@ -35,7 +35,7 @@ bool grad_needed(std::initializer_list<const Tensor*> inputs) {
 
 void check_inplace(const char* op, const Tensor& self,
                    std::initializer_list<const Tensor*> others) {
-  if (!GradMode::is_enabled()) return;
+  if (!GradMode::is_enabled() || !self.defined()) return;
   EMBER_CHECK(!self.requires_grad(), op,
               "a tensor that requires grad cannot be modified in place while ",
               "recording; use the out-of-place form, or run the update under NoGradGuard");

@@ -1,4 +1,5 @@
 // Joining and indexing: cat, stack, index_select, gather, scatter_add, one_hot, masked_fill.
+#include "detail/autograd_hooks.h"
 #include "detail/op_utils.h"
 #include "ops.h"
 
@@ -75,6 +76,7 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
     }
     shape[static_cast<size_t>(d)] += t.size(d);
   }
+  detail::AutogradScope scope(detail::OpId::kCat, tensors);
   Tensor out = empty(shape, TensorOptions(dtype, first.device()));
   int64_t offset = 0;
   for (const Tensor& t : tensors) {
@@ -82,7 +84,9 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
     if (t.numel() > 0) out.narrow(d, offset, t.size(d)).copy_(t);
     offset += t.size(d);
   }
-  return out;
+  detail::OpArgs args;
+  args.dim = d;
+  return scope.finish(out, std::move(args));
 }
 
 Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
@@ -107,6 +111,7 @@ Tensor index_select(const Tensor& t, int64_t dim, const Tensor& index) {
   EMBER_CHECK(index.dim() <= 1, "index_select", "index must be 1-d, got shape ",
               shape_str(index.sizes()));
   const int64_t d = detail::wrap_dim(dim, t.dim(), "index_select");
+  detail::AutogradScope scope(detail::OpId::kIndexSelect, {&t, &index});
   const Tensor in = at_least_1d(t).contiguous();
   const Tensor idx = checked_index(index, in.size(d), d, "index_select");
   int64_t outer = 1, inner = 1;
@@ -120,8 +125,11 @@ Tensor index_select(const Tensor& t, int64_t dim, const Tensor& index) {
     detail::require_kernel(kernels.index_select, t.device(), "index_select")(out, in, idx, outer,
                                                                              in.size(d), inner);
   }
+  detail::OpArgs args;
+  args.dim = d;
+  if (scope.recording()) args.extra = {idx};
   // A 0-d input keeps the index's shape: a 0-d index gives a 0-d result.
-  return t.dim() == 0 ? out.view(index.sizes()) : out;
+  return scope.finish(t.dim() == 0 ? out.view(index.sizes()) : out, std::move(args));
 }
 
 Tensor gather(const Tensor& t, int64_t dim, const Tensor& index) {
@@ -130,6 +138,7 @@ Tensor gather(const Tensor& t, int64_t dim, const Tensor& index) {
   detail::check_same_device({&t, &index}, "gather");
   const int64_t d = detail::wrap_dim(dim, t.dim(), "gather");
   check_index_shape(t, d, index, nullptr, "gather");
+  detail::AutogradScope scope(detail::OpId::kGather, {&t, &index});
   const Tensor in = at_least_1d(t).contiguous();
   const Tensor idx = at_least_1d(checked_index(index, in.size(d), d, "gather"));
   Tensor out = empty(idx.sizes(), t.options());
@@ -137,7 +146,10 @@ Tensor gather(const Tensor& t, int64_t dim, const Tensor& index) {
     const auto& kernels = detail::kernels_for(t.device(), "gather");
     detail::require_kernel(kernels.gather, t.device(), "gather")(out, in, d, idx);
   }
-  return out.view(index.sizes());
+  detail::OpArgs args;
+  args.dim = d;
+  if (scope.recording()) args.extra = {index};
+  return scope.finish(out.view(index.sizes()), std::move(args));
 }
 
 Tensor& Tensor::scatter_add_(int64_t dim, const Tensor& index, const Tensor& src) {
@@ -145,6 +157,7 @@ Tensor& Tensor::scatter_add_(int64_t dim, const Tensor& index, const Tensor& src
   detail::check_defined(index, "scatter_add", "index");
   detail::check_defined(src, "scatter_add", "src");
   detail::check_same_device({this, &index, &src}, "scatter_add");
+  detail::check_inplace("scatter_add_", *this, {&src});
   EMBER_CHECK(src.dtype() == dtype(), "scatter_add", "src has dtype ", src.dtype(),
               " but self has ", dtype());
   const int64_t d = detail::wrap_dim(dim, this->dim(), "scatter_add");
@@ -171,9 +184,13 @@ Tensor& Tensor::scatter_add_(int64_t dim, const Tensor& index, const Tensor& src
 
 Tensor scatter_add(const Tensor& t, int64_t dim, const Tensor& index, const Tensor& src) {
   detail::check_defined(t, "scatter_add");
+  detail::AutogradScope scope(detail::OpId::kScatterAdd, {&t, &index, &src});
   Tensor out = t.clone();
   out.scatter_add_(dim, index, src);
-  return out;
+  detail::OpArgs args;
+  args.dim = detail::wrap_dim(dim, t.dim(), "scatter_add");
+  if (scope.recording()) args.extra = {index};
+  return scope.finish(out, std::move(args));
 }
 
 Tensor one_hot(const Tensor& index, int64_t num_classes) {
@@ -229,6 +246,7 @@ Tensor& Tensor::masked_fill_(const Tensor& mask, Scalar value) {
   EMBER_CHECK(broadcast_shapes(sizes(), mask.sizes(), "masked_fill_") == sizes(), "masked_fill_",
               "mask of shape ", shape_str(mask.sizes()), " cannot broadcast to ",
               shape_str(sizes()));
+  detail::check_inplace("masked_fill_", *this);
   copy_(where(mask, scalar_tensor(value, options()), *this));
   return *this;
 }

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <optional>
 
+#include "detail/autograd_hooks.h"
 #include "detail/op_utils.h"
 #include "ops.h"
 
@@ -142,7 +143,8 @@ Tensor mm(const Tensor& a, const Tensor& b) {
   EMBER_CHECK(a.dim() == 2 && b.dim() == 2, "mm", "expected 2-d tensors, got shapes ",
               shape_str(a.sizes()), " and ", shape_str(b.sizes()));
   check_inner(a, b, a.size(1), b.size(0), "mm");
-  return mm_unchecked(a, b, "mm");
+  detail::AutogradScope scope(detail::OpId::kMm, {&a, &b});
+  return scope.finish(mm_unchecked(a, b, "mm"));
 }
 
 Tensor bmm(const Tensor& a, const Tensor& b) {
@@ -152,9 +154,10 @@ Tensor bmm(const Tensor& a, const Tensor& b) {
   EMBER_CHECK(a.size(0) == b.size(0), "bmm", "batch sizes ", a.size(0), " and ", b.size(0),
               " differ (shapes ", shape_str(a.sizes()), " and ", shape_str(b.sizes()), ")");
   check_inner(a, b, a.size(2), b.size(1), "bmm");
+  detail::AutogradScope scope(detail::OpId::kBmm, {&a, &b});
   Tensor c = empty({a.size(0), a.size(1), b.size(2)}, a.options());
   run_gemm(c, a, b, 1.0, 0.0, "bmm");
-  return c;
+  return scope.finish(c);
 }
 
 Tensor addmm(const Tensor& input, const Tensor& a, const Tensor& b, Scalar beta, Scalar alpha) {
@@ -170,12 +173,16 @@ Tensor addmm(const Tensor& input, const Tensor& a, const Tensor& b, Scalar beta,
   EMBER_CHECK(broadcast_shapes(input.sizes(), out_shape, "addmm") == out_shape, "addmm",
               "input of shape ", shape_str(input.sizes()), " cannot broadcast to ",
               shape_str(out_shape));
+  detail::AutogradScope scope(detail::OpId::kAddmm, {&input, &a, &b});
   Tensor c = empty(out_shape, a.options());
   const double beta_value = beta.to_double();
   // With beta == 0 the input is ignored, NaNs included (as in PyTorch).
   if (beta_value != 0.0) c.copy_(input);
   run_gemm(c, a, b, alpha.to_double(), beta_value, "addmm");
-  return c;
+  detail::OpArgs args;
+  args.a = beta_value;
+  args.b = alpha.to_double();
+  return scope.finish(c, std::move(args));
 }
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
@@ -191,13 +198,23 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   Tensor out;
   Shape batch;
   if (da <= 2 && db <= 2) {
-    out = mm_unchecked(a2, b2, "matmul");
+    out = mm(a2, b2);
   } else if (db <= 2) {
     // [..., m, k] @ [k, n]: fold the batch into the rows, one large gemm.
     batch.assign(a2.sizes().begin(), a2.sizes().end() - 2);
     int64_t rows = m;
     for (const int64_t s : batch) rows *= s;
-    out = mm_unchecked(a2.reshape({rows, k}), b2, "matmul").view(concat(batch, {m, n}));
+    out = mm(a2.reshape({rows, k}), b2).view(concat(batch, {m, n}));
+  } else if (detail::grad_needed({&a, &b})) {
+    // Recording: go through bmm so the product has a backward.
+    const Shape batch_a(a2.sizes().begin(), a2.sizes().end() - 2);
+    const Shape batch_b(b2.sizes().begin(), b2.sizes().end() - 2);
+    batch = broadcast_shapes(batch_a, batch_b, "matmul");
+    int64_t count = 1;
+    for (const int64_t s : batch) count *= s;
+    out = bmm(a2.expand(concat(batch, {m, k})).reshape({count, m, k}),
+              b2.expand(concat(batch, {k, n})).reshape({count, k, n}))
+              .view(concat(batch, {m, n}));
   } else {
     const Shape batch_a(a2.sizes().begin(), a2.sizes().end() - 2);
     const Shape batch_b(b2.sizes().begin(), b2.sizes().end() - 2);

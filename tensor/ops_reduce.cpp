@@ -2,13 +2,24 @@
 #include <cmath>
 #include <limits>
 
+#include "detail/autograd_hooks.h"
 #include "detail/op_utils.h"
 #include "ops.h"
 
 namespace ember {
 namespace {
 
+using detail::AutogradScope;
+using detail::OpArgs;
+using detail::OpId;
 using detail::ReduceOp;
+
+OpArgs reduce_args(const Shape& dims, bool keepdim) {
+  OpArgs args;
+  args.dims = dims;
+  args.keepdim = keepdim;
+  return args;
+}
 
 // A tensor laid out for the reduce kernels: contiguous [outer, r] with the reduced dims
 // innermost, and the shape the result takes.
@@ -100,25 +111,54 @@ std::tuple<Tensor, Tensor> arg_extreme(const Tensor& t, std::optional<int64_t> d
 
 Tensor sum(const Tensor& t, const Shape& dims, bool keepdim) {
   detail::check_defined(t, "sum");
+  AutogradScope scope(OpId::kSum, {&t});
   // Integer and bool sums accumulate and return i64, as in PyTorch.
   const Tensor in = is_floating(t.dtype()) ? t : t.to(kI64);
-  return run_reduce(ReduceOp::kSum, plan_reduce(in, dims, keepdim, "sum"), in.dtype(), "sum");
+  return scope.finish(
+      run_reduce(ReduceOp::kSum, plan_reduce(in, dims, keepdim, "sum"), in.dtype(), "sum"),
+      reduce_args(dims, keepdim));
 }
 
 Tensor mean(const Tensor& t, const Shape& dims, bool keepdim) {
   detail::check_defined(t, "mean");
   check_floating(t, "mean");
-  return run_reduce(ReduceOp::kMean, plan_reduce(t, dims, keepdim, "mean"), t.dtype(), "mean");
+  AutogradScope scope(OpId::kMean, {&t});
+  return scope.finish(
+      run_reduce(ReduceOp::kMean, plan_reduce(t, dims, keepdim, "mean"), t.dtype(), "mean"),
+      reduce_args(dims, keepdim));
 }
 
-Tensor max(const Tensor& t) { return extreme_all(t, true, "max"); }
-Tensor min(const Tensor& t) { return extreme_all(t, false, "min"); }
+Tensor max(const Tensor& t) {
+  AutogradScope scope(OpId::kMaxAll, {&t});
+  return scope.finish(extreme_all(t, true, "max"));
+}
+Tensor min(const Tensor& t) {
+  AutogradScope scope(OpId::kMinAll, {&t});
+  return scope.finish(extreme_all(t, false, "min"));
+}
+
+namespace {
+// max/min along a dim: the values carry gradients to the positions the indices name.
+std::tuple<Tensor, Tensor> extreme_dim(const Tensor& t, int64_t dim, bool keepdim, bool is_max) {
+  const char* op = is_max ? "max" : "min";
+  AutogradScope scope(is_max ? OpId::kMaxDim : OpId::kMinDim, {&t});
+  auto [values, indices] = arg_extreme(t, dim, keepdim, is_max, op);
+  OpArgs args = reduce_args({}, keepdim);
+  if (scope.recording()) {
+    args.dim = detail::wrap_dim(dim, t.dim(), op);
+    args.extra = {indices};
+  }
+  const Tensor outputs[] = {values, indices};
+  scope.finish_all(outputs, std::move(args));
+  return {values, indices};
+}
+}  // namespace
 
 std::tuple<Tensor, Tensor> max(const Tensor& t, int64_t dim, bool keepdim) {
-  return arg_extreme(t, dim, keepdim, true, "max");
+  return extreme_dim(t, dim, keepdim, true);
 }
 std::tuple<Tensor, Tensor> min(const Tensor& t, int64_t dim, bool keepdim) {
-  return arg_extreme(t, dim, keepdim, false, "min");
+  return extreme_dim(t, dim, keepdim, false);
 }
 
 Tensor argmax(const Tensor& t, std::optional<int64_t> dim, bool keepdim) {
@@ -132,23 +172,31 @@ Tensor var(const Tensor& t, const Shape& dims, int64_t correction, bool keepdim)
   detail::check_defined(t, "var");
   check_floating(t, "var");
   EMBER_CHECK(correction >= 0, "var", "correction must be non-negative, got ", correction);
-  return run_reduce(ReduceOp::kVar, plan_reduce(t, dims, keepdim, "var"), t.dtype(), "var", 0.0,
-                    correction);
+  AutogradScope scope(OpId::kVar, {&t});
+  OpArgs args = reduce_args(dims, keepdim);
+  args.correction = correction;
+  return scope.finish(run_reduce(ReduceOp::kVar, plan_reduce(t, dims, keepdim, "var"), t.dtype(),
+                                 "var", 0.0, correction),
+                      std::move(args));
 }
 
 Tensor std(const Tensor& t, const Shape& dims, int64_t correction, bool keepdim) {
   detail::check_defined(t, "std");
   check_floating(t, "std");
   EMBER_CHECK(correction >= 0, "std", "correction must be non-negative, got ", correction);
-  return sqrt(run_reduce(ReduceOp::kVar, plan_reduce(t, dims, keepdim, "std"), t.dtype(), "std",
-                         0.0, correction));
+  return sqrt(var(t, dims, correction, keepdim));
 }
 
 Tensor norm(const Tensor& t, double p, const Shape& dims, bool keepdim) {
   detail::check_defined(t, "norm");
   check_floating(t, "norm");
   EMBER_CHECK(p > 0 && !std::isnan(p), "norm", "p must be positive (or infinity), got ", p);
-  return run_reduce(ReduceOp::kNorm, plan_reduce(t, dims, keepdim, "norm"), t.dtype(), "norm", p);
+  AutogradScope scope(OpId::kNorm, {&t});
+  OpArgs args = reduce_args(dims, keepdim);
+  args.a = p;
+  return scope.finish(
+      run_reduce(ReduceOp::kNorm, plan_reduce(t, dims, keepdim, "norm"), t.dtype(), "norm", p),
+      std::move(args));
 }
 
 Tensor Tensor::sum(const Shape& dims, bool keepdim) const {

@@ -1,4 +1,5 @@
 // softmax and log_softmax along one dim.
+#include "detail/autograd_hooks.h"
 #include "detail/op_utils.h"
 #include "ops.h"
 
@@ -20,12 +21,16 @@ Tensor softmax_impl(const Tensor& t, int64_t dim, bool log, const char* op) {
     else
       inner *= t.size(e);
   }
+  detail::AutogradScope scope(log ? detail::OpId::kLogSoftmax : detail::OpId::kSoftmax, {&t});
   const Tensor in = t.contiguous();
   Tensor out = empty(t.sizes(), t.options());
-  if (out.numel() == 0) return out;
-  const auto& kernels = detail::kernels_for(t.device(), op);
-  detail::require_kernel(kernels.softmax, t.device(), op)(out, in, outer, n, inner, log);
-  return out;
+  if (out.numel() > 0) {
+    const auto& kernels = detail::kernels_for(t.device(), op);
+    detail::require_kernel(kernels.softmax, t.device(), op)(out, in, outer, n, inner, log);
+  }
+  detail::OpArgs args;
+  args.dim = d;
+  return scope.finish(out, std::move(args));
 }
 
 }  // namespace

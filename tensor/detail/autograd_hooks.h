@@ -39,7 +39,6 @@ enum class OpId : uint16_t {
   kTanh,
   kClamp,
   kWhere,
-  kMaskedFill,
   // layout and copies
   kCast,
   kReshape,
