@@ -16,6 +16,36 @@
 
 namespace ember::data {
 
+// Batch data buffers handed out again once the caller has dropped every tensor viewing
+// them: fresh multi-megabyte buffers cost a page fault per 4 KiB on first touch.
+// NOTE: a storage whose use_count() is 1 is referenced by the pool alone, and only the pool
+// (under its mutex) hands out new references, so nobody else can be reading or writing it.
+// Pageable memory only: ember copies it to a GPU synchronously, whereas pinned memory may
+// still be read by a non_blocking copy after the batch is dropped.
+struct DataLoader::BufferPool {
+  std::mutex mutex;
+  std::vector<Storage> buffers;
+  size_t capacity = 0;
+
+  Tensor acquire(const Shape& shape, DType dtype) {
+    int64_t numel = 1;
+    for (int64_t d : shape) numel *= d;
+    const size_t nbytes = static_cast<size_t>(numel) * element_size(dtype);
+    Shape strides(shape.size(), 1);
+    for (size_t d = shape.size(); d-- > 1;) strides[d - 1] = strides[d] * shape[d];
+    std::lock_guard<std::mutex> lock(mutex);
+    for (const Storage& s : buffers) {
+      if (s.use_count() == 1 && s.nbytes() == nbytes) {
+        std::atomic_thread_fence(std::memory_order_acquire);  // the last user's accesses
+        return Tensor(s, dtype, shape, strides);
+      }
+    }
+    Storage fresh(nbytes, kCPU);
+    if (buffers.size() < capacity) buffers.push_back(fresh);
+    return Tensor(std::move(fresh), dtype, shape, strides);
+  }
+};
+
 // One epoch in flight: its sampler order, the worker threads and the batches they have
 // finished but the caller has not taken yet.
 struct DataLoader::Run {
@@ -126,6 +156,9 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions
               options_.num_workers);
   EMBER_CHECK(options_.prefetch_factor >= 1, "DataLoader", "prefetch_factor must be >= 1, got ",
               options_.prefetch_factor);
+  pool_ = std::make_unique<BufferPool>();
+  // Batches in flight, one being built per worker, and the two the caller may hold.
+  pool_->capacity = static_cast<size_t>(options_.num_workers) * (options_.prefetch_factor + 1) + 2;
 }
 
 DataLoader::~DataLoader() = default;
@@ -187,7 +220,8 @@ Batch DataLoader::load_batch(uint64_t epoch, const std::vector<int64_t>& order, 
       if (k == 0) {
         Shape shape{count};
         shape.insert(shape.end(), data.sizes().begin(), data.sizes().end());
-        out.data = empty(shape, TensorOptions(data.dtype()).with_pinned_memory(pinned));
+        out.data = pinned ? empty(shape, TensorOptions(data.dtype()).with_pinned_memory())
+                          : pool_->acquire(shape, data.dtype());
         first_index = index;
         sample_shape = data.sizes();
         sample_bytes = data.nbytes();

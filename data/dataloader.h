@@ -79,9 +79,11 @@ class DataLoader {
   Batch load_batch(uint64_t epoch, const std::vector<int64_t>& order, int64_t batch,
                    const std::atomic<bool>* stop) const;
 
+  struct BufferPool;
   std::shared_ptr<const Dataset> dataset_;
   DataLoaderOptions options_;
   uint64_t epoch_ = 0;
+  std::unique_ptr<BufferPool> pool_;  // declared before run_: the workers use it
   std::unique_ptr<Run> run_;
 };
 

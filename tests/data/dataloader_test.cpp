@@ -168,6 +168,29 @@ TEST(DataLoader, BatchesAreIdenticalForAnyWorkerCount) {
   }
 }
 
+TEST(DataLoader, RecyclesBatchBuffersOnlyAfterTheCallerDropsThem) {
+  auto ds = cifar_like(160);
+  DataLoaderOptions options;
+  options.batch_size = 16;
+  options.shuffle = true;
+  options.num_workers = 2;
+  options.transform = augment();
+  DataLoader loader(ds, options);
+  std::vector<Tensor> copies;  // epoch 0, every batch held while the epoch runs
+  for (const Batch& b : collect(loader)) copies.push_back(b.data.clone());
+  // The same epoch again, dropping each batch when moving on: buffers come back from the
+  // pool (the pool and the batch share the storage) and hold the right data.
+  loader.set_epoch(0);
+  size_t k = 0;
+  for (const Batch& b : loader) {
+    EXPECT_EQ(b.data.storage().use_count(), 2) << "batch " << k;
+    ASSERT_LT(k, copies.size());
+    EXPECT_TRUE(equal(b.data, copies[k])) << "batch " << k;
+    ++k;
+  }
+  EXPECT_EQ(k, copies.size());
+}
+
 // Yields the odd indices in reverse, and records the epochs the loader set.
 class OddReverseSampler : public Sampler {
  public:
