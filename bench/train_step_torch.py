@@ -1,0 +1,103 @@
+#!/usr/bin/python3
+"""The reference for bench/train_step: the same ResNet training step in PyTorch (Debian's
+python3-torch), with the same flags and JSON keys. Models are built to match ember's
+(CIFAR ResNets with 1x1 projection shortcuts; ResNet-18/34 with the CIFAR stem)."""
+import argparse
+import json
+import resource
+import statistics
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.downsample = None
+        if stride != 1 or cin != cout:
+            self.downsample = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return F.relu(out + (self.downsample(x) if self.downsample is not None else x))
+
+
+class ResNet(nn.Module):
+    def __init__(self, channels, blocks, classes=10):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, channels[0], 3, 1, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(channels[0])
+        layers, cin = [], channels[0]
+        for i, (c, n) in enumerate(zip(channels, blocks)):
+            stage = []
+            for b in range(n):
+                stage.append(BasicBlock(cin, c, 2 if i > 0 and b == 0 else 1))
+                cin = c
+            layers.append(nn.Sequential(*stage))
+        self.layers = nn.Sequential(*layers)
+        self.fc = nn.Linear(cin, classes)
+
+    def forward(self, x):
+        x = self.layers(F.relu(self.bn1(self.conv1(x))))
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+
+CONFIGS = {
+    "resnet20": ([16, 32, 64], [3, 3, 3]), "resnet32": ([16, 32, 64], [5, 5, 5]),
+    "resnet56": ([16, 32, 64], [9, 9, 9]), "resnet110": ([16, 32, 64], [18, 18, 18]),
+    "resnet18": ([64, 128, 256, 512], [2, 2, 2, 2]), "resnet34": ([64, 128, 256, 512], [3, 4, 6, 3]),
+}
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", default="resnet20", choices=CONFIGS)
+    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=10)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    device = torch.device(args.device)
+    model = ResNet(*CONFIGS[args.model]).to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True, weight_decay=5e-4)
+    images = torch.randn(args.batch, 3, 32, 32, device=device)
+    labels = torch.randint(0, 10, (args.batch,), device=device)
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        F.cross_entropy(model(images), labels).backward()
+        optimizer.step()
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    for _ in range(2):
+        step()
+    sync()
+    times = []
+    for _ in range(args.steps):
+        start = time.perf_counter()
+        step()
+        sync()
+        times.append(time.perf_counter() - start)
+    step_s = statistics.median(times)
+    print(json.dumps({
+        "framework": "torch-" + torch.__version__, "model": args.model, "batch": args.batch, "device": args.device,
+        "threads": args.threads, "step_s": round(step_s, 4), "images_per_s": round(args.batch / step_s, 1),
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, 1),
+    }))
+
+
+if __name__ == "__main__":
+    main()
