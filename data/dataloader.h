@@ -11,7 +11,8 @@
 // for that epoch, each transformed with a SampleRng of (seed, epoch, dataset index). A batch
 // is therefore a pure function of the options and the epoch: the sequence is the same for
 // any num_workers, and batches reach the caller in order. Workers each build whole batches,
-// straight into one contiguous tensor per field (pinned when asked and CUDA is present).
+// straight into one contiguous tensor per field (pinned when asked and CUDA is present);
+// a pageable batch buffer is reused once the caller holds no tensor viewing it.
 //
 // An exception while loading a sample reaches the caller, in batch order, as an
 // ember::Error naming the sample index; the epoch then ends. Destroying the loader (or
