@@ -9,6 +9,7 @@
 #include <ember/tensor/tensor.h>
 
 #include "engine.h"
+#include "function.h"
 #include "gradcheck.h"
 #include "node.h"
 

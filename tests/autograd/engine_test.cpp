@@ -162,5 +162,33 @@ TEST(AutogradEngine, CreateGraphGivesSecondDerivatives) {
   EXPECT_DOUBLE_EQ(x.grad().item<double>(), 12.0);
 }
 
+TEST(AutogradEngine, CustomFunctionsJoinTheGraph) {
+  Tensor x = leaf({1, 2, 3});
+  Tensor w = leaf({2});
+  int backward_calls = 0;
+  // y = x * w with a hand-written backward.
+  const auto outputs = autograd::apply_function(
+      "ScaleBackward", {x, w}, [&] { return std::vector<Tensor>{x * w}; },
+      [x, w, &backward_calls](const std::vector<Tensor>& grads) {
+        ++backward_calls;
+        return std::vector<Tensor>{grads[0] * w, sum(grads[0] * x).reshape({1})};
+      });
+  const Tensor& y = outputs[0];
+  ASSERT_TRUE(y.requires_grad());
+  EXPECT_EQ(y.grad_fn()->name(), "ScaleBackward");
+  (y * y).sum().backward();  // d/dx = 2 x w^2, d/dw = 2 w sum(x^2)
+  EXPECT_EQ(backward_calls, 1);
+  EXPECT_EQ(x.grad().to_vector<double>(), (std::vector<double>{8, 16, 24}));
+  EXPECT_EQ(w.grad().to_vector<double>(), (std::vector<double>{56}));
+  EXPECT_EMBER_ERROR(y.sum().backward(), "backward through the graph a second time");
+  {
+    NoGradGuard no_grad;
+    const auto plain = autograd::apply_function(
+        "ScaleBackward", {x, w}, [&] { return std::vector<Tensor>{x * w}; },
+        [](const std::vector<Tensor>&) { return std::vector<Tensor>{}; });
+    EXPECT_FALSE(plain[0].requires_grad());
+  }
+}
+
 }  // namespace
 }  // namespace ember
