@@ -9,27 +9,6 @@
 namespace ember::detail {
 namespace {
 
-// Copies need only the bytes: an unsigned integer as wide as one element stands in.
-template <typename F>
-void dispatch_word(DType dtype, F&& f) {
-  switch (element_size(dtype)) {
-    case 1:
-      f(TypeTag<uint8_t>{});
-      return;
-    case 2:
-      f(TypeTag<uint16_t>{});
-      return;
-    case 4:
-      f(TypeTag<uint32_t>{});
-      return;
-    case 8:
-      f(TypeTag<uint64_t>{});
-      return;
-    default:
-      EMBER_ASSERT(false, "no word type for ", dtype);
-  }
-}
-
 void index_select_cpu(const Tensor& out, const Tensor& in, const Tensor& index, int64_t outer,
                       int64_t n, int64_t inner) {
   EMBER_ASSERT(out.dtype() == in.dtype() && index.dtype() == kI64);

@@ -9,27 +9,6 @@
 namespace ember::detail {
 namespace {
 
-// Copies move bytes only: an unsigned word as wide as one element stands in for it.
-template <typename F>
-void dispatch_word(DType dtype, F&& f) {
-  switch (element_size(dtype)) {
-    case 1:
-      f(TypeTag<uint8_t>{});
-      return;
-    case 2:
-      f(TypeTag<uint16_t>{});
-      return;
-    case 4:
-      f(TypeTag<uint32_t>{});
-      return;
-    case 8:
-      f(TypeTag<uint64_t>{});
-      return;
-    default:
-      EMBER_ASSERT(false, "no word type for ", dtype);
-  }
-}
-
 template <typename W>
 __global__ void index_select_kernel(W* out, const W* in, const int64_t* index, int64_t total,
                                     int64_t n, int64_t k, int64_t inner) {

@@ -2,6 +2,8 @@
 //   dispatch_all(t.dtype(), "op", [&](auto tag) { using T = typename decltype(tag)::type; ... });
 #pragma once
 
+#include <cstdint>
+
 #include "../dtype.h"
 #include "../error.h"
 
@@ -51,6 +53,23 @@ decltype(auto) dispatch_floating(DType dtype, const char* op, F&& f) {
       break;
   }
   throw Error(str_cat(op, ": expected a floating dtype, got ", dtype));
+}
+
+// For kernels that only move elements: an unsigned integer as wide as one element.
+template <typename F>
+void dispatch_word(DType dtype, F&& f) {
+  switch (element_size(dtype)) {
+    case 1:
+      return f(TypeTag<uint8_t>{});
+    case 2:
+      return f(TypeTag<uint16_t>{});
+    case 4:
+      return f(TypeTag<uint32_t>{});
+    case 8:
+      return f(TypeTag<uint64_t>{});
+    default:
+      EMBER_ASSERT(false, "no word type for ", dtype);
+  }
 }
 
 // The type kernels accumulate T in: float for the 16-bit floats, double for double, T else.
