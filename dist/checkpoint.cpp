@@ -1,0 +1,369 @@
+#include "checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace ember::dist {
+
+static_assert(std::endian::native == std::endian::little,
+              "checkpoints store raw little-endian data");
+
+namespace {
+
+constexpr const char* kFormat = "ember.checkpoint.v1";
+
+const char* safetensors_dtype(DType t) {
+  switch (t) {
+    case kF32:
+      return "F32";
+    case kF64:
+      return "F64";
+    case kF16:
+      return "F16";
+    case kBF16:
+      return "BF16";
+    case kI64:
+      return "I64";
+    case kI32:
+      return "I32";
+    case kU8:
+      return "U8";
+    case kBool:
+      return "BOOL";
+  }
+  return "?";
+}
+
+bool parse_dtype(const std::string& s, DType& out) {
+  for (DType t : {kF32, kF64, kF16, kBF16, kI64, kI32, kU8, kBool}) {
+    if (s == safetensors_dtype(t)) {
+      out = t;
+      return true;
+    }
+  }
+  return false;
+}
+
+uint64_t checksum(const char* data, size_t n) {
+  uint64_t h = 14695981039346656037ull;
+  for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<unsigned char>(data[i])) * 1099511628211ull;
+  return h;
+}
+
+std::string number(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.17g", v);
+  return buf;
+}
+
+std::string system_error(const std::string& what, const std::string& path) {
+  return detail::str_cat("save_checkpoint: ", what, " ", path, ": ", std::strerror(errno));
+}
+
+void write_all(int fd, const char* data, size_t n, const std::string& path) {
+  while (n > 0) {
+    const ssize_t w = ::write(fd, data, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0) {
+      const std::string message = system_error("cannot write", path);
+      ::close(fd);
+      throw Error(message);
+    }
+    data += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+
+// Writes `bytes` to `path` so that readers see either the old file or the whole new one.
+void write_atomically(const std::string& path, const std::vector<char>& bytes) {
+  namespace fs = std::filesystem;
+  const fs::path target(path);
+  const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  const std::string tmp =
+      (dir / (target.filename().string() + ".tmp." + std::to_string(::getpid()))).string();
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw Error(system_error("cannot create", tmp));
+  write_all(fd, bytes.data(), bytes.size(), tmp);
+  if (::fsync(fd) != 0) {
+    const std::string message = system_error("cannot fsync", tmp);
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw Error(message);
+  }
+  ::close(fd);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const std::string message = system_error("cannot rename " + tmp + " to", path);
+    ::unlink(tmp.c_str());
+    throw Error(message);
+  }
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);  // makes the rename durable; best effort where directories cannot sync
+    ::close(dfd);
+  }
+}
+
+std::vector<char> serialize(const std::map<std::string, Tensor>& tensors,
+                            std::map<std::string, std::string> metadata) {
+  nlohmann::json header = nlohmann::json::object();
+  std::vector<char> data;
+  for (const auto& [name, t] : tensors) {
+    const Tensor host = t.detach().to(kCPU).contiguous();
+    const size_t begin = data.size();
+    const auto* p = static_cast<const char*>(host.data_ptr());
+    data.insert(data.end(), p, p + host.nbytes());
+    header[name] = {{"dtype", safetensors_dtype(host.dtype())},
+                    {"shape", host.sizes()},
+                    {"data_offsets", {begin, data.size()}}};
+  }
+  metadata["format"] = kFormat;
+  metadata["checksum"] = std::to_string(checksum(data.data(), data.size()));
+  header["__metadata__"] = metadata;
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');  // data starts 8-byte aligned
+  const uint64_t length = text.size();
+  std::vector<char> out(8 + text.size() + data.size());
+  std::memcpy(out.data(), &length, 8);
+  std::memcpy(out.data() + 8, text.data(), text.size());
+  if (!data.empty()) std::memcpy(out.data() + 8 + text.size(), data.data(), data.size());
+  return out;
+}
+
+}  // namespace
+
+void save_checkpoint(const std::string& path, const Checkpoint& c, ProcessGroup* group) {
+  if (group == nullptr || group->rank() == 0) {
+    std::map<std::string, Tensor> tensors;
+    std::map<std::string, std::string> meta;
+    if (c.model != nullptr) {
+      for (const auto& [name, t] : c.model->state_dict()) tensors["model." + name] = t;
+    }
+    if (c.optimizer != nullptr) {
+      const optim::StateDict sd = c.optimizer->state_dict();
+      for (const auto& [key, t] : sd.tensors) tensors["optimizer." + key] = t;
+      for (const auto& [key, v] : sd.scalars) meta["optimizer." + key] = number(v);
+    }
+    if (c.scheduler != nullptr) {
+      for (const auto& [key, v] : c.scheduler->state_dict().scalars)
+        meta["scheduler." + key] = number(v);
+    }
+    for (const auto& [name, gen] : c.generators) {
+      EMBER_CHECK(gen != nullptr, "save_checkpoint", "generator \"", name, "\" is null");
+      meta["rng." + name + ".seed"] = std::to_string(gen->seed());
+      meta["rng." + name + ".offset"] = std::to_string(gen->offset());
+    }
+    if (c.sampler != nullptr) {
+      EMBER_CHECK(c.sampler_consumed >= 0 && c.sampler_consumed <= c.sampler->size(),
+                  "save_checkpoint", "sampler_consumed ", c.sampler_consumed, " is outside [0, ",
+                  c.sampler->size(), "] (the sampler's remaining indices)");
+      meta["sampler.epoch"] = std::to_string(c.sampler->epoch());
+      meta["sampler.position"] = std::to_string(c.sampler->position() + c.sampler_consumed);
+    }
+    meta["epoch"] = std::to_string(c.epoch);
+    meta["step"] = std::to_string(c.step);
+    write_atomically(path, serialize(tensors, std::move(meta)));
+  }
+  if (group != nullptr && group->size() > 1) group->barrier()->wait();
+}
+
+CheckpointFile read_checkpoint(const std::string& path, Device device) {
+  auto fail = [&path](const auto&... parts) -> Error {
+    return Error(detail::str_cat("load_checkpoint: ", path, ": ", parts...));
+  };
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw fail("cannot open the file (", std::strerror(errno), ")");
+  const std::vector<char> bytes((std::istreambuf_iterator<char>(in)),
+                                std::istreambuf_iterator<char>());
+  if (bytes.size() < 8)
+    throw fail("the file is ", bytes.size(), " bytes, too short for a safetensors header");
+  uint64_t length = 0;
+  std::memcpy(&length, bytes.data(), 8);
+  if (length > bytes.size() - 8)
+    throw fail("the header claims ", length, " bytes but the file holds only ", bytes.size() - 8,
+               " after the length (truncated or not a checkpoint)");
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(bytes.begin() + 8,
+                                   bytes.begin() + 8 + static_cast<std::ptrdiff_t>(length));
+  } catch (const nlohmann::json::exception& e) {
+    throw fail("the header is not valid JSON (", e.what(), ")");
+  }
+  if (!header.is_object()) throw fail("the header is not a JSON object");
+  const char* data = bytes.data() + 8 + length;
+  const uint64_t data_size = bytes.size() - 8 - length;
+
+  CheckpointFile out;
+  if (header.contains("__metadata__")) {
+    const auto& meta = header["__metadata__"];
+    if (!meta.is_object()) throw fail("__metadata__ is not an object");
+    for (const auto& [key, value] : meta.items()) {
+      if (!value.is_string()) throw fail("metadata \"", key, "\" is not a string");
+      out.metadata[key] = value.get<std::string>();
+    }
+  }
+  struct Entry {
+    std::string name;
+    DType dtype;
+    Shape shape;
+    uint64_t begin, end;
+  };
+  std::vector<Entry> entries;
+  for (const auto& [name, info] : header.items()) {
+    if (name == "__metadata__") continue;
+    if (!info.is_object() || !info.contains("dtype") || !info.contains("shape") ||
+        !info.contains("data_offsets"))
+      throw fail("tensor \"", name, "\" lacks dtype, shape or data_offsets");
+    Entry e{name, kF32, {}, 0, 0};
+    if (!info["dtype"].is_string() || !parse_dtype(info["dtype"].get<std::string>(), e.dtype))
+      throw fail("tensor \"", name, "\" has unknown dtype ", info["dtype"].dump());
+    if (!info["shape"].is_array())
+      throw fail("tensor \"", name, "\" has a shape that is not a list");
+    uint64_t numel = 1;
+    for (const auto& s : info["shape"]) {
+      if (!s.is_number_unsigned())
+        throw fail("tensor \"", name, "\" has shape ", info["shape"].dump());
+      e.shape.push_back(s.get<int64_t>());
+      numel *= s.get<uint64_t>();
+    }
+    const auto& offsets = info["data_offsets"];
+    if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
+        !offsets[1].is_number_unsigned())
+      throw fail("tensor \"", name, "\" has data_offsets ", offsets.dump());
+    e.begin = offsets[0].get<uint64_t>();
+    e.end = offsets[1].get<uint64_t>();
+    if (e.begin > e.end || e.end > data_size)
+      throw fail("tensor \"", name, "\" has data_offsets [", e.begin, ", ", e.end,
+                 "] outside the data region of ", data_size, " bytes (truncated file?)");
+    if (e.end - e.begin != numel * element_size(e.dtype))
+      throw fail("tensor \"", name, "\" of shape ", shape_str(e.shape), " and dtype ",
+                 info["dtype"].get<std::string>(), " needs ", numel * element_size(e.dtype),
+                 " bytes but data_offsets span ", e.end - e.begin);
+    entries.push_back(std::move(e));
+  }
+  std::vector<const Entry*> sorted;
+  for (const auto& e : entries) sorted.push_back(&e);
+  std::sort(sorted.begin(), sorted.end(),
+            [](const Entry* a, const Entry* b) { return a->begin < b->begin; });
+  uint64_t cursor = 0;
+  for (const Entry* e : sorted) {
+    if (e->begin != cursor)
+      throw fail("tensor \"", e->name, "\" starts at byte ", e->begin,
+                 " but the previous one ends at ", cursor,
+                 " (data must be contiguous, without gaps or overlaps)");
+    cursor = e->end;
+  }
+  if (cursor != data_size)
+    throw fail("the tensors cover ", cursor, " bytes of a data region of ", data_size, " bytes");
+  const auto sum = out.metadata.find("checksum");
+  if (sum != out.metadata.end() && sum->second != std::to_string(checksum(data, data_size)))
+    throw fail("the data checksum does not match the header (the file is corrupted)");
+
+  for (const Entry& e : entries) {
+    Tensor t = empty(e.shape, e.dtype);
+    std::memcpy(t.data_ptr(), data + e.begin, e.end - e.begin);
+    out.tensors[e.name] = device == kCPU ? t : t.to(device);
+  }
+  return out;
+}
+
+void load_checkpoint(const std::string& path, Checkpoint& c, Device device) {
+  CheckpointFile file = read_checkpoint(path, device);
+  auto fail = [&path](const auto&... parts) -> Error {
+    return Error(detail::str_cat("load_checkpoint: ", path, ": ", parts...));
+  };
+  auto meta = [&](const std::string& key) -> const std::string& {
+    auto it = file.metadata.find(key);
+    if (it == file.metadata.end()) throw fail("the checkpoint has no \"", key, "\"");
+    return it->second;
+  };
+  auto integer = [&](const std::string& key) -> uint64_t {
+    const std::string& s = meta(key);
+    try {
+      size_t used = 0;
+      const uint64_t v = std::stoull(s, &used);
+      if (used == s.size()) return v;
+    } catch (const std::exception&) {
+    }
+    throw fail("metadata \"", key, "\" = \"", s, "\" is not an unsigned integer");
+  };
+  auto real = [&](const std::string& key, const std::string& s) -> double {
+    try {
+      size_t used = 0;
+      const double v = std::stod(s, &used);
+      if (used == s.size()) return v;
+    } catch (const std::exception&) {
+    }
+    throw fail("metadata \"", key, "\" = \"", s, "\" is not a number");
+  };
+  auto with_prefix = [&](const std::string& prefix) {
+    optim::StateDict sd;
+    for (const auto& [key, t] : file.tensors) {
+      if (key.rfind(prefix, 0) == 0) sd.tensors[key.substr(prefix.size())] = t;
+    }
+    for (const auto& [key, s] : file.metadata) {
+      if (key.rfind(prefix, 0) == 0) sd.scalars[key.substr(prefix.size())] = real(key, s);
+    }
+    return sd;
+  };
+  auto it = file.metadata.find("format");
+  if (it == file.metadata.end() || it->second != kFormat)
+    throw fail("not an ember checkpoint (metadata \"format\" is ",
+               it == file.metadata.end() ? std::string("missing") : "\"" + it->second + "\"",
+               ", expected \"", kFormat, "\")");
+
+  // Everything is read and checked before anything changes.
+  const int64_t epoch = static_cast<int64_t>(integer("epoch"));
+  const int64_t step = static_cast<int64_t>(integer("step"));
+  std::map<std::string, std::pair<uint64_t, uint64_t>> rng;
+  for (const auto& [name, gen] : c.generators)
+    rng[name] = {integer("rng." + name + ".seed"), integer("rng." + name + ".offset")};
+  uint64_t sampler_epoch = 0, sampler_position = 0;
+  if (c.sampler != nullptr) {
+    sampler_epoch = integer("sampler.epoch");
+    sampler_position = integer("sampler.position");
+    if (sampler_position > static_cast<uint64_t>(c.sampler->num_samples()))
+      throw fail("sampler position ", sampler_position, " exceeds the sampler's ",
+                 c.sampler->num_samples(), " samples per rank");
+  }
+  nn::NamedTensors model_state;
+  if (c.model != nullptr) {
+    const optim::StateDict sd = with_prefix("model.");
+    for (const auto& [key, t] : sd.tensors) model_state.emplace_back(key, t);
+  }
+  const optim::StateDict optimizer_state = with_prefix("optimizer.");
+  const optim::StateDict scheduler_state = with_prefix("scheduler.");
+  if (c.optimizer != nullptr && optimizer_state.scalars.empty())
+    throw fail("the checkpoint holds no optimizer state");
+  if (c.scheduler != nullptr && scheduler_state.scalars.empty())
+    throw fail("the checkpoint holds no scheduler state");
+
+  try {
+    if (c.model != nullptr) c.model->load_state_dict(model_state, /*strict=*/true);
+    if (c.optimizer != nullptr) c.optimizer->load_state_dict(optimizer_state);
+    if (c.scheduler != nullptr) c.scheduler->load_state_dict(scheduler_state);
+  } catch (const Error& e) {
+    throw fail(e.what());
+  }
+  for (const auto& [name, gen] : c.generators) gen->set_state(rng[name].first, rng[name].second);
+  if (c.sampler != nullptr) {
+    c.sampler->set_epoch(sampler_epoch);
+    c.sampler->set_position(static_cast<int64_t>(sampler_position));
+    c.sampler_consumed = 0;
+  }
+  c.epoch = epoch;
+  c.step = step;
+}
+
+}  // namespace ember::dist

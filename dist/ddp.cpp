@@ -1,0 +1,402 @@
+#include "ddp.h"
+
+#include <algorithm>
+#include <map>
+#include <unordered_set>
+
+#include <ember/autograd/node.h>
+#include <ember/tensor/grad_mode.h>
+
+namespace ember::dist {
+
+namespace {
+
+constexpr const char* kOp = "DistributedDataParallel";
+
+uint64_t fnv1a(uint64_t h, const void* data, size_t n) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+// A parameter's identity across ranks: its name, shape and dtype.
+int64_t fingerprint(const std::string& name, const Tensor& t) {
+  uint64_t h = 14695981039346656037ull;
+  h = fnv1a(h, name.data(), name.size());
+  for (int64_t s : t.sizes()) h = fnv1a(h, &s, sizeof(s));
+  const auto dtype = static_cast<uint8_t>(t.dtype());
+  h = fnv1a(h, &dtype, 1);
+  return static_cast<int64_t>(h);
+}
+
+std::string describe(const std::string& name, const Tensor& t) {
+  return detail::str_cat("\"", name, "\" ", shape_str(t.sizes()), " ", t.dtype());
+}
+
+bool same_view(const Tensor& a, const Tensor& b) {
+  return a.defined() && b.defined() && a.data_ptr() == b.data_ptr() && a.sizes() == b.sizes() &&
+         a.strides() == b.strides() && a.dtype() == b.dtype();
+}
+
+std::vector<Tensor> gather(ProcessGroup& group, const Tensor& input) {
+  std::vector<Tensor> outputs;
+  for (int r = 0; r < group.size(); ++r) outputs.push_back(empty(input.sizes(), input.options()));
+  group.allgather(outputs, input)->wait();
+  return outputs;
+}
+
+}  // namespace
+
+struct DistributedDataParallel::Reducer {
+  struct Bucket {
+    std::vector<size_t> params;  // indices into Reducer::params
+    std::vector<int64_t> offsets;
+    Tensor flat;  // every gradient of the bucket, contiguous
+    Tensor wire;  // the compressed copy in flight
+    size_t pending = 0;
+    WorkHandle work;
+  };
+
+  ProcessGroup* group;
+  DDPOptions options;
+  std::vector<std::string> names;
+  std::vector<Tensor> params;
+  std::vector<Bucket> buckets;
+  std::vector<size_t> bucket_of, slot_of;
+  std::vector<char> ready;
+  size_t next_bucket = 0;
+  bool armed = false;  // a synced backward is expected: hooks count gradients
+  bool any_ready = false;
+  bool rebuilt = false;
+  bool order_complete = false;  // the first synced iteration's gradient order is known
+  std::vector<size_t> ready_order;
+
+  Tensor view_of(size_t i) const {
+    const Bucket& b = buckets[bucket_of[i]];
+    const size_t slot = slot_of[i];
+    return b.flat.narrow(0, b.offsets[slot], params[i].numel()).view(params[i].sizes());
+  }
+
+  // Packs parameters into buckets following `order`, keeping current gradient values.
+  void build(const std::vector<size_t>& order) {
+    NoGradGuard no_grad;
+    struct Open {
+      Bucket bucket;
+      int64_t elements = 0;
+      size_t closed = 0;
+      size_t first_position = 0;
+    };
+    std::map<std::pair<int, std::string>, Open> open;
+    std::vector<std::pair<size_t, Bucket>> done;  // (position of first param, bucket)
+    std::vector<std::pair<size_t, int64_t>> sizes;
+    auto close = [&](Open& o) {
+      o.bucket.flat = zeros({o.elements}, params[o.bucket.params.front()].options());
+      done.emplace_back(o.first_position, std::move(o.bucket));
+      o.bucket = Bucket();
+      o.elements = 0;
+      ++o.closed;
+    };
+    for (size_t pos = 0; pos < order.size(); ++pos) {
+      const Tensor& p = params[order[pos]];
+      Open& o = open[{static_cast<int>(p.dtype()), p.device().str()}];
+      if (o.bucket.params.empty()) o.first_position = pos;
+      o.bucket.params.push_back(order[pos]);
+      o.bucket.offsets.push_back(o.elements);
+      o.elements += p.numel();
+      const size_t cap = o.closed == 0 ? options.first_bucket_cap_bytes : options.bucket_cap_bytes;
+      if (static_cast<size_t>(o.elements) * p.element_size() >= cap) close(o);
+    }
+    for (auto& [key, o] : open) {
+      if (!o.bucket.params.empty()) close(o);
+    }
+    std::stable_sort(done.begin(), done.end(),
+                     [](const auto& a, const auto& b) { return a.first < b.first; });
+    std::vector<Tensor> old_grads;
+    for (const Tensor& p : params) old_grads.push_back(p.grad());
+    buckets.clear();
+    for (auto& [pos, b] : done) buckets.push_back(std::move(b));
+    bucket_of.assign(params.size(), 0);
+    slot_of.assign(params.size(), 0);
+    for (size_t b = 0; b < buckets.size(); ++b) {
+      for (size_t s = 0; s < buckets[b].params.size(); ++s) {
+        bucket_of[buckets[b].params[s]] = b;
+        slot_of[buckets[b].params[s]] = s;
+      }
+    }
+    for (size_t i = 0; i < params.size(); ++i) {
+      Tensor view = view_of(i);
+      if (old_grads[i].defined()) view.copy_(old_grads[i]);
+      params[i].set_grad(view);
+    }
+  }
+
+  // Makes every grad() a view into its bucket: a dropped gradient becomes zeros, one the
+  // user replaced is copied in.
+  void point_grads() {
+    NoGradGuard no_grad;
+    for (size_t i = 0; i < params.size(); ++i) {
+      const Tensor& g = params[i].grad();
+      Tensor view = view_of(i);
+      if (same_view(g, view)) continue;
+      if (g.defined()) {
+        view.copy_(g);
+      } else {
+        view.zero_();
+      }
+      params[i].set_grad(view);
+    }
+  }
+
+  std::string unready_names() const {
+    std::string s;
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (!ready[i]) s += (s.empty() ? "" : ", ") + names[i];
+    }
+    return s;
+  }
+
+  [[noreturn]] void throw_missing() {
+    const std::string missing = unready_names();
+    armed = false;
+    throw Error(detail::str_cat(
+        kOp, ": on rank ", group->rank(), " these parameters received no gradient in the last ",
+        "backward pass: ", missing,
+        ". If some parameters take no part in producing the loss, construct "
+        "DistributedDataParallel with find_unused_parameters = true"));
+  }
+
+  // Called at forward: readies the state for the coming backward.
+  void arm() {
+    if (armed && any_ready) throw_missing();
+    if (armed) finish();  // a forward without backward: let buckets already issued complete
+    if (options.rebuild_buckets && order_complete && !rebuilt) rebuild();
+    ready.assign(params.size(), 0);
+    for (Bucket& b : buckets) b.pending = b.params.size();
+    next_bucket = 0;
+    any_ready = false;
+    armed = true;
+  }
+
+  void rebuild() {
+    // Rank 0's order, so that every rank builds the same buckets.
+    std::vector<char> seen(params.size(), 0);
+    std::vector<int64_t> order;
+    for (size_t i : ready_order) {
+      if (!seen[i]) order.push_back(static_cast<int64_t>(i));
+      seen[i] = 1;
+    }
+    for (size_t i = params.size(); i-- > 0;) {
+      if (!seen[i]) order.push_back(static_cast<int64_t>(i));
+    }
+    Tensor t = from_vector<int64_t>(order, {static_cast<int64_t>(order.size())});
+    if (group->size() > 1) group->broadcast(t, 0)->wait();
+    std::vector<size_t> agreed;
+    for (int64_t i : t.to_vector<int64_t>()) agreed.push_back(static_cast<size_t>(i));
+    build(agreed);
+    rebuilt = true;
+  }
+
+  void mark_ready(size_t i, bool from_hook) {
+    EMBER_CHECK(!ready[i], kOp, "parameter \"", names[i],
+                "\" received its gradient twice in one backward pass (a second backward "
+                "without a new forward, or the parameter reached through reentrant "
+                "backward); run forward again before each backward");
+    ready[i] = 1;
+    if (from_hook) any_ready = true;
+    if (from_hook && !order_complete) ready_order.push_back(i);
+    if (--buckets[bucket_of[i]].pending == 0) launch_ready();
+  }
+
+  void on_gradient(size_t i) {
+    if (!armed) return;
+    NoGradGuard no_grad;
+    const Tensor& g = params[i].grad();
+    Tensor view = view_of(i);
+    if (!same_view(g, view)) {
+      view.copy_(g);
+      params[i].set_grad(view);
+    }
+    mark_ready(i, true);
+  }
+
+  // Issues buckets strictly in index order, so every rank issues the same sequence.
+  void launch_ready() {
+    NoGradGuard no_grad;
+    while (next_bucket < buckets.size() && buckets[next_bucket].pending == 0) {
+      Bucket& b = buckets[next_bucket++];
+      if (options.compression) {
+        b.wire = (b.flat / static_cast<double>(group->size())).to(*options.compression);
+        b.work = group->allreduce(b.wire, ReduceOp::kSum);
+      } else {
+        b.work = group->allreduce(b.flat, ReduceOp::kAvg);
+      }
+    }
+    if (next_bucket == buckets.size()) finish();
+  }
+
+  void finish() {
+    NoGradGuard no_grad;
+    for (Bucket& b : buckets) {
+      if (!b.work) continue;
+      b.work->wait();
+      b.work.reset();
+      if (b.wire.defined()) {
+        b.flat.copy_(b.wire);
+        b.wire = Tensor();
+      }
+    }
+    armed = false;
+    if (!ready_order.empty()) order_complete = true;
+  }
+};
+
+DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> module,
+                                                 std::shared_ptr<ProcessGroup> group,
+                                                 DDPOptions options)
+    : module_(std::move(module)), group_(std::move(group)), options_(options) {
+  EMBER_CHECK(module_ != nullptr, kOp, "the module is null");
+  EMBER_CHECK(group_ != nullptr, kOp, "the process group is null");
+  EMBER_CHECK(options_.bucket_cap_bytes > 0 && options_.first_bucket_cap_bytes > 0, kOp,
+              "bucket caps must be positive, got ", options_.first_bucket_cap_bytes, " and ",
+              options_.bucket_cap_bytes);
+  EMBER_CHECK(
+      !options_.compression || *options_.compression == kBF16 || *options_.compression == kF16, kOp,
+      "compression must be bf16 or f16, got ", options_.compression ? *options_.compression : kF32);
+  register_module("module", module_);
+
+  reducer_ = std::make_shared<Reducer>();
+  Reducer& r = *reducer_;
+  r.group = group_.get();
+  r.options = options_;
+  for (auto& [n, p] : module_->named_parameters()) {
+    if (!p.requires_grad()) continue;
+    EMBER_CHECK(p.is_floating_point(), kOp, "parameter \"", n, "\" has dtype ", p.dtype());
+    r.names.push_back(n);
+    r.params.push_back(p);
+  }
+
+  ProcessGroup& pg = *group_;
+  if (pg.size() > 1) {
+    // Same parameters everywhere: first the counts, then one fingerprint per parameter.
+    const auto n = static_cast<int64_t>(r.params.size());
+    const auto counts = gather(pg, from_vector<int64_t>({n}, {1}));
+    for (int rank = 0; rank < pg.size(); ++rank) {
+      const auto c = counts[static_cast<size_t>(rank)].item<int64_t>();
+      EMBER_CHECK(c == n, kOp, "rank ", pg.rank(), " has ", n, " parameters but rank ", rank,
+                  " has ", c, "; every rank must wrap the same model");
+    }
+    std::vector<int64_t> prints;
+    for (size_t i = 0; i < r.params.size(); ++i)
+      prints.push_back(fingerprint(r.names[i], r.params[i]));
+    if (!prints.empty()) {
+      const auto all = gather(pg, from_vector<int64_t>(prints, {n}));
+      for (int rank = 0; rank < pg.size(); ++rank) {
+        const auto theirs = all[static_cast<size_t>(rank)].to_vector<int64_t>();
+        for (size_t i = 0; i < prints.size(); ++i) {
+          EMBER_CHECK(theirs[i] == prints[i], kOp, "parameter ", i,
+                      " differs across ranks: ", describe(r.names[i], r.params[i]), " on rank ",
+                      pg.rank(), " does not match rank ", rank, "'s parameter ", i,
+                      "; every rank must wrap the same model");
+        }
+      }
+    }
+    // Everyone starts from rank 0's values.
+    NoGradGuard no_grad;
+    std::vector<std::pair<Tensor, Tensor>> sent;  // (tensor, its contiguous copy in flight)
+    std::vector<WorkHandle> works;
+    for (auto& [name, t] : module_->state_dict()) {
+      Tensor c = t.contiguous();
+      works.push_back(pg.broadcast(c, 0));
+      sent.emplace_back(t, c);
+    }
+    for (auto& w : works) w->wait();
+    for (auto& [t, c] : sent) {
+      if (!c.is_same(t)) t.detach().copy_(c);
+    }
+  }
+
+  std::vector<size_t> order;
+  for (size_t i = r.params.size(); i-- > 0;) order.push_back(i);
+  r.build(order);
+
+  std::weak_ptr<Reducer> weak = reducer_;
+  for (size_t i = 0; i < r.params.size(); ++i) {
+    r.params[i].register_post_accumulate_grad_hook([weak, i](const Tensor&) {
+      if (auto reducer = weak.lock()) reducer->on_gradient(i);
+    });
+  }
+}
+
+DistributedDataParallel::~DistributedDataParallel() = default;
+
+Tensor DistributedDataParallel::forward(const Tensor& input) {
+  Reducer& r = *reducer_;
+  if (options_.broadcast_buffers && group_->size() > 1) {
+    NoGradGuard no_grad;
+    std::vector<std::pair<Tensor, Tensor>> sent;
+    std::vector<WorkHandle> works;
+    for (auto& [name, t] : module_->named_buffers()) {
+      Tensor c = t.contiguous();
+      works.push_back(group_->broadcast(c, 0));
+      sent.emplace_back(t, c);
+    }
+    for (auto& w : works) w->wait();
+    for (auto& [t, c] : sent) {
+      if (!c.is_same(t)) t.copy_(c);
+    }
+  }
+  const bool sync = sync_enabled_ && GradMode::is_enabled() && is_training();
+  if (sync) r.arm();
+  r.point_grads();
+  Tensor output = module_->forward(input);
+  if (sync && options_.find_unused_parameters) {
+    // Walk the graph from the output: parameters it does not reach get no gradient.
+    std::unordered_set<const AutogradMeta*> reached;
+    std::unordered_set<const autograd::Node*> visited;
+    std::vector<autograd::Node*> stack;
+    if (output.defined() && output.requires_grad() && output.grad_fn())
+      stack.push_back(output.grad_fn().get());
+    if (output.defined() && output.is_leaf()) reached.insert(output.autograd_meta());
+    while (!stack.empty()) {
+      autograd::Node* node = stack.back();
+      stack.pop_back();
+      if (!visited.insert(node).second) continue;
+      if (auto* acc = dynamic_cast<autograd::AccumulateGrad*>(node))
+        reached.insert(acc->leaf().autograd_meta());
+      for (const auto& edge : node->next_edges()) {
+        if (edge.valid()) stack.push_back(edge.node.get());
+      }
+    }
+    for (size_t i = 0; i < r.params.size(); ++i) {
+      if (!reached.count(r.params[i].autograd_meta())) r.mark_ready(i, false);
+    }
+  }
+  return output;
+}
+
+void DistributedDataParallel::synchronize() {
+  Reducer& r = *reducer_;
+  if (!r.armed) return;
+  if (r.next_bucket < r.buckets.size()) r.throw_missing();
+  r.finish();
+}
+
+std::vector<std::vector<std::string>> DistributedDataParallel::bucket_parameter_names() const {
+  std::vector<std::vector<std::string>> out;
+  for (const auto& b : reducer_->buckets) {
+    out.emplace_back();
+    for (size_t i : b.params) out.back().push_back(reducer_->names[i]);
+  }
+  return out;
+}
+
+bool DistributedDataParallel::buckets_rebuilt() const { return reducer_->rebuilt; }
+
+DistributedDataParallel::NoSyncGuard::NoSyncGuard(DistributedDataParallel& ddp)
+    : ddp_(ddp), previous_(ddp.sync_enabled_) {
+  ddp_.sync_enabled_ = false;
+}
+
+DistributedDataParallel::NoSyncGuard::~NoSyncGuard() { ddp_.sync_enabled_ = previous_; }
+
+}  // namespace ember::dist

@@ -1,0 +1,104 @@
+// DistributedDataParallel: data-parallel training of one model replica per rank
+// (torch.nn.parallel.DistributedDataParallel's model).
+//
+//   auto ddp = std::make_shared<dist::DistributedDataParallel>(model, group);
+//   optim::SGD sgd(ddp->parameters(), {.lr = 0.1});
+//   Tensor loss = cross_entropy((*ddp)(x), y);
+//   loss.backward();   // gradients averaged across ranks by the time backward returns
+//   sgd.step();
+//
+// At construction every rank checks that all ranks hold the same parameters (names,
+// shapes, dtypes) and takes rank 0's parameter and buffer values. Gradients live in flat
+// per-dtype buckets (parameters in reverse registration order, the first bucket capped at
+// 1 MiB, the others at 25 MiB): each parameter's grad() is a view into its bucket, so
+// backward accumulates straight into communication memory. When the last gradient of a
+// bucket is accumulated (a post-accumulate-grad hook), that bucket's average all-reduce is
+// issued asynchronously, so communication overlaps the rest of backward; buckets are issued
+// in index order on every rank. When the last bucket is issued the hook waits for all of
+// them, so gradients are averaged when backward returns; synchronize() does the same wait
+// explicitly (and reports parameters whose gradient never arrived). After the first
+// iteration the buckets are rebuilt once, from the order gradients actually became ready
+// (rank 0's order, broadcast).
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <ember/nn/module.h>
+
+#include "process_group.h"
+
+namespace ember::dist {
+
+struct DDPOptions {
+  size_t bucket_cap_bytes = size_t{25} << 20;
+  size_t first_bucket_cap_bytes = size_t{1} << 20;
+  // Parameters that take no part in a forward are found by walking the output's graph and
+  // marked ready at once (their gradient: whatever the bucket holds, zero after zero_grad).
+  // Off: a parameter whose gradient never arrives is an error at synchronize() or at the
+  // next forward, naming it.
+  bool find_unused_parameters = false;
+  // Every forward first copies rank 0's buffers (BatchNorm running statistics) to all ranks.
+  bool broadcast_buffers = true;
+  // kBF16 or kF16: buckets travel in this dtype (divided by the world size first, so the
+  // sum cannot overflow) and are cast back. Unset: full precision.
+  std::optional<DType> compression;
+  // Rebuild the buckets once after the first iteration from the observed gradient order.
+  bool rebuild_buckets = true;
+};
+
+class DistributedDataParallel : public nn::Module {
+ public:
+  DistributedDataParallel(std::shared_ptr<nn::Module> module, std::shared_ptr<ProcessGroup> group,
+                          DDPOptions options = {});
+  ~DistributedDataParallel() override;
+
+  // Broadcasts buffers (when asked), points gradients into the buckets and, unless inside
+  // no_sync(), arms the hooks for the coming backward.
+  Tensor forward(const Tensor& input) override;
+  std::string name() const override { return "DistributedDataParallel"; }
+
+  // Waits until every bucket's all-reduce finished and the averaged gradients are in
+  // place. Called automatically by the last hook of backward; harmless to call again.
+  // ember::Error naming the parameters still missing a gradient if backward did not reach
+  // them (and find_unused_parameters is off).
+  void synchronize();
+
+  // While a guard lives, forward/backward accumulate gradients locally without
+  // communication; the first synced backward after it averages the accumulated sum.
+  class NoSyncGuard {
+   public:
+    explicit NoSyncGuard(DistributedDataParallel& ddp);
+    ~NoSyncGuard();
+    NoSyncGuard(const NoSyncGuard&) = delete;
+    NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+
+   private:
+    DistributedDataParallel& ddp_;
+    bool previous_;
+  };
+  [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(*this); }
+
+  nn::Module& module() { return *module_; }
+  const std::shared_ptr<nn::Module>& module_ptr() const { return module_; }
+  ProcessGroup& group() { return *group_; }
+  const DDPOptions& options() const { return options_; }
+
+  // The parameter names of each bucket, in bucket order (for inspection and tests).
+  std::vector<std::vector<std::string>> bucket_parameter_names() const;
+  bool buckets_rebuilt() const;
+
+  struct Reducer;  // the bucket state the autograd hooks share
+
+ private:
+  std::shared_ptr<nn::Module> module_;
+  std::shared_ptr<ProcessGroup> group_;
+  DDPOptions options_;
+  std::shared_ptr<Reducer> reducer_;
+  bool sync_enabled_ = true;
+};
+
+}  // namespace ember::dist

@@ -1,0 +1,60 @@
+// DistributedSampler: each rank's share of a dataset (torch.utils.data.distributed's model).
+//
+// Each epoch the dataset's indices are shuffled with seed + epoch (the same permutation on
+// every rank), padded to a multiple of the world size by repeating indices from the start
+// (or, with drop_last, cut to one), and rank r takes positions r, r + world, r + 2 world, ...
+// So the shards are disjoint up to the padding and together cover the dataset.
+//
+// A run resumed mid-epoch continues where it stopped: set_position(p) makes the next
+// indices() of the current epoch start at position p of this rank's shard; the position
+// resets to 0 when set_epoch() selects another epoch. Checkpoints save (epoch, position).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include <ember/data/sampler.h>
+
+#include "process_group.h"
+
+namespace ember::dist {
+
+struct DistributedSamplerOptions {
+  bool shuffle = true;
+  uint64_t seed = 0;
+  bool drop_last = false;
+};
+
+class DistributedSampler : public data::Sampler {
+ public:
+  DistributedSampler(int64_t dataset_size, int num_replicas, int rank,
+                     DistributedSamplerOptions options = {});
+  // num_replicas and rank from the group.
+  DistributedSampler(int64_t dataset_size, const ProcessGroup& group,
+                     DistributedSamplerOptions options = {});
+
+  // This rank's indices for epoch(), from position() on.
+  std::vector<int64_t> indices() const override;
+  // How many indices() yields: num_samples() - position().
+  int64_t size() const override { return num_samples_ - position_; }
+  void set_epoch(uint64_t epoch) override;
+
+  // The length of one rank's full shard, and of the padded (or cut) global order.
+  int64_t num_samples() const { return num_samples_; }
+  int64_t total_size() const { return num_samples_ * num_replicas_; }
+  int num_replicas() const { return num_replicas_; }
+  int rank() const { return rank_; }
+
+  // Where in this rank's shard of the current epoch indices() starts (0..num_samples()).
+  int64_t position() const { return position_; }
+  void set_position(int64_t position);
+
+ private:
+  int64_t dataset_size_;
+  int num_replicas_, rank_;
+  DistributedSamplerOptions options_;
+  int64_t num_samples_;
+  int64_t position_ = 0;
+};
+
+}  // namespace ember::dist

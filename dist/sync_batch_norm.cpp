@@ -1,0 +1,136 @@
+#include "sync_batch_norm.h"
+
+#include <tuple>
+
+#include <ember/autograd/function.h>
+#include <ember/tensor/grad_mode.h>
+
+namespace ember::dist {
+
+SyncBatchNorm::SyncBatchNorm(int64_t num_features, std::shared_ptr<ProcessGroup> group, double eps,
+                             double momentum, bool affine, bool track_running_stats)
+    : nn::BatchNorm(num_features, 2, 5, eps, momentum, affine, track_running_stats),
+      group_(std::move(group)) {
+  EMBER_CHECK(group_ != nullptr, "SyncBatchNorm", "the process group is null");
+}
+
+Tensor SyncBatchNorm::forward(const Tensor& input) {
+  check_input(input);
+  if (!is_training()) return nn::BatchNorm::forward(input);  // running (or local) statistics
+  const double momentum = effective_momentum();
+  const int64_t n = input.size(0), channels = input.size(1);
+  const int64_t spatial = input.dim() > 2 ? input.numel() / std::max<int64_t>(n * channels, 1) : 1;
+  const DType stat = input.dtype() == kF16 || input.dtype() == kBF16 ? kF32 : input.dtype();
+  const Shape per_channel{1, channels, 1};
+  ProcessGroup& pg = *group_;
+  const bool input_grad = input.requires_grad();
+  Tensor w = weight, b = bias;
+
+  // What backward needs, filled in by forward.
+  auto xhat = std::make_shared<Tensor>();
+  auto invstd = std::make_shared<Tensor>();
+  auto total = std::make_shared<double>(0.0);
+
+  auto forward_fn = [&]() -> std::vector<Tensor> {
+    const Tensor x = input.contiguous().reshape({n, channels, spatial}).to(stat);
+    const int64_t count = n * spatial;
+    Tensor mean = count > 0 ? x.mean({0, 2}) : zeros({channels}, x.options());
+    Tensor m2 = count > 0 ? (x - mean.view(per_channel)).pow(2).sum({0, 2})
+                          : zeros({channels}, x.options());
+    const TensorOptions f64(kF64, input.device());
+    Tensor packed = cat({mean.to(kF64), m2.to(kF64), full({1}, static_cast<double>(count), f64)});
+    std::vector<Tensor> all{packed};
+    if (pg.size() > 1) {
+      all.clear();
+      for (int r = 0; r < pg.size(); ++r) all.push_back(empty(packed.sizes(), f64));
+      pg.allgather(all, packed)->wait();
+    }
+    // Chan's combination of per-rank (count, mean, M2).
+    const Tensor table = stack(all);  // [world, 2C + 1]
+    const Tensor counts = table.narrow(1, 2 * channels, 1);
+    const Tensor means = table.narrow(1, 0, channels);
+    const Tensor m2s = table.narrow(1, channels, channels);
+    *total = counts.sum().item<double>();
+    EMBER_CHECK(*total > 1, name(), "expected more than 1 value per channel over all ranks, got ",
+                *total, " (local input ", shape_str(input.sizes()), ")");
+    const Tensor global_mean = (means * counts).sum({0}) / *total;
+    const Tensor global_m2 = (m2s + counts * (means - global_mean.unsqueeze(0)).pow(2)).sum({0});
+    if (running_mean.defined()) {
+      running_mean.mul_(1.0 - momentum).add_(global_mean.to(running_mean.dtype()), momentum);
+      running_var.mul_(1.0 - momentum)
+          .add_((global_m2 / (*total - 1.0)).to(running_var.dtype()), momentum);
+    }
+    *invstd = (global_m2 / *total + eps()).rsqrt().to(stat);
+    *xhat = (x - global_mean.to(stat).view(per_channel)) * invstd->view(per_channel);
+    Tensor y = *xhat;
+    if (w.defined()) y = y * w.to(stat).view(per_channel);
+    if (b.defined()) y = y + b.to(stat).view(per_channel);
+    return {y.to(input.dtype()).reshape(input.sizes())};
+  };
+
+  auto backward_fn = [xhat, invstd, total, w, b, input_grad, group = group_, n, channels, spatial,
+                      stat, per_channel, in_sizes = input.sizes(),
+                      in_dtype = input.dtype()](const std::vector<Tensor>& grads) {
+    std::vector<Tensor> out(3);
+    if (!grads[0].defined()) return out;
+    const Tensor dy = grads[0].contiguous().reshape({n, channels, spatial}).to(stat);
+    const Tensor sum_dy = dy.sum({0, 2});
+    const Tensor sum_dy_xhat = (dy * *xhat).sum({0, 2});
+    // Weight and bias: this rank's share (DDP averages them across ranks).
+    if (w.defined()) out[1] = sum_dy_xhat.to(w.dtype());
+    if (b.defined()) out[2] = sum_dy.to(b.dtype());
+    if (input_grad) {
+      Tensor packed = cat({sum_dy, sum_dy_xhat});
+      if (group->size() > 1) group->allreduce(packed, ReduceOp::kSum)->wait();
+      const Tensor mean_dy = packed.narrow(0, 0, channels) / *total;
+      const Tensor mean_dy_xhat = packed.narrow(0, channels, channels) / *total;
+      Tensor scale = *invstd;
+      if (w.defined()) scale = scale * w.to(stat);
+      const Tensor dx = (dy - mean_dy.view(per_channel) - *xhat * mean_dy_xhat.view(per_channel)) *
+                        scale.view(per_channel);
+      out[0] = dx.to(in_dtype).reshape(in_sizes);
+    }
+    return out;
+  };
+
+  return autograd::apply_function("SyncBatchNormBackward", {input, weight, bias}, forward_fn,
+                                  backward_fn)[0];
+}
+
+std::shared_ptr<nn::Module> convert_sync_batchnorm(std::shared_ptr<nn::Module> module,
+                                                   std::shared_ptr<ProcessGroup> group) {
+  EMBER_CHECK(module != nullptr, "convert_sync_batchnorm", "the module is null");
+  EMBER_CHECK(group != nullptr, "convert_sync_batchnorm", "the process group is null");
+  // The replacement shares the BatchNorm's tensors (as PyTorch's does), so optimizers and
+  // other holders of the parameters stay valid.
+  auto convert = [&group](nn::Module& m) -> std::shared_ptr<nn::Module> {
+    auto* bn = dynamic_cast<nn::BatchNorm*>(&m);
+    if (bn == nullptr || dynamic_cast<SyncBatchNorm*>(&m) != nullptr) return nullptr;
+    auto sync =
+        std::make_shared<SyncBatchNorm>(bn->num_features(), group, bn->eps(), bn->momentum(),
+                                        bn->weight.defined(), bn->running_mean.defined());
+    if (bn->weight.defined()) {
+      sync->weight = sync->parameter("weight") = bn->weight;
+      sync->bias = sync->parameter("bias") = bn->bias;
+    }
+    if (bn->running_mean.defined()) {
+      sync->running_mean = sync->buffer("running_mean") = bn->running_mean;
+      sync->running_var = sync->buffer("running_var") = bn->running_var;
+      sync->num_batches_tracked = sync->buffer("num_batches_tracked") = bn->num_batches_tracked;
+    }
+    sync->train(bn->is_training());
+    return sync;
+  };
+  if (auto root = convert(*module)) return root;
+  // All replacements are found before any is made: a replaced module may be freed.
+  std::vector<std::tuple<nn::Module*, std::string, std::shared_ptr<nn::Module>>> replacements;
+  for (auto& [path, m] : module->named_modules()) {
+    for (const auto& [child_name, child] : m->named_children()) {
+      if (auto sync = convert(*child)) replacements.emplace_back(m, child_name, std::move(sync));
+    }
+  }
+  for (auto& [parent, child_name, sync] : replacements) parent->replace_module(child_name, sync);
+  return module;
+}
+
+}  // namespace ember::dist

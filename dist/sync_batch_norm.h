@@ -1,0 +1,42 @@
+// SyncBatchNorm: batch normalisation whose training statistics cover the whole global
+// batch, across all ranks (torch.nn.SyncBatchNorm's model).
+//
+// Forward (training) makes one collective: every rank all-gathers each rank's count, mean
+// and sum of squared deviations per channel, and combines them exactly (Chan's parallel
+// variance), so ranks with unequal batch sizes (even zero) are handled. Backward makes one
+// all-reduce of sum(dy) and sum(dy * xhat) per channel. The gradients of weight and bias
+// are the local ones; DDP's averaging then makes them global. Eval mode normalises with the
+// running statistics and communicates nothing; the running variance is updated with the
+// unbiased global variance. Parameter and buffer names match BatchNorm's, so state dicts
+// load either way.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include <ember/nn/layers.h>
+
+#include "process_group.h"
+
+namespace ember::dist {
+
+class SyncBatchNorm : public nn::BatchNorm {
+ public:
+  // Accepts inputs [N, C, ...] of 2 to 5 dims.
+  SyncBatchNorm(int64_t num_features, std::shared_ptr<ProcessGroup> group, double eps = 1e-5,
+                double momentum = 0.1, bool affine = true, bool track_running_stats = true);
+  Tensor forward(const Tensor& input) override;
+  std::string name() const override { return "SyncBatchNorm"; }
+  const std::shared_ptr<ProcessGroup>& group() const { return group_; }
+
+ private:
+  std::shared_ptr<ProcessGroup> group_;
+};
+
+// Replaces every nn::BatchNorm below (and including) `module` with a SyncBatchNorm over
+// `group`, copying parameters, buffers and the training flag; returns the module to use
+// (the replacement when `module` itself is a BatchNorm, else `module`).
+std::shared_ptr<nn::Module> convert_sync_batchnorm(std::shared_ptr<nn::Module> module,
+                                                   std::shared_ptr<ProcessGroup> group);
+
+}  // namespace ember::dist
