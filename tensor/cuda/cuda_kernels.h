@@ -11,5 +11,7 @@ void register_cuda_index_kernels(KernelTable& table);        // index_select, ga
 void register_cuda_random_kernels(KernelTable& table);       // random
 void register_cuda_blas_kernels(KernelTable& table);         // gemm
 void register_cuda_memory_kernels(KernelTable& table);       // allocator, transfer
+void register_cuda_conv_kernels(KernelTable& table);         // conv2d (cuDNN)
+void register_cuda_layer_kernels(KernelTable& table);        // batch norm, pooling, cross-entropy
 
 }  // namespace ember::detail

@@ -10,6 +10,8 @@ void register_cuda_kernels(KernelTable& table) {
   register_cuda_index_kernels(table);
   register_cuda_random_kernels(table);
   register_cuda_blas_kernels(table);
+  register_cuda_conv_kernels(table);
+  register_cuda_layer_kernels(table);
 }
 
 }  // namespace ember::detail

@@ -1,0 +1,629 @@
+// CUDA layer kernels: batch norm on cuDNN (training forward/backward, eval forward) with our
+// own kernels for the eval statistics and eval backward; max/average/adaptive-average
+// pooling and cross-entropy as our own kernels. Semantics match tensor/cpu/layers.cpp.
+//
+// Pooling backward gathers: each input element sums the outputs whose window covers it, so
+// no atomics are needed and results do not depend on timing.
+#include <cmath>
+
+#include "../detail/dispatch.h"
+#include "../ops.h"
+#include "block_sum.cuh"
+#include "cuda_kernels.h"
+#include "cudnn_context.h"
+#include "launch.cuh"
+
+namespace ember::detail {
+namespace {
+
+constexpr int kWarp = 32;
+
+// The statistics type for inputs of type T (save_mean/save_invstd, cuDNN's parameters).
+template <typename T>
+using stat_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+template <typename A>
+__device__ __forceinline__ bool is_nan(A x) {
+  return x != x;
+}
+
+// ---------------------------------------------------------------------------------------
+// Batch norm over [N, C, S], viewed by cuDNN as NCHW with H = S, W = 1.
+
+const KernelTable& cuda_table() { return kernel_table(DeviceType::kCUDA); }
+
+// A contiguous tensor of `dtype` holding t's values (t itself when it already is one), or
+// `fallback` everywhere when t is undefined. `copied` says whether it is a new tensor.
+struct Staged {
+  Tensor t;
+  bool copied = false;
+  void* ptr() const { return t.defined() ? t.data_ptr() : nullptr; }
+};
+
+Staged stage(const Tensor& t, DType dtype, const Shape& shape, Device device, double fallback) {
+  if (t.defined() && t.dtype() == dtype && t.is_contiguous()) return {t, false};
+  Tensor s = empty(shape, TensorOptions(dtype, device));
+  if (t.defined()) {
+    cuda_table().copy(s, t);
+  } else {
+    cuda_table().fill(s, Scalar(fallback));
+  }
+  return {s, true};
+}
+
+// An output buffer of `dtype` for `t` (t itself when it fits), copied back by `finish`.
+Staged output_buffer(const Tensor& t, DType dtype, const Shape& shape, Device device) {
+  if (t.defined() && t.dtype() == dtype && t.is_contiguous()) return {t, false};
+  return {empty(shape, TensorOptions(dtype, device)), true};
+}
+
+void finish(const Tensor& dst, const Staged& s) {
+  if (dst.defined() && s.copied) cuda_table().copy(dst, s.t);
+}
+
+// cuDNN's batch norm takes f16 but not bf16 data: bf16 runs through f32 copies.
+DType bn_data_type(DType dtype) { return dtype == kBF16 ? kF32 : dtype; }
+DType bn_param_type(DType dtype) { return dtype == kF64 ? kF64 : kF32; }
+
+struct BnDescriptors {
+  BnDescriptors(DType data, int64_t n, int64_t c, int64_t s) {
+    x.set(cudnn_data_type(data, "batch_norm"), n, c, s, 1, "batch_norm");
+    EMBER_CUDNN_CHECK(cudnnDeriveBNTensorDescriptor(param.get(), x.get(), CUDNN_BATCHNORM_SPATIAL));
+  }
+  TensorDescriptor x, param;
+};
+
+// Eval: save_mean = running_mean, save_invstd = 1 / sqrt(running_var + eps).
+template <typename P>
+__global__ void bn_eval_stats_kernel(P* mean, P* invstd, const P* running_mean,
+                                     const P* running_var, int64_t channels, double eps) {
+  for (int64_t c = global_thread(); c < channels; c += grid_stride()) {
+    mean[c] = running_mean[c];
+    invstd[c] = static_cast<P>(1.0 / ::sqrt(static_cast<double>(running_var[c]) + eps));
+  }
+}
+
+void batch_norm_forward_cuda(const Tensor& out, const Tensor& save_mean, const Tensor& save_invstd,
+                             const Tensor& input, const Tensor& weight, const Tensor& bias,
+                             const Tensor& running_mean, const Tensor& running_var, bool training,
+                             double momentum, double eps) {
+  EMBER_ASSERT(input.is_contiguous() && out.is_contiguous() && input.dim() >= 2);
+  if (input.numel() == 0) return;
+  const int64_t n = input.size(0), c = input.size(1), s = input.numel() / (n * c);
+  const Device device = input.device();
+  const DType data = bn_data_type(input.dtype()), param = bn_param_type(input.dtype());
+  const Staged x = stage(input, data, input.sizes(), device, 0.0);
+  const Staged y = output_buffer(out, data, out.sizes(), device);
+  const Staged w = stage(weight, param, {c}, device, 1.0);
+  const Staged b = stage(bias, param, {c}, device, 0.0);
+  BnDescriptors d(data, n, c, s);
+  const CudnnScale scale(data);
+  if (training) {
+    const Staged rm =
+        running_mean.defined() ? stage(running_mean, param, {c}, device, 0.0) : Staged{};
+    const Staged rv =
+        running_var.defined() ? stage(running_var, param, {c}, device, 1.0) : Staged{};
+    {
+      CudnnHandle h(device.index);
+      // NOTE: cuDNN's exponentialAverageFactor is PyTorch's momentum (running = (1 - m) *
+      // running + m * batch), and it folds the unbiased variance into the running variance.
+      EMBER_CUDNN_CHECK(cudnnBatchNormalizationForwardTraining(
+          h.get(), CUDNN_BATCHNORM_SPATIAL, scale.one(), scale.zero(), d.x.get(), x.ptr(),
+          d.x.get(), y.ptr(), d.param.get(), w.ptr(), b.ptr(), momentum, rm.ptr(), rv.ptr(), eps,
+          save_mean.data_ptr(), save_invstd.data_ptr()));
+    }
+    finish(running_mean, rm);
+    finish(running_var, rv);
+  } else {
+    const Staged rm = stage(running_mean, param, {c}, device, 0.0);
+    const Staged rv = stage(running_var, param, {c}, device, 1.0);
+    CudnnHandle h(device.index);
+    EMBER_CUDNN_CHECK(cudnnBatchNormalizationForwardInference(
+        h.get(), CUDNN_BATCHNORM_SPATIAL, scale.one(), scale.zero(), d.x.get(), x.ptr(), d.x.get(),
+        y.ptr(), d.param.get(), w.ptr(), b.ptr(), rm.ptr(), rv.ptr(), eps));
+    dispatch_floating(param, "batch_norm", [&](auto tag) {
+      using P = typename decltype(tag)::type;
+      bn_eval_stats_kernel<P><<<grid_for(c), kBlockSize, 0, h.stream()>>>(
+          save_mean.data_ptr<P>(), save_invstd.data_ptr<P>(), rm.t.data_ptr<P>(),
+          rv.t.data_ptr<P>(), c, eps);
+      EMBER_CUDA_CHECK_LAUNCH();
+    });
+  }
+  finish(out, y);
+}
+
+// Eval backward, per channel: grad_bias = sum(gy), grad_weight = sum(gy * (x - mean)) * invstd.
+// One block per channel, summed in double as the CPU does.
+template <typename T, typename P>
+__global__ void bn_eval_param_grad_kernel(T* grad_weight, T* grad_bias, const T* grad_out,
+                                          const T* input, const P* mean, const P* invstd, int64_t n,
+                                          int64_t channels, int64_t s) {
+  __shared__ double shared[kBlockSize];
+  const int64_t count = n * s;
+  for (int64_t c = blockIdx.x; c < channels; c += gridDim.x) {
+    const double m = static_cast<double>(mean[c]);
+    double sum = 0, sum_x = 0;
+    for (int64_t i = threadIdx.x; i < count; i += kBlockSize) {
+      const int64_t at = ((i / s) * channels + c) * s + i % s;
+      const double g = cast_to<double>(grad_out[at]);
+      sum += g;
+      sum_x += g * (cast_to<double>(input[at]) - m);
+    }
+    sum = block_sum<kBlockSize>(sum, shared);
+    sum_x = block_sum<kBlockSize>(sum_x, shared);
+    if (threadIdx.x == 0) {
+      if (grad_bias != nullptr) grad_bias[c] = cast_to<T>(sum);
+      if (grad_weight != nullptr)
+        grad_weight[c] = cast_to<T>(sum_x * static_cast<double>(invstd[c]));
+    }
+  }
+}
+
+// Eval backward: grad_input = grad_out * weight * invstd (weight null means 1).
+template <typename T, typename P>
+__global__ void bn_eval_input_grad_kernel(T* grad_input, const T* grad_out, const T* weight,
+                                          const P* invstd, int64_t total, int64_t channels,
+                                          int64_t s) {
+  using A = compute_t<T>;
+  for (int64_t i = global_thread(); i < total; i += grid_stride()) {
+    const int64_t c = (i / s) % channels;
+    const double w = weight != nullptr ? cast_to<double>(weight[c]) : 1.0;
+    const A k = static_cast<A>(w * static_cast<double>(invstd[c]));
+    grad_input[i] = cast_to<T>(cast_to<A>(grad_out[i]) * k);
+  }
+}
+
+void batch_norm_eval_backward(const Tensor& grad_input, const Tensor& grad_weight,
+                              const Tensor& grad_bias, const Tensor& grad_out, const Tensor& input,
+                              const Tensor& weight, const Tensor& save_mean,
+                              const Tensor& save_invstd) {
+  const int64_t n = input.size(0), c = input.size(1), s = input.numel() / (n * c);
+  const KernelContext ctx(input);
+  dispatch_floating(input.dtype(), "batch_norm_backward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using P = stat_t<T>;
+    if (grad_weight.defined() || grad_bias.defined()) {
+      bn_eval_param_grad_kernel<T, P><<<static_cast<unsigned>(std::min<int64_t>(c, kMaxGridBlocks)),
+                                        kBlockSize, 0, ctx.stream>>>(
+          grad_weight.defined() ? grad_weight.data_ptr<T>() : nullptr,
+          grad_bias.defined() ? grad_bias.data_ptr<T>() : nullptr, grad_out.data_ptr<T>(),
+          input.data_ptr<T>(), save_mean.data_ptr<P>(), save_invstd.data_ptr<P>(), n, c, s);
+      EMBER_CUDA_CHECK_LAUNCH();
+    }
+    if (grad_input.defined()) {
+      bn_eval_input_grad_kernel<T, P><<<grid_for(input.numel()), kBlockSize, 0, ctx.stream>>>(
+          grad_input.data_ptr<T>(), grad_out.data_ptr<T>(),
+          weight.defined() ? weight.data_ptr<T>() : nullptr, save_invstd.data_ptr<P>(),
+          input.numel(), c, s);
+      EMBER_CUDA_CHECK_LAUNCH();
+    }
+  });
+}
+
+// NOTE: cuDNN's backward reads the saved mean and inverse std when they are given and uses
+// epsilon only to recompute them, so this value (the table passes no eps) is never applied.
+constexpr double kBackwardEpsilon = 1e-5;
+
+void batch_norm_backward_cuda(const Tensor& grad_input, const Tensor& grad_weight,
+                              const Tensor& grad_bias, const Tensor& grad_out, const Tensor& input,
+                              const Tensor& weight, const Tensor& save_mean,
+                              const Tensor& save_invstd, bool training) {
+  EMBER_ASSERT(input.is_contiguous() && grad_out.is_contiguous() && input.dim() >= 2);
+  if (input.numel() == 0) return;
+  if (!training) {
+    batch_norm_eval_backward(grad_input, grad_weight, grad_bias, grad_out, input, weight, save_mean,
+                             save_invstd);
+    return;
+  }
+  const int64_t n = input.size(0), c = input.size(1), s = input.numel() / (n * c);
+  const Device device = input.device();
+  const DType data = bn_data_type(input.dtype()), param = bn_param_type(input.dtype());
+  const Staged x = stage(input, data, input.sizes(), device, 0.0);
+  const Staged dy = stage(grad_out, data, input.sizes(), device, 0.0);
+  const Staged dx = output_buffer(grad_input, data, input.sizes(), device);
+  const Staged w = stage(weight, param, {c}, device, 1.0);
+  const Staged dw = output_buffer(grad_weight, param, {c}, device);
+  const Staged db = output_buffer(grad_bias, param, {c}, device);
+  BnDescriptors d(data, n, c, s);
+  const CudnnScale scale(data);
+  {
+    CudnnHandle h(device.index);
+    EMBER_CUDNN_CHECK(cudnnBatchNormalizationBackward(
+        h.get(), CUDNN_BATCHNORM_SPATIAL, scale.one(), scale.zero(), scale.one(), scale.zero(),
+        d.x.get(), x.ptr(), d.x.get(), dy.ptr(), d.x.get(), dx.ptr(), d.param.get(), w.ptr(),
+        dw.ptr(), db.ptr(), kBackwardEpsilon, save_mean.data_ptr(), save_invstd.data_ptr()));
+  }
+  finish(grad_input, dx);
+  finish(grad_weight, dw);
+  finish(grad_bias, db);
+}
+
+// ---------------------------------------------------------------------------------------
+// Pooling over [planes, H, W] -> [planes, Ho, Wo].
+
+struct PlaneGeometry {
+  int64_t h, w, ho, wo;
+};
+
+PlaneGeometry plane_geometry(const Tensor& input_like, const Tensor& output_like) {
+  return {input_like.size(2), input_like.size(3), output_like.size(2), output_like.size(3)};
+}
+
+__device__ __forceinline__ int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
+__device__ __forceinline__ int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
+// Floor of a / b for b > 0 and any a.
+__device__ __forceinline__ int64_t floor_div(int64_t a, int64_t b) {
+  return a >= 0 ? a / b : -((-a + b - 1) / b);
+}
+
+template <typename T>
+__global__ void max_pool_forward_kernel(T* out, int64_t* indices, const T* input, int64_t total,
+                                        PlaneGeometry g, Pool2dParams p) {
+  using A = compute_t<T>;
+  for (int64_t o = global_thread(); o < total; o += grid_stride()) {
+    const int64_t ow = o % g.wo, oh = (o / g.wo) % g.ho, plane = o / (g.wo * g.ho);
+    const T* x = input + plane * g.h * g.w;
+    // NaN wins, the first maximum wins ties; a window missing the input gives -inf, index -1.
+    int64_t best = -1;
+    A best_value = static_cast<A>(-INFINITY);
+    bool found_nan = false;
+    for (int64_t i = 0; i < p.kernel[0] && !found_nan; ++i) {
+      const int64_t ih = oh * p.stride[0] - p.padding[0] + i * p.dilation[0];
+      if (ih < 0 || ih >= g.h) continue;
+      for (int64_t j = 0; j < p.kernel[1]; ++j) {
+        const int64_t iw = ow * p.stride[1] - p.padding[1] + j * p.dilation[1];
+        if (iw < 0 || iw >= g.w) continue;
+        const A v = cast_to<A>(x[ih * g.w + iw]);
+        if (best < 0 || v > best_value || is_nan(v)) {
+          best = ih * g.w + iw;
+          best_value = v;
+          if (is_nan(v)) {
+            found_nan = true;
+            break;
+          }
+        }
+      }
+    }
+    out[o] = cast_to<T>(best_value);
+    indices[o] = best;
+  }
+}
+
+template <typename T>
+__global__ void max_pool_backward_kernel(T* grad_input, const T* grad_out, const int64_t* indices,
+                                         int64_t total, PlaneGeometry g, Pool2dParams p) {
+  using A = compute_t<T>;
+  for (int64_t i = global_thread(); i < total; i += grid_stride()) {
+    const int64_t iw = i % g.w, ih = (i / g.w) % g.h, plane = i / (g.w * g.h);
+    const int64_t at = ih * g.w + iw;
+    A sum = 0;
+    // Each output window holds this element at most once: tap a fixes oh, tap b fixes ow.
+    for (int64_t a = 0; a < p.kernel[0]; ++a) {
+      const int64_t th = ih + p.padding[0] - a * p.dilation[0];
+      if (th < 0 || th % p.stride[0] != 0 || th / p.stride[0] >= g.ho) continue;
+      const int64_t oh = th / p.stride[0];
+      for (int64_t b = 0; b < p.kernel[1]; ++b) {
+        const int64_t tw = iw + p.padding[1] - b * p.dilation[1];
+        if (tw < 0 || tw % p.stride[1] != 0 || tw / p.stride[1] >= g.wo) continue;
+        const int64_t o = (plane * g.ho + oh) * g.wo + tw / p.stride[1];
+        if (indices[o] == at) sum += cast_to<A>(grad_out[o]);
+      }
+    }
+    grad_input[i] = cast_to<T>(sum);
+  }
+}
+
+// The window of output (oh, ow) in average pooling, clipped to the input, and PyTorch's divisor.
+struct AvgWindow {
+  int64_t h0, h1, w0, w1, divisor;
+};
+
+__device__ __forceinline__ AvgWindow avg_window(const Pool2dParams& p, const PlaneGeometry& g,
+                                                int64_t oh, int64_t ow) {
+  int64_t h0 = oh * p.stride[0] - p.padding[0], w0 = ow * p.stride[1] - p.padding[1];
+  int64_t h1 = imin(h0 + p.kernel[0], g.h + p.padding[0]);
+  int64_t w1 = imin(w0 + p.kernel[1], g.w + p.padding[1]);
+  const int64_t padded = (h1 - h0) * (w1 - w0);
+  h0 = imax(h0, 0);
+  w0 = imax(w0, 0);
+  h1 = imin(h1, g.h);
+  w1 = imin(w1, g.w);
+  return {h0, h1, w0, w1, p.count_include_pad ? padded : (h1 - h0) * (w1 - w0)};
+}
+
+template <typename T>
+__global__ void avg_pool_forward_kernel(T* out, const T* input, int64_t total, PlaneGeometry g,
+                                        Pool2dParams p) {
+  using A = compute_t<T>;
+  for (int64_t o = global_thread(); o < total; o += grid_stride()) {
+    const int64_t ow = o % g.wo, oh = (o / g.wo) % g.ho, plane = o / (g.wo * g.ho);
+    const T* x = input + plane * g.h * g.w;
+    const AvgWindow win = avg_window(p, g, oh, ow);
+    A sum = 0;
+    for (int64_t ih = win.h0; ih < win.h1; ++ih) {
+      for (int64_t iw = win.w0; iw < win.w1; ++iw) sum += cast_to<A>(x[ih * g.w + iw]);
+    }
+    out[o] = cast_to<T>(win.divisor > 0 ? sum / static_cast<A>(win.divisor) : A(0));
+  }
+}
+
+template <typename T>
+__global__ void avg_pool_backward_kernel(T* grad_input, const T* grad_out, int64_t total,
+                                         PlaneGeometry g, Pool2dParams p) {
+  using A = compute_t<T>;
+  for (int64_t i = global_thread(); i < total; i += grid_stride()) {
+    const int64_t iw = i % g.w, ih = (i / g.w) % g.h, plane = i / (g.w * g.h);
+    // Windows start at o * stride - padding and span `kernel`: those that can hold (ih, iw).
+    const int64_t oh0 = imax(0, floor_div(ih + p.padding[0] - p.kernel[0], p.stride[0]) + 1);
+    const int64_t oh1 = imin(g.ho - 1, floor_div(ih + p.padding[0], p.stride[0]));
+    const int64_t ow0 = imax(0, floor_div(iw + p.padding[1] - p.kernel[1], p.stride[1]) + 1);
+    const int64_t ow1 = imin(g.wo - 1, floor_div(iw + p.padding[1], p.stride[1]));
+    A sum = 0;
+    for (int64_t oh = oh0; oh <= oh1; ++oh) {
+      for (int64_t ow = ow0; ow <= ow1; ++ow) {
+        const AvgWindow win = avg_window(p, g, oh, ow);
+        if (win.divisor <= 0 || ih < win.h0 || ih >= win.h1 || iw < win.w0 || iw >= win.w1) {
+          continue;
+        }
+        sum += cast_to<A>(grad_out[(plane * g.ho + oh) * g.wo + ow]) / static_cast<A>(win.divisor);
+      }
+    }
+    grad_input[i] = cast_to<T>(sum);
+  }
+}
+
+// Adaptive windows: [floor(i * in / out), ceil((i + 1) * in / out)).
+__device__ __forceinline__ int64_t adaptive_start(int64_t i, int64_t in, int64_t out) {
+  return (i * in) / out;
+}
+__device__ __forceinline__ int64_t adaptive_end(int64_t i, int64_t in, int64_t out) {
+  return ((i + 1) * in + out - 1) / out;
+}
+
+template <typename T>
+__global__ void adaptive_avg_forward_kernel(T* out, const T* input, int64_t total,
+                                            PlaneGeometry g) {
+  using A = compute_t<T>;
+  for (int64_t o = global_thread(); o < total; o += grid_stride()) {
+    const int64_t ow = o % g.wo, oh = (o / g.wo) % g.ho, plane = o / (g.wo * g.ho);
+    const T* x = input + plane * g.h * g.w;
+    const int64_t h0 = adaptive_start(oh, g.h, g.ho), h1 = adaptive_end(oh, g.h, g.ho);
+    const int64_t w0 = adaptive_start(ow, g.w, g.wo), w1 = adaptive_end(ow, g.w, g.wo);
+    A sum = 0;
+    for (int64_t ih = h0; ih < h1; ++ih) {
+      for (int64_t iw = w0; iw < w1; ++iw) sum += cast_to<A>(x[ih * g.w + iw]);
+    }
+    out[o] = cast_to<T>(sum / static_cast<A>((h1 - h0) * (w1 - w0)));
+  }
+}
+
+template <typename T>
+__global__ void adaptive_avg_backward_kernel(T* grad_input, const T* grad_out, int64_t total,
+                                             PlaneGeometry g) {
+  using A = compute_t<T>;
+  for (int64_t i = global_thread(); i < total; i += grid_stride()) {
+    const int64_t iw = i % g.w, ih = (i / g.w) % g.h, plane = i / (g.w * g.h);
+    // Outputs whose window holds row ih: oh in [floor(ih*Ho/H), ceil((ih+1)*Ho/H)).
+    const int64_t oh0 = (ih * g.ho) / g.h, oh1 = imin(g.ho, ((ih + 1) * g.ho + g.h - 1) / g.h);
+    const int64_t ow0 = (iw * g.wo) / g.w, ow1 = imin(g.wo, ((iw + 1) * g.wo + g.w - 1) / g.w);
+    A sum = 0;
+    for (int64_t oh = oh0; oh < oh1; ++oh) {
+      const int64_t h0 = adaptive_start(oh, g.h, g.ho), h1 = adaptive_end(oh, g.h, g.ho);
+      if (ih < h0 || ih >= h1) continue;
+      for (int64_t ow = ow0; ow < ow1; ++ow) {
+        const int64_t w0 = adaptive_start(ow, g.w, g.wo), w1 = adaptive_end(ow, g.w, g.wo);
+        if (iw < w0 || iw >= w1) continue;
+        sum += cast_to<A>(grad_out[(plane * g.ho + oh) * g.wo + ow]) /
+               static_cast<A>((h1 - h0) * (w1 - w0));
+      }
+    }
+    grad_input[i] = cast_to<T>(sum);
+  }
+}
+
+void max_pool2d_forward_cuda(const Tensor& out, const Tensor& indices, const Tensor& input,
+                             const Pool2dParams& params) {
+  EMBER_ASSERT(input.is_contiguous() && out.is_contiguous() && indices.is_contiguous());
+  if (out.numel() == 0) return;
+  const KernelContext ctx(input);
+  dispatch_floating(input.dtype(), "max_pool2d", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    max_pool_forward_kernel<T><<<grid_for(out.numel()), kBlockSize, 0, ctx.stream>>>(
+        out.data_ptr<T>(), indices.data_ptr<int64_t>(), input.data_ptr<T>(), out.numel(),
+        plane_geometry(input, out), params);
+    EMBER_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void max_pool2d_backward_cuda(const Tensor& grad_input, const Tensor& grad_out,
+                              const Tensor& indices, const Pool2dParams& params) {
+  EMBER_ASSERT(grad_input.is_contiguous() && grad_out.is_contiguous() && indices.is_contiguous());
+  if (grad_input.numel() == 0) return;
+  const KernelContext ctx(grad_input);
+  dispatch_floating(grad_input.dtype(), "max_pool2d_backward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    max_pool_backward_kernel<T><<<grid_for(grad_input.numel()), kBlockSize, 0, ctx.stream>>>(
+        grad_input.data_ptr<T>(), grad_out.data_ptr<T>(), indices.data_ptr<int64_t>(),
+        grad_input.numel(), plane_geometry(grad_input, grad_out), params);
+    EMBER_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void avg_pool2d_forward_cuda(const Tensor& out, const Tensor& input, const Pool2dParams& params) {
+  EMBER_ASSERT(input.is_contiguous() && out.is_contiguous());
+  if (out.numel() == 0) return;
+  const KernelContext ctx(input);
+  dispatch_floating(input.dtype(), "avg_pool2d", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    avg_pool_forward_kernel<T><<<grid_for(out.numel()), kBlockSize, 0, ctx.stream>>>(
+        out.data_ptr<T>(), input.data_ptr<T>(), out.numel(), plane_geometry(input, out), params);
+    EMBER_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void avg_pool2d_backward_cuda(const Tensor& grad_input, const Tensor& grad_out,
+                              const Pool2dParams& params) {
+  EMBER_ASSERT(grad_input.is_contiguous() && grad_out.is_contiguous());
+  if (grad_input.numel() == 0) return;
+  const KernelContext ctx(grad_input);
+  dispatch_floating(grad_input.dtype(), "avg_pool2d_backward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    avg_pool_backward_kernel<T><<<grid_for(grad_input.numel()), kBlockSize, 0, ctx.stream>>>(
+        grad_input.data_ptr<T>(), grad_out.data_ptr<T>(), grad_input.numel(),
+        plane_geometry(grad_input, grad_out), params);
+    EMBER_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void adaptive_avg_pool2d_forward_cuda(const Tensor& out, const Tensor& input) {
+  EMBER_ASSERT(input.is_contiguous() && out.is_contiguous());
+  if (out.numel() == 0) return;
+  const KernelContext ctx(input);
+  dispatch_floating(input.dtype(), "adaptive_avg_pool2d", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    adaptive_avg_forward_kernel<T><<<grid_for(out.numel()), kBlockSize, 0, ctx.stream>>>(
+        out.data_ptr<T>(), input.data_ptr<T>(), out.numel(), plane_geometry(input, out));
+    EMBER_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void adaptive_avg_pool2d_backward_cuda(const Tensor& grad_input, const Tensor& grad_out) {
+  EMBER_ASSERT(grad_input.is_contiguous() && grad_out.is_contiguous());
+  if (grad_input.numel() == 0) return;
+  const KernelContext ctx(grad_input);
+  dispatch_floating(grad_input.dtype(), "adaptive_avg_pool2d_backward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    adaptive_avg_backward_kernel<T><<<grid_for(grad_input.numel()), kBlockSize, 0, ctx.stream>>>(
+        grad_input.data_ptr<T>(), grad_out.data_ptr<T>(), grad_input.numel(),
+        plane_geometry(grad_input, grad_out));
+    EMBER_CUDA_CHECK_LAUNCH();
+  });
+}
+
+// ---------------------------------------------------------------------------------------
+// Cross-entropy over logits [N, C]: one warp per row, math in double as on the CPU.
+
+constexpr int kRowsPerBlock = kBlockSize / kWarp;
+
+__device__ __forceinline__ double warp_sum(double v) {
+#pragma unroll
+  for (int mask = kWarp / 2; mask > 0; mask >>= 1) v += __shfl_xor_sync(0xffffffffu, v, mask);
+  return v;
+}
+__device__ __forceinline__ double warp_max(double v) {
+#pragma unroll
+  for (int mask = kWarp / 2; mask > 0; mask >>= 1) {
+    v = ::fmax(v, __shfl_xor_sync(0xffffffffu, v, mask));  // fmax skips NaN, as std::max does here
+  }
+  return v;
+}
+
+template <typename T>
+__global__ void cross_entropy_forward_kernel(T* loss, T* lse, const T* logits,
+                                             const int64_t* target, int64_t n, int64_t classes,
+                                             int64_t ignore_index, double smoothing) {
+  const int lane = threadIdx.x % kWarp;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * kRowsPerBlock;
+  for (int64_t row = first; row < n; row += step) {
+    const T* x = logits + row * classes;
+    double m = -INFINITY, total = 0;
+    for (int64_t c = lane; c < classes; c += kWarp) {
+      const double v = cast_to<double>(x[c]);
+      m = ::fmax(m, v);
+      total += v;
+    }
+    m = warp_max(m);
+    total = warp_sum(total);
+    double e = 0;
+    for (int64_t c = lane; c < classes; c += kWarp) e += ::exp(cast_to<double>(x[c]) - m);
+    e = warp_sum(e);
+    if (::isinf(m)) e = 1;  // all -inf (lse -inf) or some +inf (lse +inf): exp(x - m) is NaN
+    if (lane != 0) continue;
+    const double logsumexp = m + ::log(e);
+    lse[row] = cast_to<T>(logsumexp);
+    const int64_t t = target[row];
+    if (t == ignore_index) {
+      loss[row] = T(0.0f);
+      continue;
+    }
+    double value = t >= 0 && t < classes ? logsumexp - (1.0 - smoothing) * cast_to<double>(x[t])
+                                         : static_cast<double>(NAN);
+    if (smoothing != 0.0) value -= smoothing / static_cast<double>(classes) * total;
+    loss[row] = cast_to<T>(value);
+  }
+}
+
+template <typename T>
+__global__ void cross_entropy_backward_kernel(T* grad_logits, const T* grad_loss,
+                                              int64_t grad_loss_stride, const T* logits,
+                                              const T* lse, const int64_t* target, int64_t total,
+                                              int64_t classes, int64_t ignore_index,
+                                              double smoothing) {
+  const double off = smoothing / static_cast<double>(classes);
+  for (int64_t i = global_thread(); i < total; i += grid_stride()) {
+    const int64_t row = i / classes, c = i % classes;
+    const int64_t t = target[row];
+    if (t == ignore_index) {
+      grad_logits[i] = T(0.0f);
+      continue;
+    }
+    double v = ::exp(cast_to<double>(logits[i]) - cast_to<double>(lse[row])) - off;
+    if (c == t) v -= 1.0 - smoothing;
+    grad_logits[i] = cast_to<T>(cast_to<double>(grad_loss[row * grad_loss_stride]) * v);
+  }
+}
+
+void cross_entropy_forward_cuda(const Tensor& loss, const Tensor& lse, const Tensor& logits,
+                                const Tensor& target, int64_t ignore_index, double smoothing) {
+  EMBER_ASSERT(logits.is_contiguous() && target.is_contiguous() && loss.is_contiguous() &&
+               lse.is_contiguous());
+  const int64_t n = logits.size(0), classes = logits.size(1);
+  if (n == 0) return;
+  const KernelContext ctx(logits);
+  dispatch_floating(logits.dtype(), "cross_entropy", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const auto grid = static_cast<unsigned>(
+        std::min<int64_t>((n + kRowsPerBlock - 1) / kRowsPerBlock, kMaxGridBlocks));
+    cross_entropy_forward_kernel<T><<<grid, kBlockSize, 0, ctx.stream>>>(
+        loss.data_ptr<T>(), lse.data_ptr<T>(), logits.data_ptr<T>(), target.data_ptr<int64_t>(), n,
+        classes, ignore_index, smoothing);
+    EMBER_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void cross_entropy_backward_cuda(const Tensor& grad_logits, const Tensor& grad_loss,
+                                 const Tensor& logits, const Tensor& lse, const Tensor& target,
+                                 int64_t ignore_index, double smoothing) {
+  EMBER_ASSERT(logits.is_contiguous() && target.is_contiguous() && grad_logits.is_contiguous() &&
+               lse.is_contiguous());
+  if (grad_logits.numel() == 0) return;
+  const KernelContext ctx(logits);
+  // grad_loss may be one value broadcast over N (stride 0).
+  const int64_t stride = grad_loss.numel() == 1 ? 0 : grad_loss.stride(0);
+  dispatch_floating(logits.dtype(), "cross_entropy_backward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    cross_entropy_backward_kernel<T><<<grid_for(grad_logits.numel()), kBlockSize, 0, ctx.stream>>>(
+        grad_logits.data_ptr<T>(), grad_loss.data_ptr<T>(), stride, logits.data_ptr<T>(),
+        lse.data_ptr<T>(), target.data_ptr<int64_t>(), grad_logits.numel(), logits.size(1),
+        ignore_index, smoothing);
+    EMBER_CUDA_CHECK_LAUNCH();
+  });
+}
+
+}  // namespace
+
+void register_cuda_layer_kernels(KernelTable& table) {
+  table.batch_norm_forward = &batch_norm_forward_cuda;
+  table.batch_norm_backward = &batch_norm_backward_cuda;
+  table.max_pool2d_forward = &max_pool2d_forward_cuda;
+  table.max_pool2d_backward = &max_pool2d_backward_cuda;
+  table.avg_pool2d_forward = &avg_pool2d_forward_cuda;
+  table.avg_pool2d_backward = &avg_pool2d_backward_cuda;
+  table.adaptive_avg_pool2d_forward = &adaptive_avg_pool2d_forward_cuda;
+  table.adaptive_avg_pool2d_backward = &adaptive_avg_pool2d_backward_cuda;
+  table.cross_entropy_forward = &cross_entropy_forward_cuda;
+  table.cross_entropy_backward = &cross_entropy_backward_cuda;
+}
+
+}  // namespace ember::detail
