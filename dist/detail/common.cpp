@@ -1,0 +1,193 @@
+#include "common.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+
+namespace ember::dist::detail {
+
+const char* op_kind_name(OpKind kind) {
+  switch (kind) {
+    case OpKind::kAllreduce:
+      return "allreduce";
+    case OpKind::kBroadcast:
+      return "broadcast";
+    case OpKind::kAllgather:
+      return "allgather";
+    case OpKind::kReduce:
+      return "reduce";
+    case OpKind::kReduceScatter:
+      return "reduce_scatter";
+    case OpKind::kBarrier:
+      return "barrier";
+    case OpKind::kSend:
+      return "send";
+    case OpKind::kRecv:
+      return "recv";
+  }
+  return "?";
+}
+
+const char* reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kAvg:
+      return "avg";
+    case ReduceOp::kMax:
+      return "max";
+    case ReduceOp::kMin:
+      return "min";
+  }
+  return "?";
+}
+
+bool is_collective(OpKind kind) { return kind != OpKind::kSend && kind != OpKind::kRecv; }
+
+bool debug_from_env() {
+  const char* value = std::getenv("EMBER_DIST_DEBUG");
+  return value != nullptr && value[0] != '\0' && std::strcmp(value, "0") != 0;
+}
+
+void check_tensor(const char* op, const Tensor& t) {
+  EMBER_CHECK(t.defined(), op, "tensor is undefined");
+  EMBER_CHECK(t.is_contiguous(), op, "tensor must be contiguous (shape ", shape_str(t.sizes()),
+              ", strides ", shape_str(t.strides()), ")");
+}
+
+void check_root(const char* op, int root, int size) {
+  EMBER_CHECK(root >= 0 && root < size, op, "root ", root, " is not a rank of a group of ", size);
+}
+
+void check_peer(const char* op, int peer, int rank, int size) {
+  EMBER_CHECK(peer >= 0 && peer < size, op, "peer ", peer, " is not a rank of a group of ", size);
+  EMBER_CHECK(peer != rank, op, "rank ", rank, " cannot exchange with itself");
+}
+
+void check_reduce_op(const char* op, const Tensor& t, ReduceOp reduce) {
+  EMBER_CHECK(reduce != ReduceOp::kAvg || t.is_floating_point(), op,
+              "ReduceOp avg needs a floating-point tensor, got ", t.dtype());
+}
+
+void check_list(const char* op, const char* what, const std::vector<Tensor>& list,
+                const Tensor& like, int size) {
+  EMBER_CHECK(static_cast<int>(list.size()) == size, op, what, " holds ", list.size(),
+              " tensors but the group has ", size, " ranks");
+  for (size_t r = 0; r < list.size(); ++r) {
+    const Tensor& t = list[r];
+    EMBER_CHECK(t.defined(), op, what, "[", r, "] is undefined");
+    EMBER_CHECK(
+        t.sizes() == like.sizes() && t.dtype() == like.dtype() && t.device() == like.device(), op,
+        what, "[", r, "] is ", t.dtype(), " ", shape_str(t.sizes()), " on ", t.device(), " but ",
+        like.dtype(), " ", shape_str(like.sizes()), " on ", like.device(), " was expected");
+    EMBER_CHECK(t.is_contiguous(), op, what, "[", r, "] must be contiguous");
+  }
+}
+
+Fingerprint Fingerprint::of(OpKind kind, int64_t seq, const Tensor* t, int root, int reduce) {
+  Fingerprint f;
+  f.kind = static_cast<int32_t>(kind);
+  f.seq = seq;
+  f.root = root;
+  f.reduce = reduce;
+  if (t != nullptr) {
+    f.dtype = static_cast<int32_t>(t->dtype());
+    f.numel = t->numel();
+    f.ndim = static_cast<int32_t>(t->dim());
+    uint64_t hash = 1469598103934665603ull;  // FNV-1a over the sizes
+    for (int64_t d = 0; d < t->dim(); ++d) {
+      const auto size = static_cast<uint64_t>(t->size(d));
+      if (d < kMaxDims) f.dims[static_cast<size_t>(d)] = t->size(d);
+      hash = (hash ^ size) * 1099511628211ull;
+    }
+    f.shape_hash = hash;
+  }
+  return f;
+}
+
+bool Fingerprint::operator==(const Fingerprint& o) const {
+  return kind == o.kind && reduce == o.reduce && root == o.root && dtype == o.dtype &&
+         seq == o.seq && numel == o.numel && ndim == o.ndim && dims == o.dims &&
+         shape_hash == o.shape_hash;
+}
+
+std::string Fingerprint::str() const {
+  std::ostringstream out;
+  out << op_kind_name(static_cast<OpKind>(kind)) << " #" << seq;
+  if (dtype >= 0) {
+    out << " on " << static_cast<DType>(dtype) << " [";
+    for (int d = 0; d < ndim; ++d) {
+      if (d > 0) out << ", ";
+      if (d == kMaxDims) {
+        out << "...";
+        break;
+      }
+      out << dims[static_cast<size_t>(d)];
+    }
+    out << "]";
+  }
+  if (reduce >= 0) out << " (" << reduce_op_name(static_cast<ReduceOp>(reduce)) << ")";
+  if (root >= 0) out << " (root " << root << ")";
+  return out.str();
+}
+
+std::string compare_fingerprints(const std::vector<Fingerprint>& all, int rank) {
+  for (size_t r = 1; r < all.size(); ++r) {
+    if (all[r] == all[0]) continue;
+    std::ostringstream out;
+    out << "debug check failed on rank " << rank << ": rank " << r << " issued " << all[r].str()
+        << " but rank 0 issued " << all[0].str()
+        << "; every rank must issue the same collectives, in the same order, with the same "
+           "shapes and dtypes";
+    return out.str();
+  }
+  return "";
+}
+
+std::string timeout_message(const std::string& what, int rank, std::chrono::milliseconds limit,
+                            const std::string& backend, int size) {
+  std::ostringstream out;
+  out << what << " on rank " << rank << " timed out after " << limit.count() << " ms (" << backend
+      << " group of " << size
+      << " ranks): another rank died, skipped this collective or issued a different one "
+         "(EMBER_DIST_DEBUG=1 checks); the group cannot be used any more";
+  return out.str();
+}
+
+namespace {
+template <typename T>
+void divide_typed(void* data, int64_t count, int divisor) {
+  auto* p = static_cast<T*>(data);
+  for (int64_t i = 0; i < count; ++i) {
+    p[i] = static_cast<T>(static_cast<double>(static_cast<float>(p[i])) / divisor);
+  }
+}
+template <>
+void divide_typed<double>(void* data, int64_t count, int divisor) {
+  auto* p = static_cast<double*>(data);
+  for (int64_t i = 0; i < count; ++i) p[i] /= divisor;
+}
+template <>
+void divide_typed<float>(void* data, int64_t count, int divisor) {
+  auto* p = static_cast<float*>(data);
+  const auto d = static_cast<float>(divisor);
+  for (int64_t i = 0; i < count; ++i) p[i] /= d;
+}
+}  // namespace
+
+void divide_in_place(void* data, int64_t count, DType dtype, int divisor) {
+  switch (dtype) {
+    case kF32:
+      return divide_typed<float>(data, count, divisor);
+    case kF64:
+      return divide_typed<double>(data, count, divisor);
+    case kF16:
+      return divide_typed<Half>(data, count, divisor);
+    case kBF16:
+      return divide_typed<BFloat16>(data, count, divisor);
+    default:
+      EMBER_ASSERT(false, "divide_in_place: ", dtype, " is not a floating dtype");
+  }
+}
+
+}  // namespace ember::dist::detail

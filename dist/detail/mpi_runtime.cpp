@@ -1,0 +1,153 @@
+#include "mpi_runtime.h"
+
+#include <atomic>
+
+namespace ember::dist::detail {
+
+namespace {
+
+std::atomic<int> g_thread_level{-1};
+std::atomic<bool> g_job_broken{false};
+std::mutex g_serialized_mutex;
+
+// Finalises MPI at exit when ember initialised it (or aborts the job when a group broke).
+struct MpiFinalizer {
+  bool owned = false;
+  ~MpiFinalizer() {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!owned || finalized) return;
+    if (g_job_broken.load()) {
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    } else {
+      MPI_Finalize();
+    }
+  }
+};
+
+template <typename T, typename F>
+void reduce_16bit(void* in, void* inout, int* len, MPI_Datatype* /*type*/) {
+  const auto* a = static_cast<const T*>(in);
+  auto* b = static_cast<T*>(inout);
+  const F combine;
+  for (int i = 0; i < *len; ++i) {
+    b[i] = T(combine(static_cast<float>(a[i]), static_cast<float>(b[i])));
+  }
+}
+struct Add {
+  float operator()(float a, float b) const { return a + b; }
+};
+struct Max {
+  float operator()(float a, float b) const { return (a > b || a != a) ? a : b; }
+};
+struct Min {
+  float operator()(float a, float b) const { return (a < b || a != a) ? a : b; }
+};
+
+struct HalfOps {
+  MPI_Op half[3];  // sum, max, min
+  MPI_Op bf16[3];
+};
+
+const HalfOps& half_ops() {
+  static const HalfOps ops = [] {
+    HalfOps o{};
+    check_mpi(MPI_Op_create(&reduce_16bit<Half, Add>, 1, &o.half[0]), "MPI_Op_create");
+    check_mpi(MPI_Op_create(&reduce_16bit<Half, Max>, 1, &o.half[1]), "MPI_Op_create");
+    check_mpi(MPI_Op_create(&reduce_16bit<Half, Min>, 1, &o.half[2]), "MPI_Op_create");
+    check_mpi(MPI_Op_create(&reduce_16bit<BFloat16, Add>, 1, &o.bf16[0]), "MPI_Op_create");
+    check_mpi(MPI_Op_create(&reduce_16bit<BFloat16, Max>, 1, &o.bf16[1]), "MPI_Op_create");
+    check_mpi(MPI_Op_create(&reduce_16bit<BFloat16, Min>, 1, &o.bf16[2]), "MPI_Op_create");
+    return o;
+  }();
+  return ops;
+}
+
+const char* level_name(int level) {
+  switch (level) {
+    case MPI_THREAD_SINGLE:
+      return "MPI_THREAD_SINGLE";
+    case MPI_THREAD_FUNNELED:
+      return "MPI_THREAD_FUNNELED";
+    case MPI_THREAD_SERIALIZED:
+      return "MPI_THREAD_SERIALIZED";
+    default:
+      return "MPI_THREAD_MULTIPLE";
+  }
+}
+
+}  // namespace
+
+void check_mpi(int code, const std::string& what) {
+  if (code == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING] = {};
+  int length = 0;
+  if (MPI_Error_string(code, text, &length) != MPI_SUCCESS) length = 0;
+  throw Error(what + ": " + std::string(text, static_cast<size_t>(length)) + " (MPI code " +
+              std::to_string(code) + ")");
+}
+
+void ensure_mpi_initialized() {
+  static std::mutex init_mutex;
+  static MpiFinalizer finalizer;
+  std::lock_guard<std::mutex> lock(init_mutex);
+  if (g_thread_level.load() >= 0) return;
+  int initialized = 0, finalized = 0;
+  check_mpi(MPI_Initialized(&initialized), "MPI_Initialized");
+  check_mpi(MPI_Finalized(&finalized), "MPI_Finalized");
+  EMBER_CHECK(!finalized, "init_process_group", "MPI was already finalised");
+  int provided = MPI_THREAD_SINGLE;
+  if (initialized) {
+    check_mpi(MPI_Query_thread(&provided), "MPI_Query_thread");
+  } else {
+    check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
+    finalizer.owned = true;
+  }
+  EMBER_CHECK(provided >= MPI_THREAD_SERIALIZED, "init_process_group", "MPI provides only ",
+              level_name(provided),
+              "; ember's communication thread needs MPI_THREAD_SERIALIZED or better (initialise "
+              "MPI with MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...) or let ember do it)");
+  g_thread_level.store(provided);
+}
+
+MpiLock::MpiLock()
+    : mutex_(g_thread_level.load() < MPI_THREAD_MULTIPLE ? &g_serialized_mutex : nullptr) {
+  if (mutex_ != nullptr) mutex_->lock();
+}
+MpiLock::~MpiLock() {
+  if (mutex_ != nullptr) mutex_->unlock();
+}
+
+void mark_mpi_job_broken() { g_job_broken.store(true); }
+
+MPI_Datatype mpi_type(DType dtype) {
+  switch (dtype) {
+    case kF32:
+      return MPI_FLOAT;
+    case kF64:
+      return MPI_DOUBLE;
+    case kF16:
+    case kBF16:
+      return MPI_UINT16_T;
+    case kI64:
+      return MPI_INT64_T;
+    case kI32:
+      return MPI_INT32_T;
+    case kU8:
+    case kBool:
+      return MPI_UINT8_T;
+  }
+  EMBER_ASSERT(false, "mpi_type: unknown dtype");
+  return MPI_DATATYPE_NULL;
+}
+
+MpiTypeOp mpi_type_op(DType dtype, ReduceOp op) {
+  const int index = op == ReduceOp::kMax ? 1 : op == ReduceOp::kMin ? 2 : 0;
+  if (dtype == kF16) return {MPI_UINT16_T, half_ops().half[index]};
+  if (dtype == kBF16) return {MPI_UINT16_T, half_ops().bf16[index]};
+  if (dtype == kBool) return {MPI_UINT8_T, index == 2 ? MPI_MIN : MPI_MAX};
+  static const MPI_Op kOps[3] = {MPI_SUM, MPI_MAX, MPI_MIN};
+  return {mpi_type(dtype), kOps[index]};
+}
+
+}  // namespace ember::dist::detail

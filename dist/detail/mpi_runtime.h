@@ -1,0 +1,50 @@
+// The MPI library as ember uses it: initialisation at the thread level the communication
+// threads need, status checks, and the mapping from ember dtypes and ReduceOps to MPI's.
+#pragma once
+
+#include <mpi.h>
+
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include <ember/dist/process_group.h>
+
+namespace ember::dist::detail {
+
+// Initialises MPI (MPI_THREAD_MULTIPLE requested) unless the program already did; ember then
+// finalises it at exit. Throws ember::Error when the thread level is below
+// MPI_THREAD_SERIALIZED.
+void ensure_mpi_initialized();
+// Throws ember::Error("<what>: <MPI's error string> (code N)") when `code` is not MPI_SUCCESS.
+void check_mpi(int code, const std::string& what);
+
+// NOTE: under MPI_THREAD_SERIALIZED every MPI call ember makes holds this lock, so the
+// communication threads of several groups never call MPI at once; under MPI_THREAD_MULTIPLE
+// it is a no-op. The program's own MPI calls must then not run concurrently with ember's.
+class MpiLock {
+ public:
+  MpiLock();
+  ~MpiLock();
+  MpiLock(const MpiLock&) = delete;
+  MpiLock& operator=(const MpiLock&) = delete;
+
+ private:
+  std::mutex* mutex_;
+};
+
+// Marks the job as holding a collective that can never finish (a timed-out group): at exit
+// ember then calls MPI_Abort instead of MPI_Finalize, which would wait for it forever.
+void mark_mpi_job_broken();
+
+struct MpiTypeOp {
+  MPI_Datatype type;
+  MPI_Op op;
+};
+// The MPI datatype and reduction for `dtype`: f16 and bf16 use ember's own MPI_Ops (summed in
+// float, rounded once per step); bool is a byte with sum = max (logical or), min = and.
+// kAvg reduces with sum (the caller divides).
+MPI_Datatype mpi_type(DType dtype);
+MpiTypeOp mpi_type_op(DType dtype, ReduceOp op);
+
+}  // namespace ember::dist::detail

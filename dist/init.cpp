@@ -1,0 +1,170 @@
+#include "init.h"
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+#include <ember/config.h>
+#include <ember/tensor/cuda.h>
+
+#include "detail/mpi_runtime.h"
+#include "mpi_process_group.h"
+#include "single_process_group.h"
+#include "tcp_store.h"
+#if EMBER_WITH_CUDA
+#include "nccl_process_group.h"
+#endif
+
+namespace ember::dist {
+
+namespace {
+
+constexpr const char* kOp = "init_process_group";
+
+const char* env(const char* name) {
+  const char* value = std::getenv(name);
+  return value != nullptr && value[0] != '\0' ? value : nullptr;
+}
+
+int parse_int(const char* name, const char* text) {
+  errno = 0;
+  char* end = nullptr;
+  const long value = std::strtol(text, &end, 10);
+  EMBER_CHECK(errno == 0 && end != text && *end == '\0' && value >= INT32_MIN && value <= INT32_MAX,
+              kOp, name, "=\"", text, "\" is not an integer");
+  return static_cast<int>(value);
+}
+
+// Reads one launcher's triple; false when none of its variables is set.
+bool read_triple(LaunchEnv& out, const char* launcher, const char* rank, const char* size,
+                 const char* local) {
+  const char* r = env(rank);
+  const char* s = env(size);
+  const char* l = env(local);
+  if (r == nullptr && s == nullptr) return false;
+  EMBER_CHECK(r != nullptr && s != nullptr, kOp, r != nullptr ? rank : size, " is set but ",
+              r != nullptr ? size : rank, " is not (", launcher, "-style launch)");
+  out.launcher = launcher;
+  out.rank = parse_int(rank, r);
+  out.world_size = parse_int(size, s);
+  EMBER_CHECK(out.world_size >= 1, kOp, size, "=", out.world_size, " must be at least 1");
+  EMBER_CHECK(out.rank >= 0 && out.rank < out.world_size, kOp, rank, "=", out.rank,
+              " is not in [0, ", out.world_size, ") (", size, "=", out.world_size, ")");
+  EMBER_CHECK(l != nullptr || out.world_size == 1, kOp, local, " is not set (", rank, "=", out.rank,
+              ", ", size, "=", out.world_size, "); it picks the GPU of each process on a node");
+  out.local_rank = l != nullptr ? parse_int(local, l) : 0;
+  EMBER_CHECK(out.local_rank >= 0 && out.local_rank < out.world_size, kOp, local, "=",
+              out.local_rank, " is not in [0, ", out.world_size, ")");
+  return true;
+}
+
+Device pick_device(const InitOptions& options) {
+  if (options.device) return *options.device;
+  return cuda::is_available() ? cuda_device(0) : kCPU;
+}
+
+std::string pick_backend(const InitOptions& options, const LaunchEnv& launch, Device device) {
+  const std::string& b = options.backend;
+  EMBER_CHECK(b == "auto" || b == "mpi" || b == "nccl" || b == "single", kOp, "unknown backend \"",
+              b, "\" (expected auto, mpi, nccl or single)");
+  if (b != "auto") return b;
+  if (launch.launcher == "none") return "single";
+  return device.is_cuda() ? "nccl" : "mpi";
+}
+
+}  // namespace
+
+LaunchEnv read_launch_env() {
+  LaunchEnv out;
+  if (!read_triple(out, "mpirun", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                   "OMPI_COMM_WORLD_LOCAL_RANK") &&
+      !read_triple(out, "torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK")) {
+    read_triple(out, "slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID");
+  }
+  const char* addr = env("MASTER_ADDR");
+  const char* port = env("MASTER_PORT");
+  if (addr != nullptr) out.master_addr = addr;
+  if (port != nullptr) {
+    out.master_port = parse_int("MASTER_PORT", port);
+    EMBER_CHECK(out.master_port > 0 && out.master_port <= 65535, kOp,
+                "MASTER_PORT=", out.master_port, " is not a TCP port");
+  }
+  return out;
+}
+
+std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
+  const LaunchEnv launch = read_launch_env();
+  const Device device = pick_device(options);
+  const std::string backend = pick_backend(options, launch, device);
+  if (device.is_cuda()) {
+    const int count = cuda::device_count();
+    EMBER_CHECK(launch.local_rank < count, kOp, "local rank ", launch.local_rank,
+                " has no GPU of its own: ", count, " visible on this node");
+    cuda::set_device(launch.local_rank);
+  }
+
+  if (backend == "single") {
+    EMBER_CHECK(launch.world_size == 1, kOp, "the single-process backend needs world size 1 but ",
+                launch.launcher, " launched ", launch.world_size, " processes");
+    return std::make_shared<SingleProcessGroup>();
+  }
+
+  if (backend == "mpi") {
+    EMBER_CHECK(launch.launcher != "torchrun", kOp,
+                "the MPI backend needs an MPI launcher (mpirun, or srun with PMI), but this job "
+                "was launched torchrun-style (RANK/WORLD_SIZE); use the NCCL backend on GPUs or "
+                "launch with mpirun");
+    auto group = std::make_shared<MpiProcessGroup>(
+        options.group, launch.launcher == "none" ? -1 : launch.local_rank);
+    EMBER_CHECK(launch.launcher == "none" ||
+                    (group->rank() == launch.rank && group->size() == launch.world_size),
+                kOp, "MPI sees rank ", group->rank(), " of ", group->size(), " but ",
+                launch.launcher, " set rank ", launch.rank, " of ", launch.world_size);
+    return group;
+  }
+
+  // NCCL.
+  EMBER_CHECK(device.is_cuda(), kOp, "the NCCL backend needs a CUDA device, got ", device);
+#if EMBER_WITH_CUDA
+  NcclProcessGroup::UniqueId id{};
+  const bool over_mpi =
+      launch.launcher == "mpirun" || (launch.launcher == "slurm" && launch.master_addr.empty());
+  if (launch.world_size == 1) {
+    id = NcclProcessGroup::create_unique_id();
+  } else if (over_mpi) {
+    detail::ensure_mpi_initialized();
+    int mpi_rank = 0, mpi_size = 0;
+    detail::check_mpi(MPI_Comm_rank(MPI_COMM_WORLD, &mpi_rank), "MPI_Comm_rank");
+    detail::check_mpi(MPI_Comm_size(MPI_COMM_WORLD, &mpi_size), "MPI_Comm_size");
+    EMBER_CHECK(mpi_rank == launch.rank && mpi_size == launch.world_size, kOp, "MPI sees rank ",
+                mpi_rank, " of ", mpi_size, " but ", launch.launcher, " set rank ", launch.rank,
+                " of ", launch.world_size);
+    if (launch.rank == 0) id = NcclProcessGroup::create_unique_id();
+    detail::MpiLock lock;
+    detail::check_mpi(
+        MPI_Bcast(id.data(), static_cast<int>(id.size()), MPI_BYTE, 0, MPI_COMM_WORLD),
+        "init_process_group: MPI_Bcast of the NCCL unique id");
+  } else {
+    EMBER_CHECK(!launch.master_addr.empty() && launch.master_port > 0, kOp,
+                "MASTER_ADDR and MASTER_PORT must be set (", launch.launcher, " launch of ",
+                launch.world_size, " processes, NCCL backend)");
+    TcpStore store(launch.master_addr, launch.master_port, launch.world_size, launch.rank == 0,
+                   options.group.timeout);
+    if (launch.rank == 0) {
+      id = NcclProcessGroup::create_unique_id();
+      store.set("ember/nccl_id", std::string(id.data(), id.size()));
+    }
+    const std::string bytes = store.get("ember/nccl_id");
+    EMBER_CHECK(bytes.size() == id.size(), kOp, "the NCCL unique id from the store has ",
+                bytes.size(), " bytes, expected ", id.size());
+    std::memcpy(id.data(), bytes.data(), id.size());
+    store.barrier();
+  }
+  return std::make_shared<NcclProcessGroup>(launch.rank, launch.world_size, launch.local_rank,
+                                            launch.local_rank, id, options.group);
+#else
+  throw Error("init_process_group: the NCCL backend needs ember built with CUDA");
+#endif
+}
+
+}  // namespace ember::dist

@@ -1,0 +1,45 @@
+// init_process_group(): one call at the top of a training program makes the process group
+// the launcher set up, whichever launcher it was.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include <ember/dist/process_group.h>
+#include <ember/tensor/device.h>
+
+namespace ember::dist {
+
+// What the launcher told this process. Precedence: mpirun's OMPI_COMM_WORLD_RANK / _SIZE /
+// _LOCAL_RANK, then torchrun-style RANK / WORLD_SIZE / LOCAL_RANK (torchrun inside a Slurm
+// allocation sets both kinds, and its own are the ones that describe the job), then Slurm's
+// SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID; none of them: a single process.
+// MASTER_ADDR / MASTER_PORT are read whenever set. Throws ember::Error on a malformed,
+// incomplete or inconsistent set of variables.
+struct LaunchEnv {
+  std::string launcher = "none";  // "mpirun", "torchrun", "slurm" or "none"
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  std::string master_addr;  // empty when unset
+  int master_port = 0;      // 0 when unset
+};
+LaunchEnv read_launch_env();
+
+struct InitOptions {
+  // "auto": "single" for one process started without a launcher, else NCCL on CUDA devices
+  // and MPI on the CPU. Or "mpi", "nccl", "single".
+  std::string backend = "auto";
+  // Where the tensors live; unset: CUDA when a GPU is visible, else the CPU. With CUDA each
+  // process is bound to GPU local_rank (made its current device).
+  std::optional<Device> device;
+  ProcessGroupOptions group;
+};
+
+// Builds the process group for this job. NCCL's unique id travels over MPI when mpirun (or
+// srun without MASTER_ADDR) launched the job, else over a TcpStore that rank 0 serves on
+// MASTER_ADDR:MASTER_PORT. MPI is initialised (MPI_THREAD_MULTIPLE) when a backend needs it.
+std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options = {});
+
+}  // namespace ember::dist

@@ -1,0 +1,566 @@
+#include "mpi_process_group.h"
+
+#include <atomic>
+#include <climits>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include <ember/tensor/cuda.h>
+#include <ember/tensor/grad_mode.h>
+#include <ember/tensor/ops.h>
+
+#include "detail/common.h"
+#include "detail/mpi_runtime.h"
+
+namespace ember::dist {
+
+using detail::check_mpi;
+using detail::Fingerprint;
+using detail::MpiLock;
+using detail::OpKind;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+struct Op;
+
+}  // namespace
+
+struct MpiProcessGroup::State {
+  MPI_Comm comm = MPI_COMM_NULL;
+  int rank = 0, size = 1, local_rank = 0;
+  ProcessGroupOptions options;
+  bool debug = false;
+
+  std::mutex mutex;
+  std::condition_variable cv;
+  std::deque<std::shared_ptr<Op>> queue;
+  bool stop = false;
+  int64_t collectives = 0, p2p = 0;
+  std::atomic<bool> broken{false};
+  std::string broken_message;
+  std::thread thread;
+
+  void break_group(const std::string& message) {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      if (!broken.load()) {
+        broken_message = message;
+        broken.store(true);
+        detail::mark_mpi_job_broken();
+      }
+    }
+    cv.notify_all();
+  }
+  void run();
+};
+
+namespace {
+
+using State = MpiProcessGroup::State;
+
+struct Op final : Work {
+  std::shared_ptr<State> state;
+  OpKind kind;
+  std::string name;  // "allreduce #17"
+  ReduceOp reduce = ReduceOp::kSum;
+  int peer = -1;  // root, destination or source
+  int tag = 0;
+  Tensor tensor;             // the one tensor (allgather: input; reduce_scatter: output)
+  std::vector<Tensor> list;  // allgather outputs, reduce_scatter inputs
+  Fingerprint fingerprint;
+  std::unique_ptr<cuda::Event> ready;  // CUDA tensors: recorded on the caller's stream
+
+  // Communication thread only.
+  enum class Stage { kFingerprint, kMain } stage = Stage::kMain;
+  std::vector<Fingerprint> gathered;
+  MPI_Request request = MPI_REQUEST_NULL;
+  Tensor host;    // what MPI reads and writes for `tensor`
+  Tensor packed;  // allgather / reduce_scatter: [size * numel], unless `list` is one block
+  void* packed_data = nullptr;
+  Clock::time_point started;
+
+  // Completion.
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool done = false;
+  std::string error;
+
+  Op(std::shared_ptr<State> s, OpKind k) : state(std::move(s)), kind(k) {}
+
+  void complete(std::string message = {}) {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      if (done) return;
+      done = true;
+      error = std::move(message);
+    }
+    cv.notify_all();
+  }
+
+  bool is_completed() override {
+    std::lock_guard<std::mutex> lock(mutex);
+    return done;
+  }
+
+  void wait(std::chrono::milliseconds timeout) override {
+    const auto limit = timeout.count() > 0 ? timeout : state->options.timeout;
+    std::unique_lock<std::mutex> lock(mutex);
+    if (!cv.wait_for(lock, limit, [&] { return done; })) {
+      const std::string message =
+          detail::timeout_message(name, state->rank, limit, "mpi", state->size);
+      lock.unlock();
+      state->break_group(message);
+      throw Error(message);
+    }
+    if (!error.empty()) throw Error(error);
+  }
+};
+
+int checked_count(const Op& op, int64_t count) {
+  EMBER_CHECK(count <= INT_MAX, op.name, "the MPI backend moves at most ", INT_MAX,
+              " elements per call, got ", count);
+  return static_cast<int>(count);
+}
+
+// One communication stream per device for staging CUDA tensors, created on first use.
+cuda::Stream staging_stream(int device) {
+  static std::mutex mutex;
+  static std::vector<cuda::Stream> streams;
+  static std::vector<bool> made;
+  std::lock_guard<std::mutex> lock(mutex);
+  const auto d = static_cast<size_t>(device);
+  if (streams.size() <= d) {
+    streams.resize(d + 1);
+    made.resize(d + 1, false);
+  }
+  if (!made[d]) {
+    streams[d] = cuda::Stream::create(device, /*high_priority=*/true);
+    made[d] = true;
+  }
+  return streams[d];
+}
+
+// The host buffer MPI uses for `t`: `t` itself on the CPU, else a pinned copy (filled from
+// the device when `fill`), made on the staging stream after the caller's recorded event.
+Tensor stage_in(const Op& op, const Tensor& t, bool fill) {
+  if (t.is_cpu()) return t;
+  Tensor pinned = empty(t.sizes(), TensorOptions(t.dtype()).with_pinned_memory());
+  if (fill) {
+    const cuda::Stream stream = staging_stream(t.device().index);
+    if (op.ready) op.ready->wait(stream);
+    cuda::StreamGuard guard(stream);
+    pinned.copy_(t);  // blocking: done on return
+  }
+  return pinned;
+}
+
+void stage_out(const Tensor& dst, const Tensor& host) {
+  if (dst.is_same(host) || dst.is_cpu()) return;
+  cuda::StreamGuard guard(staging_stream(dst.device().index));
+  Tensor(dst).copy_(host);  // blocking: the device holds the result once this returns
+}
+
+// True when the tensors of `list` lie one after another in host memory.
+bool consecutive_on_host(const std::vector<Tensor>& list) {
+  if (list.empty() || !list[0].is_cpu()) return false;
+  const auto* base = static_cast<const char*>(list[0].data_ptr());
+  for (size_t r = 0; r < list.size(); ++r) {
+    if (static_cast<const char*>(list[r].data_ptr()) != base + r * list[0].nbytes()) return false;
+  }
+  return true;
+}
+
+void prepare_packed(Op& op, bool fill) {
+  if (consecutive_on_host(op.list)) {
+    op.packed_data = op.list[0].data_ptr();
+    return;
+  }
+  const Tensor& like = op.list[0];
+  const int64_t n = like.numel();
+  op.packed = empty({static_cast<int64_t>(op.list.size()) * n},
+                    TensorOptions(like.dtype()).with_pinned_memory(like.is_cuda()));
+  op.packed_data = op.packed.data_ptr();
+  if (!fill) return;
+  for (size_t r = 0; r < op.list.size(); ++r) {
+    Tensor slot = op.packed.narrow(0, static_cast<int64_t>(r) * n, n).view(like.sizes());
+    if (like.is_cpu()) {
+      std::memcpy(slot.data_ptr(), op.list[r].data_ptr(), like.nbytes());
+    } else {
+      const cuda::Stream stream = staging_stream(like.device().index);
+      if (op.ready) op.ready->wait(stream);
+      cuda::StreamGuard guard(stream);
+      slot.copy_(op.list[r]);
+    }
+  }
+}
+
+void unpack(Op& op) {
+  if (!op.packed.defined()) return;  // MPI wrote into the outputs directly
+  const Tensor& like = op.list[0];
+  const int64_t n = like.numel();
+  for (size_t r = 0; r < op.list.size(); ++r) {
+    Tensor slot = op.packed.narrow(0, static_cast<int64_t>(r) * n, n).view(like.sizes());
+    if (like.is_cpu()) {
+      std::memcpy(op.list[r].data_ptr(), slot.data_ptr(), like.nbytes());
+    } else {
+      stage_out(op.list[r], slot);
+    }
+  }
+}
+
+void start_main(State& s, Op& op) {
+  op.stage = Op::Stage::kMain;
+  const DType dtype = op.tensor.defined() ? op.tensor.dtype() : kU8;
+  const int count = op.tensor.defined() ? checked_count(op, op.tensor.numel()) : 0;
+  void* buf = op.host.defined() ? op.host.data_ptr() : nullptr;
+  const detail::MpiTypeOp tp = detail::mpi_type_op(dtype, op.reduce);
+  const MPI_Datatype type = tp.type;
+  MpiLock lock;
+  int rc = MPI_SUCCESS;
+  switch (op.kind) {
+    case OpKind::kAllreduce:
+      rc = MPI_Iallreduce(MPI_IN_PLACE, buf, count, type, tp.op, s.comm, &op.request);
+      break;
+    case OpKind::kBroadcast:
+      rc = MPI_Ibcast(buf, count, type, op.peer, s.comm, &op.request);
+      break;
+    case OpKind::kReduce:
+      rc = s.rank == op.peer
+               ? MPI_Ireduce(MPI_IN_PLACE, buf, count, type, tp.op, op.peer, s.comm, &op.request)
+               : MPI_Ireduce(buf, nullptr, count, type, tp.op, op.peer, s.comm, &op.request);
+      break;
+    case OpKind::kAllgather:
+      rc = MPI_Iallgather(buf, count, type, op.packed_data, count, type, s.comm, &op.request);
+      break;
+    case OpKind::kReduceScatter:
+      rc = MPI_Ireduce_scatter_block(op.packed_data, buf, count, type, tp.op, s.comm, &op.request);
+      break;
+    case OpKind::kBarrier:
+      rc = MPI_Ibarrier(s.comm, &op.request);
+      break;
+    case OpKind::kSend:
+      rc = MPI_Isend(buf, count, type, op.peer, op.tag, s.comm, &op.request);
+      break;
+    case OpKind::kRecv:
+      rc = MPI_Irecv(buf, count, type, op.peer, op.tag, s.comm, &op.request);
+      break;
+  }
+  check_mpi(rc, op.name + " on rank " + std::to_string(s.rank));
+}
+
+void start(State& s, Op& op) {
+  op.started = Clock::now();
+  switch (op.kind) {
+    case OpKind::kAllreduce:
+    case OpKind::kReduce:
+    case OpKind::kSend:
+      op.host = stage_in(op, op.tensor, true);
+      break;
+    case OpKind::kBroadcast:
+      op.host = stage_in(op, op.tensor, s.rank == op.peer);
+      break;
+    case OpKind::kRecv:
+      op.host = stage_in(op, op.tensor, false);
+      break;
+    case OpKind::kAllgather:
+      op.host = stage_in(op, op.tensor, true);
+      prepare_packed(op, false);
+      break;
+    case OpKind::kReduceScatter:
+      op.host = stage_in(op, op.tensor, false);
+      prepare_packed(op, true);
+      break;
+    case OpKind::kBarrier:
+      break;
+  }
+  if (s.debug && detail::is_collective(op.kind)) {
+    op.stage = Op::Stage::kFingerprint;
+    op.gathered.resize(static_cast<size_t>(s.size));
+    MpiLock lock;
+    check_mpi(MPI_Iallgather(&op.fingerprint, sizeof(Fingerprint), MPI_BYTE, op.gathered.data(),
+                             sizeof(Fingerprint), MPI_BYTE, s.comm, &op.request),
+              op.name + " (debug check) on rank " + std::to_string(s.rank));
+    return;
+  }
+  start_main(s, op);
+}
+
+void finish(State& s, Op& op) {
+  const bool avg = op.reduce == ReduceOp::kAvg;
+  switch (op.kind) {
+    case OpKind::kAllreduce:
+    case OpKind::kReduceScatter:
+      if (avg)
+        detail::divide_in_place(op.host.data_ptr(), op.host.numel(), op.host.dtype(), s.size);
+      stage_out(op.tensor, op.host);
+      break;
+    case OpKind::kReduce:
+      if (s.rank != op.peer) break;
+      if (avg)
+        detail::divide_in_place(op.host.data_ptr(), op.host.numel(), op.host.dtype(), s.size);
+      stage_out(op.tensor, op.host);
+      break;
+    case OpKind::kBroadcast:
+    case OpKind::kRecv:
+      stage_out(op.tensor, op.host);
+      break;
+    case OpKind::kAllgather:
+      unpack(op);
+      break;
+    case OpKind::kBarrier:
+    case OpKind::kSend:
+      break;
+  }
+}
+
+// One step of progress; true once the op is finished.
+bool advance(State& s, Op& op) {
+  int flag = 0;
+  {
+    MpiLock lock;
+    check_mpi(MPI_Test(&op.request, &flag, MPI_STATUS_IGNORE),
+              op.name + " on rank " + std::to_string(s.rank));
+  }
+  if (!flag) return false;
+  if (op.stage == Op::Stage::kFingerprint) {
+    const std::string mismatch = detail::compare_fingerprints(op.gathered, s.rank);
+    EMBER_CHECK(mismatch.empty(), op.name, mismatch);
+    start_main(s, op);
+    return false;
+  }
+  finish(s, op);
+  return true;
+}
+
+}  // namespace
+
+void MpiProcessGroup::State::run() {
+  GradMode::set_enabled(false);  // staging copies are not part of any graph
+  std::shared_ptr<Op> current;
+  std::vector<std::shared_ptr<Op>> p2p_ops;
+  for (;;) {
+    std::vector<std::shared_ptr<Op>> fresh;
+    {
+      std::unique_lock<std::mutex> lock(mutex);
+      if (!current && p2p_ops.empty()) {
+        cv.wait(lock, [&] { return stop || !queue.empty(); });
+        if (queue.empty()) break;  // stopping, everything drained
+      }
+      if (broken.load()) {
+        // NOTE: abandoned requests stay with MPI: a broken group never calls MPI again.
+        const std::string message = broken_message;
+        if (current) current->complete(message);
+        for (auto& op : p2p_ops) op->complete(message);
+        for (auto& op : queue) op->complete(message);
+        current.reset();
+        p2p_ops.clear();
+        queue.clear();
+        continue;
+      }
+      while (!queue.empty()) {
+        if (detail::is_collective(queue.front()->kind)) {
+          if (current) break;
+          current = queue.front();
+          fresh.push_back(current);
+        } else {
+          p2p_ops.push_back(queue.front());
+          fresh.push_back(queue.front());
+        }
+        queue.pop_front();
+      }
+    }
+    auto drop = [&](const std::shared_ptr<Op>& op) {
+      if (op == current) {
+        current.reset();
+      } else {
+        std::erase(p2p_ops, op);
+      }
+    };
+    for (auto& op : fresh) {
+      try {
+        start(*this, *op);
+      } catch (const std::exception& e) {
+        op->complete(e.what());
+        drop(op);
+      }
+    }
+    std::vector<std::shared_ptr<Op>> active = p2p_ops;
+    if (current) active.push_back(current);
+    for (auto& op : active) {
+      bool finished = false;
+      std::string failure;
+      try {
+        finished = advance(*this, *op);
+      } catch (const std::exception& e) {
+        failure = e.what();
+        finished = true;
+      }
+      if (!finished && Clock::now() - op->started > options.timeout) {
+        failure = detail::timeout_message(op->name, rank, options.timeout, "mpi", size);
+        break_group(failure);
+        finished = true;
+      }
+      if (finished) {
+        op->complete(failure);
+        drop(op);
+      }
+    }
+    if (current || !p2p_ops.empty()) std::this_thread::yield();
+  }
+}
+
+namespace {
+
+std::shared_ptr<State> make_state(const ProcessGroupOptions& options, int local_rank) {
+  detail::ensure_mpi_initialized();
+  auto s = std::make_shared<State>();
+  s->options = options;
+  s->debug = options.debug || detail::debug_from_env();
+  EMBER_CHECK(options.timeout.count() > 0, "MpiProcessGroup", "timeout must be positive, got ",
+              options.timeout.count(), " ms");
+  MpiLock lock;
+  check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &s->comm), "MPI_Comm_dup");
+  // Errors come back as codes (turned into ember::Error) instead of aborting the job.
+  check_mpi(MPI_Comm_set_errhandler(s->comm, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+  check_mpi(MPI_Comm_rank(s->comm, &s->rank), "MPI_Comm_rank");
+  check_mpi(MPI_Comm_size(s->comm, &s->size), "MPI_Comm_size");
+  if (local_rank < 0) {
+    MPI_Comm node = MPI_COMM_NULL;
+    check_mpi(MPI_Comm_split_type(s->comm, MPI_COMM_TYPE_SHARED, s->rank, MPI_INFO_NULL, &node),
+              "MPI_Comm_split_type");
+    check_mpi(MPI_Comm_rank(node, &local_rank), "MPI_Comm_rank");
+    check_mpi(MPI_Comm_free(&node), "MPI_Comm_free");
+  }
+  s->local_rank = local_rank;
+  return s;
+}
+
+}  // namespace
+
+MpiProcessGroup::MpiProcessGroup(ProcessGroupOptions options, int local_rank)
+    : MpiProcessGroup(make_state(options, local_rank)) {}
+
+MpiProcessGroup::MpiProcessGroup(std::shared_ptr<State> state)
+    : ProcessGroup(state->rank, state->size, state->local_rank), state_(std::move(state)) {
+  state_->thread = std::thread([s = state_.get()] { s->run(); });
+}
+
+MpiProcessGroup::~MpiProcessGroup() {
+  {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    state_->stop = true;
+  }
+  state_->cv.notify_all();
+  state_->thread.join();
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) return;
+  if (state_->broken.load()) {
+    // See the NOTE in the header: the abandoned collective would hang MPI_Finalize.
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  MpiLock lock;
+  MPI_Comm_free(&state_->comm);  // a failure here cannot be reported from a destructor
+}
+
+namespace {
+
+std::shared_ptr<Op> new_op(const std::shared_ptr<State>& s, OpKind kind, const Tensor* t,
+                           ReduceOp reduce, int peer) {
+  auto op = std::make_shared<Op>(s, kind);
+  if (t != nullptr) op->tensor = *t;
+  op->reduce = reduce;
+  op->peer = peer;
+  return op;
+}
+
+WorkHandle enqueue(const std::shared_ptr<State>& s, const std::shared_ptr<Op>& op,
+                   bool uses_reduce) {
+  const Tensor* t = op->tensor.defined() ? &op->tensor : nullptr;
+  const Device device = t != nullptr ? t->device() : kCPU;
+  if (device.is_cuda()) {
+    op->ready = std::make_unique<cuda::Event>();
+    op->ready->record(cuda::current_stream(device.index));
+  }
+  {
+    std::lock_guard<std::mutex> lock(s->mutex);
+    const bool collective = detail::is_collective(op->kind);
+    const int64_t seq = collective ? ++s->collectives : ++s->p2p;
+    op->name = std::string(detail::op_kind_name(op->kind)) + " #" + std::to_string(seq);
+    EMBER_CHECK(!s->broken.load(), op->name, "rank ", s->rank,
+                ": the process group cannot be used after an earlier failure: ", s->broken_message);
+    const bool rooted = op->kind == OpKind::kBroadcast || op->kind == OpKind::kReduce;
+    op->fingerprint = Fingerprint::of(op->kind, seq, t, rooted ? op->peer : -1,
+                                      uses_reduce ? static_cast<int>(op->reduce) : -1);
+    s->queue.push_back(op);
+  }
+  s->cv.notify_all();
+  return op;
+}
+
+}  // namespace
+
+WorkHandle MpiProcessGroup::allreduce(const Tensor& tensor, ReduceOp op) {
+  detail::check_tensor("allreduce", tensor);
+  detail::check_reduce_op("allreduce", tensor, op);
+  return enqueue(state_, new_op(state_, OpKind::kAllreduce, &tensor, op, -1), true);
+}
+
+WorkHandle MpiProcessGroup::broadcast(const Tensor& tensor, int root) {
+  detail::check_tensor("broadcast", tensor);
+  detail::check_root("broadcast", root, size());
+  return enqueue(state_, new_op(state_, OpKind::kBroadcast, &tensor, ReduceOp::kSum, root), false);
+}
+
+WorkHandle MpiProcessGroup::allgather(const std::vector<Tensor>& outputs, const Tensor& input) {
+  detail::check_tensor("allgather", input);
+  detail::check_list("allgather", "outputs", outputs, input, size());
+  auto op = new_op(state_, OpKind::kAllgather, &input, ReduceOp::kSum, -1);
+  op->list = outputs;
+  return enqueue(state_, op, false);
+}
+
+WorkHandle MpiProcessGroup::reduce(const Tensor& tensor, int root, ReduceOp op) {
+  detail::check_tensor("reduce", tensor);
+  detail::check_root("reduce", root, size());
+  detail::check_reduce_op("reduce", tensor, op);
+  return enqueue(state_, new_op(state_, OpKind::kReduce, &tensor, op, root), true);
+}
+
+WorkHandle MpiProcessGroup::reduce_scatter(const Tensor& output, const std::vector<Tensor>& inputs,
+                                           ReduceOp op) {
+  detail::check_tensor("reduce_scatter", output);
+  detail::check_list("reduce_scatter", "inputs", inputs, output, size());
+  detail::check_reduce_op("reduce_scatter", output, op);
+  auto work = new_op(state_, OpKind::kReduceScatter, &output, op, -1);
+  work->list = inputs;
+  return enqueue(state_, work, true);
+}
+
+WorkHandle MpiProcessGroup::barrier() {
+  return enqueue(state_, new_op(state_, OpKind::kBarrier, nullptr, ReduceOp::kSum, -1), false);
+}
+
+WorkHandle MpiProcessGroup::send(const Tensor& tensor, int dst, int tag) {
+  detail::check_tensor("send", tensor);
+  detail::check_peer("send", dst, rank(), size());
+  EMBER_CHECK(tag >= 0, "send", "tag must be non-negative, got ", tag);
+  auto op = new_op(state_, OpKind::kSend, &tensor, ReduceOp::kSum, dst);
+  op->tag = tag;
+  return enqueue(state_, op, false);
+}
+
+WorkHandle MpiProcessGroup::recv(const Tensor& tensor, int src, int tag) {
+  detail::check_tensor("recv", tensor);
+  detail::check_peer("recv", src, rank(), size());
+  EMBER_CHECK(tag >= 0, "recv", "tag must be non-negative, got ", tag);
+  auto op = new_op(state_, OpKind::kRecv, &tensor, ReduceOp::kSum, src);
+  op->tag = tag;
+  return enqueue(state_, op, false);
+}
+
+}  // namespace ember::dist

@@ -1,0 +1,51 @@
+// The MPI backend: CPU tensors directly, CUDA tensors staged through pinned host memory.
+//
+// Each group duplicates MPI_COMM_WORLD and owns one communication thread that runs its
+// collectives one after another in issue order with non-blocking MPI (MPI_Iallreduce, ...),
+// polling MPI_Test, so they overlap the caller's computation and can time out. Point-to-point
+// operations start as soon as every collective issued before them has finished and run
+// concurrently with later ones, so matched send/recv pairs never deadlock.
+//
+// NOTE (failure): a collective that does not finish within the group's timeout (a peer died,
+// skipped it or issued another) cannot be cancelled in MPI. The waiter gets ember::Error
+// ("allreduce #17 on rank 1 timed out after 5000 ms ..."), every later call on the group
+// throws, and the process must end: left uncaught the error terminates it (non-zero exit,
+// and mpirun then stops the other ranks); if the program catches it, destroying the broken
+// group calls MPI_Abort(MPI_COMM_WORLD, 1), the one place ember ends the job itself, since
+// MPI_Finalize would wait forever on the abandoned collective.
+#pragma once
+
+#include <memory>
+
+#include <ember/dist/process_group.h>
+
+namespace ember::dist {
+
+class MpiProcessGroup : public ProcessGroup {
+ public:
+  // Collective over all MPI ranks: initialises MPI when needed (see init_process_group) and
+  // duplicates MPI_COMM_WORLD. `local_rank` < 0 asks MPI (ranks sharing this node).
+  explicit MpiProcessGroup(ProcessGroupOptions options = {}, int local_rank = -1);
+  ~MpiProcessGroup() override;
+  MpiProcessGroup(const MpiProcessGroup&) = delete;
+  MpiProcessGroup& operator=(const MpiProcessGroup&) = delete;
+
+  std::string backend() const override { return "mpi"; }
+  WorkHandle allreduce(const Tensor& tensor, ReduceOp op = ReduceOp::kSum) override;
+  WorkHandle broadcast(const Tensor& tensor, int root) override;
+  WorkHandle allgather(const std::vector<Tensor>& outputs, const Tensor& input) override;
+  WorkHandle reduce(const Tensor& tensor, int root, ReduceOp op = ReduceOp::kSum) override;
+  WorkHandle reduce_scatter(const Tensor& output, const std::vector<Tensor>& inputs,
+                            ReduceOp op = ReduceOp::kSum) override;
+  WorkHandle barrier() override;
+  WorkHandle send(const Tensor& tensor, int dst, int tag = 0) override;
+  WorkHandle recv(const Tensor& tensor, int src, int tag = 0) override;
+
+  struct State;
+
+ private:
+  explicit MpiProcessGroup(std::shared_ptr<State> state);
+  std::shared_ptr<State> state_;
+};
+
+}  // namespace ember::dist

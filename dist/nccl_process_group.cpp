@@ -1,0 +1,420 @@
+#include "nccl_process_group.h"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <atomic>
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+#include <ember/tensor/cuda.h>
+#include <ember/tensor/grad_mode.h>
+#include <ember/tensor/ops.h>
+
+#include "detail/common.h"
+
+namespace ember::dist {
+
+using detail::Fingerprint;
+using detail::OpKind;
+using Clock = std::chrono::steady_clock;
+
+static_assert(sizeof(ncclUniqueId) == sizeof(NcclProcessGroup::UniqueId));
+
+namespace {
+
+void check_cuda(cudaError_t code, const std::string& what) {
+  EMBER_CHECK(code == cudaSuccess, what, cudaGetErrorString(code));
+}
+
+void check_nccl(ncclResult_t code, ncclComm_t comm, const std::string& what) {
+  if (code == ncclSuccess || code == ncclInProgress) return;
+  const char* detail = comm != nullptr ? ncclGetLastError(comm) : nullptr;
+  throw Error(what + ": " + ncclGetErrorString(code) +
+              (detail != nullptr && detail[0] != '\0' ? std::string(" (") + detail + ")" : ""));
+}
+
+ncclDataType_t nccl_type(DType dtype) {
+  switch (dtype) {
+    case kF32:
+      return ncclFloat32;
+    case kF64:
+      return ncclFloat64;
+    case kF16:
+      return ncclFloat16;
+    case kBF16:
+      return ncclBfloat16;
+    case kI64:
+      return ncclInt64;
+    case kI32:
+      return ncclInt32;
+    case kU8:
+    case kBool:
+      return ncclUint8;
+  }
+  return ncclUint8;
+}
+
+// bool travels as a byte: sum is logical or (max), min is logical and.
+ncclRedOp_t nccl_op(DType dtype, ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+      return dtype == kBool ? ncclMax : ncclSum;
+    case ReduceOp::kAvg:
+      return ncclAvg;
+    case ReduceOp::kMax:
+      return ncclMax;
+    case ReduceOp::kMin:
+      return ncclMin;
+  }
+  return ncclSum;
+}
+
+}  // namespace
+
+struct NcclProcessGroup::State {
+  ncclComm_t comm = nullptr;
+  int rank = 0, size = 1, device = 0;
+  ProcessGroupOptions options;
+  bool debug = false;
+  cuda::Stream stream;
+  std::mutex issue_mutex;  // issue order is the order NCCL sees
+  int64_t collectives = 0, p2p = 0;
+  std::atomic<bool> broken{false};
+  std::mutex broken_mutex;
+  std::string broken_message;
+
+  // Aborts the communicator (unblocking its kernels) and remembers why.
+  void break_group(const std::string& message) {
+    std::lock_guard<std::mutex> lock(broken_mutex);
+    if (broken.exchange(true)) return;
+    broken_message = message;
+    ncclCommAbort(comm);  // nothing more to report if this fails too
+    comm = nullptr;
+  }
+
+  // Polls until `event` completed; ember::Error (and a broken group) on an asynchronous
+  // NCCL error or after `limit`.
+  void host_wait(const cuda::Event& event, const std::string& what,
+                 std::chrono::milliseconds limit) {
+    const auto deadline = Clock::now() + limit;
+    for (int spins = 0;; ++spins) {
+      if (broken.load()) {
+        std::lock_guard<std::mutex> lock(broken_mutex);
+        throw Error(what + " on rank " + std::to_string(rank) +
+                    ": the process group failed earlier: " + broken_message);
+      }
+      if (event.query()) return;
+      ncclResult_t async = ncclSuccess;
+      check_nccl(ncclCommGetAsyncError(comm, &async), comm, what + ": ncclCommGetAsyncError");
+      if (async != ncclSuccess && async != ncclInProgress) {
+        const std::string message = what + " on rank " + std::to_string(rank) +
+                                    " failed: NCCL reported " + ncclGetErrorString(async) + " (" +
+                                    ncclGetLastError(comm) + ")";
+        break_group(message);
+        throw Error(message);
+      }
+      if (Clock::now() > deadline) {
+        const std::string message = detail::timeout_message(what, rank, limit, "nccl", size);
+        break_group(message);
+        throw Error(message);
+      }
+      if (spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+
+  // Non-blocking communicators may leave a call in progress: settle it before the next one.
+  void settle(ncclResult_t code, const std::string& what) {
+    check_nccl(code, comm, what);
+    if (code != ncclInProgress) return;
+    const auto deadline = Clock::now() + options.timeout;
+    for (;;) {
+      ncclResult_t state = ncclInProgress;
+      check_nccl(ncclCommGetAsyncError(comm, &state), comm, what);
+      check_nccl(state, comm, what);
+      if (state == ncclSuccess) return;
+      if (Clock::now() > deadline) {
+        const std::string message =
+            detail::timeout_message(what, rank, options.timeout, "nccl", size);
+        break_group(message);
+        throw Error(message);
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+};
+
+namespace {
+
+using State = NcclProcessGroup::State;
+
+class NcclWork final : public Work {
+ public:
+  NcclWork(std::shared_ptr<State> state, std::string name, std::vector<Tensor> keep)
+      : state_(std::move(state)), name_(std::move(name)), keep_(std::move(keep)) {
+    done_.record(state_->stream);
+  }
+  bool is_completed() override { return state_->broken.load() || done_.query(); }
+  void wait(std::chrono::milliseconds timeout) override {
+    state_->host_wait(done_, name_, timeout.count() > 0 ? timeout : state_->options.timeout);
+    done_.wait(cuda::current_stream(state_->device));
+    keep_.clear();
+  }
+
+ private:
+  std::shared_ptr<State> state_;
+  std::string name_;
+  std::vector<Tensor> keep_;  // inputs, outputs and scratch, alive until the work is done
+  cuda::Event done_;
+};
+
+void check_device(const char* op, const Tensor& t, int device) {
+  EMBER_CHECK(t.is_cuda() && t.device().index == device, op,
+              "the NCCL group works on cuda:", device, " but the tensor is on ", t.device());
+}
+
+// Everything one call needs: the issue lock, its name and its ordering against the caller.
+class Issue {
+ public:
+  Issue(State& s, OpKind kind, const Tensor* t, int root, int reduce)
+      : s_(s), lock_(s.issue_mutex) {
+    const bool collective = detail::is_collective(kind);
+    const int64_t seq = collective ? ++s.collectives : ++s.p2p;
+    name_ = std::string(detail::op_kind_name(kind)) + " #" + std::to_string(seq);
+    if (s.broken.load()) {
+      std::lock_guard<std::mutex> lock(s.broken_mutex);
+      throw Error(
+          name_ + " on rank " + std::to_string(s.rank) +
+          ": the process group cannot be used after an earlier failure: " + s.broken_message);
+    }
+    check_cuda(cudaSetDevice(s.device), name_ + ": cudaSetDevice");
+    cuda::Event ready;
+    ready.record(cuda::current_stream(s.device));
+    ready.wait(s.stream);
+    if (s.debug && collective) check_fingerprints(Fingerprint::of(kind, seq, t, root, reduce));
+  }
+  const std::string& name() const { return name_; }
+  void call(ncclResult_t code) { s_.settle(code, name_ + " on rank " + std::to_string(s_.rank)); }
+  WorkHandle finish(std::shared_ptr<State> s, std::vector<Tensor> keep) {
+    for (const Tensor& t : keep) cuda::record_stream(t.storage().data(), s->stream);
+    return std::make_shared<NcclWork>(std::move(s), name_, std::move(keep));
+  }
+
+ private:
+  void check_fingerprints(const Fingerprint& mine) {
+    const int64_t bytes = sizeof(Fingerprint);
+    Tensor host = empty({bytes}, TensorOptions(kU8).with_pinned_memory());
+    std::memcpy(host.data_ptr(), &mine, sizeof(Fingerprint));
+    Tensor all_host = empty({bytes * s_.size}, TensorOptions(kU8).with_pinned_memory());
+    cuda::StreamGuard guard(s_.stream);
+    Tensor dev = host.to(cuda_device(s_.device));
+    Tensor all_dev = empty({bytes * s_.size}, TensorOptions(kU8, cuda_device(s_.device)));
+    call(ncclAllGather(dev.data_ptr(), all_dev.data_ptr(), static_cast<size_t>(bytes), ncclUint8,
+                       s_.comm, s_.stream.handle()));
+    check_cuda(cudaMemcpyAsync(all_host.data_ptr(), all_dev.data_ptr(),
+                               static_cast<size_t>(bytes * s_.size), cudaMemcpyDeviceToHost,
+                               s_.stream.handle()),
+               name_ + " (debug check): cudaMemcpyAsync");
+    cuda::Event copied;
+    copied.record(s_.stream);
+    s_.host_wait(copied, name_ + " (debug check)", s_.options.timeout);
+    std::vector<Fingerprint> all(static_cast<size_t>(s_.size));
+    std::memcpy(all.data(), all_host.data_ptr(), all.size() * sizeof(Fingerprint));
+    const std::string mismatch = detail::compare_fingerprints(all, s_.rank);
+    EMBER_CHECK(mismatch.empty(), name_, mismatch);
+  }
+
+  State& s_;
+  std::lock_guard<std::mutex> lock_;
+  std::string name_;
+};
+
+// A [size * numel] scratch tensor on the NCCL stream's pool.
+Tensor scratch(const State& s, const Tensor& like) {
+  cuda::StreamGuard guard(s.stream);
+  return empty({like.numel() * s.size}, like.options());
+}
+
+// True when the tensors of `list` lie one after another in device memory.
+bool consecutive(const std::vector<Tensor>& list) {
+  const auto* base = static_cast<const char*>(list[0].data_ptr());
+  for (size_t r = 0; r < list.size(); ++r) {
+    if (static_cast<const char*>(list[r].data_ptr()) != base + r * list[0].nbytes()) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+NcclProcessGroup::UniqueId NcclProcessGroup::create_unique_id() {
+  ncclUniqueId id;
+  check_nccl(ncclGetUniqueId(&id), nullptr, "ncclGetUniqueId");
+  UniqueId bytes;
+  std::memcpy(bytes.data(), &id, sizeof(id));
+  return bytes;
+}
+
+NcclProcessGroup::NcclProcessGroup(int rank, int size, int local_rank, int device,
+                                   const UniqueId& id, ProcessGroupOptions options)
+    : ProcessGroup(rank, size, local_rank), state_(std::make_shared<State>()) {
+  EMBER_CHECK(size >= 1 && rank >= 0 && rank < size, "NcclProcessGroup", "rank ", rank,
+              " is not in a group of ", size);
+  EMBER_CHECK(device >= 0 && device < cuda::device_count(), "NcclProcessGroup", "cuda:", device,
+              " is not a visible device (", cuda::device_count(), " visible)");
+  State& s = *state_;
+  s.rank = rank;
+  s.size = size;
+  s.device = device;
+  s.options = options;
+  s.debug = options.debug || detail::debug_from_env();
+  cuda::set_device(device);
+  s.stream = cuda::Stream::create(device, /*high_priority=*/true);
+  ncclUniqueId nccl_id;
+  std::memcpy(&nccl_id, id.data(), sizeof(nccl_id));
+  // Non-blocking initialisation, so a rank that never joins cannot hang the others.
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  const std::string what =
+      "ncclCommInitRank (rank " + std::to_string(rank) + " of " + std::to_string(size) + ")";
+  s.settle(ncclCommInitRankConfig(&s.comm, size, nccl_id, rank, &config), what);
+}
+
+NcclProcessGroup::~NcclProcessGroup() {
+  State& s = *state_;
+  std::lock_guard<std::mutex> lock(s.broken_mutex);
+  if (s.comm == nullptr) return;
+  // Finished work first (a destructor cannot report failures, so best effort), then free.
+  cudaStreamSynchronize(s.stream.handle());
+  ncclCommDestroy(s.comm);
+}
+
+int NcclProcessGroup::device() const { return state_->device; }
+
+WorkHandle NcclProcessGroup::allreduce(const Tensor& tensor, ReduceOp op) {
+  detail::check_tensor("allreduce", tensor);
+  detail::check_reduce_op("allreduce", tensor, op);
+  check_device("allreduce", tensor, state_->device);
+  State& s = *state_;
+  Issue issue(s, OpKind::kAllreduce, &tensor, -1, static_cast<int>(op));
+  issue.call(ncclAllReduce(tensor.data_ptr(), tensor.data_ptr(),
+                           static_cast<size_t>(tensor.numel()), nccl_type(tensor.dtype()),
+                           nccl_op(tensor.dtype(), op), s.comm, s.stream.handle()));
+  return issue.finish(state_, {tensor});
+}
+
+WorkHandle NcclProcessGroup::broadcast(const Tensor& tensor, int root) {
+  detail::check_tensor("broadcast", tensor);
+  detail::check_root("broadcast", root, size());
+  check_device("broadcast", tensor, state_->device);
+  State& s = *state_;
+  Issue issue(s, OpKind::kBroadcast, &tensor, root, -1);
+  issue.call(ncclBroadcast(tensor.data_ptr(), tensor.data_ptr(),
+                           static_cast<size_t>(tensor.numel()), nccl_type(tensor.dtype()), root,
+                           s.comm, s.stream.handle()));
+  return issue.finish(state_, {tensor});
+}
+
+WorkHandle NcclProcessGroup::allgather(const std::vector<Tensor>& outputs, const Tensor& input) {
+  detail::check_tensor("allgather", input);
+  detail::check_list("allgather", "outputs", outputs, input, size());
+  check_device("allgather", input, state_->device);
+  State& s = *state_;
+  Issue issue(s, OpKind::kAllgather, &input, -1, -1);
+  const bool direct = consecutive(outputs);
+  Tensor gathered = direct ? outputs[0] : scratch(s, input);
+  issue.call(ncclAllGather(input.data_ptr(), gathered.data_ptr(),
+                           static_cast<size_t>(input.numel()), nccl_type(input.dtype()), s.comm,
+                           s.stream.handle()));
+  std::vector<Tensor> keep = outputs;
+  keep.push_back(input);
+  if (!direct) {
+    cuda::StreamGuard guard(s.stream);
+    NoGradGuard no_grad;
+    const int64_t n = input.numel();
+    for (size_t r = 0; r < outputs.size(); ++r) {
+      outputs[r].detach().copy_(
+          gathered.narrow(0, static_cast<int64_t>(r) * n, n).view(input.sizes()));
+    }
+    keep.push_back(gathered);
+  }
+  return issue.finish(state_, std::move(keep));
+}
+
+WorkHandle NcclProcessGroup::reduce(const Tensor& tensor, int root, ReduceOp op) {
+  detail::check_tensor("reduce", tensor);
+  detail::check_root("reduce", root, size());
+  detail::check_reduce_op("reduce", tensor, op);
+  check_device("reduce", tensor, state_->device);
+  State& s = *state_;
+  Issue issue(s, OpKind::kReduce, &tensor, root, static_cast<int>(op));
+  issue.call(ncclReduce(tensor.data_ptr(), tensor.data_ptr(), static_cast<size_t>(tensor.numel()),
+                        nccl_type(tensor.dtype()), nccl_op(tensor.dtype(), op), root, s.comm,
+                        s.stream.handle()));
+  return issue.finish(state_, {tensor});
+}
+
+WorkHandle NcclProcessGroup::reduce_scatter(const Tensor& output, const std::vector<Tensor>& inputs,
+                                            ReduceOp op) {
+  detail::check_tensor("reduce_scatter", output);
+  detail::check_list("reduce_scatter", "inputs", inputs, output, size());
+  detail::check_reduce_op("reduce_scatter", output, op);
+  check_device("reduce_scatter", output, state_->device);
+  State& s = *state_;
+  Issue issue(s, OpKind::kReduceScatter, &output, -1, static_cast<int>(op));
+  const bool direct = consecutive(inputs);
+  Tensor packed = direct ? inputs[0] : scratch(s, output);
+  if (!direct) {
+    cuda::StreamGuard guard(s.stream);
+    NoGradGuard no_grad;
+    const int64_t n = output.numel();
+    for (size_t r = 0; r < inputs.size(); ++r) {
+      packed.narrow(0, static_cast<int64_t>(r) * n, n).copy_(inputs[r].reshape({n}));
+    }
+  }
+  issue.call(ncclReduceScatter(packed.data_ptr(), output.data_ptr(),
+                               static_cast<size_t>(output.numel()), nccl_type(output.dtype()),
+                               nccl_op(output.dtype(), op), s.comm, s.stream.handle()));
+  std::vector<Tensor> keep = inputs;
+  keep.push_back(output);
+  keep.push_back(packed);
+  return issue.finish(state_, std::move(keep));
+}
+
+WorkHandle NcclProcessGroup::barrier() {
+  State& s = *state_;
+  Tensor token = [&] {
+    cuda::StreamGuard guard(s.stream);
+    return zeros({1}, TensorOptions(kF32, cuda_device(s.device)));
+  }();
+  Issue issue(s, OpKind::kBarrier, nullptr, -1, -1);
+  issue.call(ncclAllReduce(token.data_ptr(), token.data_ptr(), 1, ncclFloat32, ncclSum, s.comm,
+                           s.stream.handle()));
+  return issue.finish(state_, {token});
+}
+
+WorkHandle NcclProcessGroup::send(const Tensor& tensor, int dst, int tag) {
+  detail::check_tensor("send", tensor);
+  detail::check_peer("send", dst, rank(), size());
+  check_device("send", tensor, state_->device);
+  EMBER_CHECK(tag == 0, "send", "the NCCL backend has no tags (got ", tag, ")");
+  State& s = *state_;
+  Issue issue(s, OpKind::kSend, &tensor, -1, -1);
+  issue.call(ncclSend(tensor.data_ptr(), static_cast<size_t>(tensor.numel()),
+                      nccl_type(tensor.dtype()), dst, s.comm, s.stream.handle()));
+  return issue.finish(state_, {tensor});
+}
+
+WorkHandle NcclProcessGroup::recv(const Tensor& tensor, int src, int tag) {
+  detail::check_tensor("recv", tensor);
+  detail::check_peer("recv", src, rank(), size());
+  check_device("recv", tensor, state_->device);
+  EMBER_CHECK(tag == 0, "recv", "the NCCL backend has no tags (got ", tag, ")");
+  State& s = *state_;
+  Issue issue(s, OpKind::kRecv, &tensor, -1, -1);
+  issue.call(ncclRecv(tensor.data_ptr(), static_cast<size_t>(tensor.numel()),
+                      nccl_type(tensor.dtype()), src, s.comm, s.stream.handle()));
+  return issue.finish(state_, {tensor});
+}
+
+}  // namespace ember::dist

@@ -1,0 +1,160 @@
+// init_process_group's reading of the launchers' variables, set in this process.
+#include <cstdlib>
+#include <map>
+
+#include <ember/dist/dist.h>
+
+#include "test_util.h"
+
+namespace ember::dist {
+namespace {
+
+const char* const kVars[] = {"OMPI_COMM_WORLD_RANK",
+                             "OMPI_COMM_WORLD_SIZE",
+                             "OMPI_COMM_WORLD_LOCAL_RANK",
+                             "RANK",
+                             "WORLD_SIZE",
+                             "LOCAL_RANK",
+                             "SLURM_PROCID",
+                             "SLURM_NTASKS",
+                             "SLURM_LOCALID",
+                             "MASTER_ADDR",
+                             "MASTER_PORT"};
+
+// Clears every launcher variable (mpirun's too, when the suite runs under it) for a scope,
+// sets the given ones, and puts everything back afterwards.
+class ScopedLaunchEnv {
+ public:
+  explicit ScopedLaunchEnv(const std::map<std::string, std::string>& values) {
+    for (const char* name : kVars) {
+      if (const char* v = std::getenv(name)) saved_[name] = v;
+      ::unsetenv(name);
+    }
+    for (const auto& [name, v] : values) ::setenv(name.c_str(), v.c_str(), 1);
+  }
+  ~ScopedLaunchEnv() {
+    for (const char* name : kVars) ::unsetenv(name);
+    for (const auto& [name, v] : saved_) ::setenv(name.c_str(), v.c_str(), 1);
+  }
+
+ private:
+  std::map<std::string, std::string> saved_;
+};
+
+TEST(LaunchEnv, NoLauncherIsASingleProcess) {
+  ScopedLaunchEnv env(std::map<std::string, std::string>{});
+  const LaunchEnv e = read_launch_env();
+  EXPECT_EQ(e.launcher, "none");
+  EXPECT_EQ(e.rank, 0);
+  EXPECT_EQ(e.world_size, 1);
+  EXPECT_EQ(e.local_rank, 0);
+  InitOptions options;
+  options.device = kCPU;
+  auto pg = init_process_group(options);
+  EXPECT_EQ(pg->backend(), "single");
+  EXPECT_EQ(pg->size(), 1);
+}
+
+TEST(LaunchEnv, Mpirun) {
+  ScopedLaunchEnv env({{"OMPI_COMM_WORLD_RANK", "3"},
+                       {"OMPI_COMM_WORLD_SIZE", "8"},
+                       {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                       {"SLURM_PROCID", "0"},
+                       {"SLURM_NTASKS", "1"}});
+  const LaunchEnv e = read_launch_env();
+  EXPECT_EQ(e.launcher, "mpirun");
+  EXPECT_EQ(e.rank, 3);
+  EXPECT_EQ(e.world_size, 8);
+  EXPECT_EQ(e.local_rank, 1);
+}
+
+TEST(LaunchEnv, Slurm) {
+  ScopedLaunchEnv env({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "6"}, {"SLURM_LOCALID", "2"}});
+  const LaunchEnv e = read_launch_env();
+  EXPECT_EQ(e.launcher, "slurm");
+  EXPECT_EQ(e.rank, 5);
+  EXPECT_EQ(e.world_size, 6);
+  EXPECT_EQ(e.local_rank, 2);
+  EXPECT_TRUE(e.master_addr.empty());
+}
+
+TEST(LaunchEnv, TorchrunWinsOverTheSlurmAllocationAroundIt) {
+  ScopedLaunchEnv env({{"RANK", "1"},
+                       {"WORLD_SIZE", "4"},
+                       {"LOCAL_RANK", "1"},
+                       {"MASTER_ADDR", "node7"},
+                       {"MASTER_PORT", "29500"},
+                       {"SLURM_PROCID", "0"},
+                       {"SLURM_NTASKS", "1"},
+                       {"SLURM_LOCALID", "0"}});
+  const LaunchEnv e = read_launch_env();
+  EXPECT_EQ(e.launcher, "torchrun");
+  EXPECT_EQ(e.rank, 1);
+  EXPECT_EQ(e.world_size, 4);
+  EXPECT_EQ(e.local_rank, 1);
+  EXPECT_EQ(e.master_addr, "node7");
+  EXPECT_EQ(e.master_port, 29500);
+}
+
+TEST(LaunchEnv, InconsistentOrMissingVariables) {
+  {
+    ScopedLaunchEnv env(std::map<std::string, std::string>{{"RANK", "0"}});
+    EXPECT_EMBER_ERROR(read_launch_env(), "RANK is set but WORLD_SIZE is not");
+  }
+  {
+    ScopedLaunchEnv env({{"RANK", "two"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "0"}});
+    EXPECT_EMBER_ERROR(read_launch_env(), "RANK=\"two\" is not an integer");
+  }
+  {
+    ScopedLaunchEnv env({{"RANK", "4"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "0"}});
+    EXPECT_EMBER_ERROR(read_launch_env(), "RANK=4 is not in [0, 4)");
+  }
+  {
+    ScopedLaunchEnv env({{"RANK", "1"}, {"WORLD_SIZE", "2"}});
+    EXPECT_EMBER_ERROR(read_launch_env(), "LOCAL_RANK is not set");
+  }
+  {
+    ScopedLaunchEnv env({{"SLURM_NTASKS", "0"}, {"SLURM_PROCID", "0"}});
+    EXPECT_EMBER_ERROR(read_launch_env(), "SLURM_NTASKS=0 must be at least 1");
+  }
+  {
+    ScopedLaunchEnv env(std::map<std::string, std::string>{{"MASTER_PORT", "70000"}});
+    EXPECT_EMBER_ERROR(read_launch_env(), "MASTER_PORT=70000 is not a TCP port");
+  }
+}
+
+TEST(LaunchEnv, BackendChoiceErrors) {
+  InitOptions options;
+  options.device = kCPU;
+  {
+    ScopedLaunchEnv env({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "0"}});
+    options.backend = "single";
+    EXPECT_EMBER_ERROR(init_process_group(options),
+                       "the single-process backend needs world size 1 but torchrun launched 2");
+    options.backend = "auto";  // CPU: MPI, which torchrun cannot provide
+    EXPECT_EMBER_ERROR(init_process_group(options), "the MPI backend needs an MPI launcher");
+    options.backend = "nccl";
+    EXPECT_EMBER_ERROR(init_process_group(options), "the NCCL backend needs a CUDA device");
+  }
+  ScopedLaunchEnv env(std::map<std::string, std::string>{});
+  options.backend = "gloo";
+  EXPECT_EMBER_ERROR(init_process_group(options), "unknown backend \"gloo\"");
+}
+
+TEST(LaunchEnv, UnderMpirunInitGivesTheMpiGroup) {
+  if (std::getenv("OMPI_COMM_WORLD_SIZE") == nullptr) GTEST_SKIP() << "not under mpirun";
+  InitOptions options;
+  options.device = kCPU;
+  options.group.timeout = std::chrono::seconds(60);
+  auto pg = init_process_group(options);
+  EXPECT_EQ(pg->backend(), "mpi");
+  EXPECT_EQ(pg->rank(), std::atoi(std::getenv("OMPI_COMM_WORLD_RANK")));
+  EXPECT_EQ(pg->size(), std::atoi(std::getenv("OMPI_COMM_WORLD_SIZE")));
+  EXPECT_EQ(pg->local_rank(), std::atoi(std::getenv("OMPI_COMM_WORLD_LOCAL_RANK")));
+  Tensor t = ones({5}, kI32);
+  pg->allreduce(t)->wait();
+  ::ember::testing::expect_close(t, full({5}, pg->size(), kI32));
+}
+
+}  // namespace
+}  // namespace ember::dist

@@ -1,0 +1,51 @@
+// The dist suite's main: under mpirun it initialises MPI (MPI_THREAD_MULTIPLE) for every test
+// and finalises it at the end. Rank 0 prints gtest's usual output; the other ranks print only
+// their failures, prefixed with their rank. Each rank's exit status is its own result.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+namespace {
+
+class RankFailurePrinter : public ::testing::EmptyTestEventListener {
+ public:
+  explicit RankFailurePrinter(int rank) : rank_(rank) {}
+  void OnTestPartResult(const ::testing::TestPartResult& result) override {
+    if (!result.failed()) return;
+    const auto* test = ::testing::UnitTest::GetInstance()->current_test_info();
+    std::fprintf(stderr, "[rank %d] FAILED %s.%s at %s:%d\n%s\n", rank_,
+                 test != nullptr ? test->test_suite_name() : "?",
+                 test != nullptr ? test->name() : "?",
+                 result.file_name() != nullptr ? result.file_name() : "?", result.line_number(),
+                 result.message());
+  }
+
+ private:
+  int rank_;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  const bool under_mpirun = std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr;
+  int rank = 0;
+  if (under_mpirun) {
+    int provided = 0;
+    if (MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS) {
+      std::fprintf(stderr, "MPI_Init_thread failed\n");
+      return 2;
+    }
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  }
+  if (rank != 0) {
+    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+    listeners.Append(new RankFailurePrinter(rank));
+  }
+  const int result = RUN_ALL_TESTS();
+  if (under_mpirun) MPI_Finalize();
+  return result;
+}

@@ -1,0 +1,20 @@
+# The dist suite under mpirun (included by ../CMakeLists.txt once ember_dist_tests exists):
+# the whole suite at 2 and 3 ranks, and jobs that must fail cleanly instead of hanging.
+set(EMBER_MPIRUN ${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe)
+foreach(np 2 3)
+  add_test(NAME dist_mpi_np${np}
+    COMMAND ${EMBER_MPIRUN} ${MPIEXEC_NUMPROC_FLAG} ${np} $<TARGET_FILE:ember_dist_tests>)
+  set_tests_properties(dist_mpi_np${np} PROPERTIES TIMEOUT 300 LABELS "dist;mpi" PROCESSORS ${np})
+endforeach()
+
+add_executable(ember_dist_failure ${CMAKE_CURRENT_SOURCE_DIR}/dist/failure_main.cpp)
+target_link_libraries(ember_dist_failure PRIVATE ember::ember ember_warnings)
+set(EMBER_EXPECT_FAILURE ${CMAKE_CURRENT_SOURCE_DIR}/dist/expect_failure.sh)
+add_test(NAME dist_mpi_failure_skip
+  COMMAND ${EMBER_EXPECT_FAILURE} 60 "allreduce #2 on rank 0 timed out after 2000 ms"
+    ${EMBER_MPIRUN} ${MPIEXEC_NUMPROC_FLAG} 2 $<TARGET_FILE:ember_dist_failure> skip)
+add_test(NAME dist_mpi_failure_exit
+  COMMAND ${EMBER_EXPECT_FAILURE} 60 "exit code|exited|timed out"
+    ${EMBER_MPIRUN} ${MPIEXEC_NUMPROC_FLAG} 2 $<TARGET_FILE:ember_dist_failure> exit)
+set_tests_properties(dist_mpi_failure_skip dist_mpi_failure_exit PROPERTIES
+  TIMEOUT 120 LABELS "dist;mpi" PROCESSORS 2)

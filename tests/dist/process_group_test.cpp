@@ -1,0 +1,414 @@
+// Process groups: every collective on the MPI backend (whatever world mpirun made: 1, 2 or 3
+// ranks) and on the single-process backend, for every dtype, against values computed here;
+// asynchrony, ordering, barrier, send/recv, debug mode and argument errors.
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include <ember/dist/detail/common.h>
+#include <ember/dist/dist.h>
+
+#include "test_util.h"
+
+namespace ember::dist {
+namespace {
+
+using ::ember::testing::expect_close;
+using namespace std::chrono_literals;
+
+const std::vector<DType> kAllDTypes = {kF32, kF64, kF16, kBF16, kI64, kI32, kU8, kBool};
+const std::vector<ReduceOp> kAllOps = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax,
+                                       ReduceOp::kMin};
+
+// The value rank r holds at index i: small integers, exact in every dtype, different per rank.
+double value(int r, int64_t i, DType dtype) {
+  if (dtype == kBool) return (i + r) % 3 == 0 ? 1 : 0;
+  if (dtype == kU8) return (r + 1) * (i % 5) + r;
+  return (r + 1) * (i % 5 - 2) + r;
+}
+
+Tensor rank_tensor(int r, const Shape& shape, DType dtype, int64_t offset = 0) {
+  int64_t n = 1;
+  for (int64_t s : shape) n *= s;
+  std::vector<double> values(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) values[static_cast<size_t>(i)] = value(r, i + offset, dtype);
+  return from_vector(values, shape).to(dtype);
+}
+
+// The reduction over ranks 0..size-1 of rank_tensor, computed in double.
+Tensor expected_reduction(int size, const Shape& shape, DType dtype, ReduceOp op,
+                          int64_t offset = 0) {
+  int64_t n = 1;
+  for (int64_t s : shape) n *= s;
+  std::vector<double> out(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    double acc = value(0, i + offset, dtype);
+    for (int r = 1; r < size; ++r) {
+      const double v = value(r, i + offset, dtype);
+      if (op == ReduceOp::kMax || (op == ReduceOp::kSum && dtype == kBool)) {
+        acc = std::max(acc, v);
+      } else if (op == ReduceOp::kMin) {
+        acc = std::min(acc, v);
+      } else {
+        acc += v;
+      }
+    }
+    if (op == ReduceOp::kAvg) acc /= size;
+    out[static_cast<size_t>(i)] = acc;
+  }
+  return from_vector(out, shape).to(dtype);
+}
+
+double rtol_for(DType dtype) { return dtype == kF16 || dtype == kBF16 ? 1e-2 : 1e-6; }
+
+bool op_applies(DType dtype, ReduceOp op) { return op != ReduceOp::kAvg || is_floating(dtype); }
+
+ProcessGroupOptions test_options(bool debug = false) {
+  ProcessGroupOptions o;
+  o.timeout = 60s;  // a broken test fails instead of hanging
+  o.debug = debug;
+  return o;
+}
+
+std::string label(DType dtype, ReduceOp op) {
+  return std::string(dtype_name(dtype)) + " " + detail::reduce_op_name(op);
+}
+
+// The collective checks, run against any group.
+void check_allreduce(ProcessGroup& pg, const Shape& shape) {
+  for (DType dtype : kAllDTypes) {
+    for (ReduceOp op : kAllOps) {
+      if (!op_applies(dtype, op)) continue;
+      SCOPED_TRACE(label(dtype, op));
+      Tensor t = rank_tensor(pg.rank(), shape, dtype);
+      pg.allreduce(t, op)->wait();
+      expect_close(t, expected_reduction(pg.size(), shape, dtype, op), rtol_for(dtype));
+    }
+  }
+}
+
+void check_broadcast(ProcessGroup& pg) {
+  for (DType dtype : kAllDTypes) {
+    for (int root = 0; root < pg.size(); ++root) {
+      SCOPED_TRACE(std::string(dtype_name(dtype)) + " root " + std::to_string(root));
+      Tensor t = rank_tensor(pg.rank(), {3, 7}, dtype);
+      pg.broadcast(t, root)->wait();
+      expect_close(t, rank_tensor(root, {3, 7}, dtype));
+    }
+  }
+}
+
+void check_allgather(ProcessGroup& pg) {
+  for (DType dtype : kAllDTypes) {
+    SCOPED_TRACE(dtype_name(dtype));
+    Tensor input = rank_tensor(pg.rank(), {2, 5}, dtype);
+    // Separate output tensors, and views into one block (gathered in place).
+    std::vector<Tensor> separate;
+    Tensor block = zeros({pg.size(), 2, 5}, dtype);
+    std::vector<Tensor> views;
+    for (int r = 0; r < pg.size(); ++r) {
+      separate.push_back(zeros({2, 5}, dtype));
+      views.push_back(block.select(0, r));
+    }
+    auto w1 = pg.allgather(separate, input);
+    auto w2 = pg.allgather(views, input);
+    w1->wait();
+    w2->wait();
+    for (int r = 0; r < pg.size(); ++r) {
+      expect_close(separate[static_cast<size_t>(r)], rank_tensor(r, {2, 5}, dtype));
+      expect_close(block.select(0, r), rank_tensor(r, {2, 5}, dtype));
+    }
+  }
+}
+
+void check_reduce(ProcessGroup& pg) {
+  for (DType dtype : kAllDTypes) {
+    for (ReduceOp op : kAllOps) {
+      if (!op_applies(dtype, op)) continue;
+      const int root = pg.size() - 1;
+      SCOPED_TRACE(label(dtype, op));
+      Tensor t = rank_tensor(pg.rank(), {17}, dtype);
+      pg.reduce(t, root, op)->wait();
+      if (pg.rank() == root) {
+        expect_close(t, expected_reduction(pg.size(), {17}, dtype, op), rtol_for(dtype));
+      }
+    }
+  }
+}
+
+void check_reduce_scatter(ProcessGroup& pg) {
+  for (DType dtype : kAllDTypes) {
+    for (ReduceOp op : kAllOps) {
+      if (!op_applies(dtype, op)) continue;
+      SCOPED_TRACE(label(dtype, op));
+      // inputs[j] on rank r holds rank_tensor(r) at offset 10 * j: rank j gets their reduction.
+      std::vector<Tensor> inputs;
+      for (int j = 0; j < pg.size(); ++j)
+        inputs.push_back(rank_tensor(pg.rank(), {10}, dtype, 10 * j));
+      Tensor output = zeros({10}, dtype);
+      pg.reduce_scatter(output, inputs, op)->wait();
+      expect_close(output, expected_reduction(pg.size(), {10}, dtype, op, 10 * pg.rank()),
+                   rtol_for(dtype));
+    }
+  }
+}
+
+// --- the MPI backend ----------------------------------------------------------------------
+
+TEST(MpiGroup, RankAndSize) {
+  MpiProcessGroup pg(test_options());
+  EXPECT_EQ(pg.backend(), "mpi");
+  EXPECT_GE(pg.size(), 1);
+  EXPECT_GE(pg.rank(), 0);
+  EXPECT_LT(pg.rank(), pg.size());
+  EXPECT_GE(pg.local_rank(), 0);
+  if (const char* size = std::getenv("OMPI_COMM_WORLD_SIZE")) {
+    EXPECT_EQ(pg.size(), std::atoi(size));
+  }
+}
+
+TEST(MpiGroup, AllreduceEveryDtypeAndOp) {
+  MpiProcessGroup pg(test_options());
+  check_allreduce(pg, {4, 25});
+}
+
+TEST(MpiGroup, AllreduceLargeAndEmpty) {
+  MpiProcessGroup pg(test_options());
+  check_allreduce(pg, {0});
+  Tensor big = rank_tensor(pg.rank(), {3 << 20}, kF32);  // 12 MiB: many fragments
+  pg.allreduce(big, ReduceOp::kAvg)->wait();
+  expect_close(big, expected_reduction(pg.size(), {3 << 20}, kF32, ReduceOp::kAvg));
+}
+
+TEST(MpiGroup, BroadcastEveryDtypeAndRoot) {
+  MpiProcessGroup pg(test_options());
+  check_broadcast(pg);
+}
+
+TEST(MpiGroup, AllgatherEveryDtype) {
+  MpiProcessGroup pg(test_options());
+  check_allgather(pg);
+}
+
+TEST(MpiGroup, ReduceEveryDtypeAndOp) {
+  MpiProcessGroup pg(test_options());
+  check_reduce(pg);
+}
+
+TEST(MpiGroup, ReduceScatterEveryDtypeAndOp) {
+  MpiProcessGroup pg(test_options());
+  check_reduce_scatter(pg);
+}
+
+TEST(MpiGroup, HalfAndBFloat16SumsAreExactWhereRepresentable) {
+  // The 16-bit MPI_Ops add in float and round once per step: exact for these values.
+  MpiProcessGroup pg(test_options());
+  Tensor t = full({8}, 0.5 + pg.rank() * 0.25, kF16);
+  pg.allreduce(t)->wait();
+  double expected = 0;
+  for (int r = 0; r < pg.size(); ++r) expected += 0.5 + r * 0.25;
+  expect_close(t, full({8}, expected, kF16), 0, 0);
+  Tensor b = full({8}, 0.5 + pg.rank() * 0.25, kBF16);
+  pg.allreduce(b, ReduceOp::kMax)->wait();
+  expect_close(b, full({8}, 0.5 + (pg.size() - 1) * 0.25, kBF16), 0, 0);
+}
+
+TEST(MpiGroup, WorkIsAsynchronous) {
+  // Rank 0 issues an allreduce that the others join only after rank 0 tells them to (over a
+  // second group): the call must return, incomplete, so rank 0 can go on and send.
+  MpiProcessGroup pg(test_options());
+  MpiProcessGroup signal(test_options());
+  if (pg.size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  Tensor t = full({1000}, pg.rank() + 1, kF64);
+  Tensor flag = zeros({1}, kI32);
+  if (pg.rank() == 0) {
+    WorkHandle work = pg.allreduce(t);
+    EXPECT_FALSE(work->is_completed());
+    Tensor busy = matmul(ones({64, 64}), ones({64, 64}));  // the caller keeps computing
+    EXPECT_FALSE(work->is_completed());
+    flag.fill_(1);
+    for (int r = 1; r < pg.size(); ++r) signal.send(flag, r)->wait();
+    work->wait();
+    EXPECT_TRUE(work->is_completed());
+    EXPECT_EQ(busy.sum().item<float>(), 64.f * 64 * 64);
+  } else {
+    signal.recv(flag, 0)->wait();
+    EXPECT_EQ(flag.item<int>(), 1);
+    pg.allreduce(t)->wait();
+  }
+  expect_close(t, full({1000}, pg.size() * (pg.size() + 1) / 2.0, kF64));
+}
+
+TEST(MpiGroup, ManyInFlightCompleteInIssueOrder) {
+  MpiProcessGroup pg(test_options());
+  std::vector<Tensor> tensors;
+  std::vector<WorkHandle> works;
+  for (int k = 0; k < 24; ++k) {
+    tensors.push_back(full({100 + 37 * k}, pg.rank() * 100 + k, kF32));
+    works.push_back(k % 3 == 2 ? pg.broadcast(tensors.back(), k % pg.size())
+                               : pg.allreduce(tensors.back(), ReduceOp::kMax));
+  }
+  // Waiting on the last one first: once it is done, every earlier one is too (issue order).
+  works.back()->wait();
+  for (auto& w : works) EXPECT_TRUE(w->is_completed());
+  for (int k = 0; k < 24; ++k) {
+    const double expected = k % 3 == 2 ? (k % pg.size()) * 100 + k : (pg.size() - 1) * 100 + k;
+    expect_close(tensors[static_cast<size_t>(k)], full({100 + 37 * k}, expected, kF32));
+  }
+}
+
+TEST(MpiGroup, BarrierWaitsForEveryRank) {
+  MpiProcessGroup pg(test_options());
+  // Rank 0 names a file, makes it after a pause, then enters the barrier; once out of the
+  // barrier every rank must see it.
+  Tensor token = full({1}, static_cast<int64_t>(getpid()), kI64);
+  pg.broadcast(token, 0)->wait();
+  const auto path = std::filesystem::temp_directory_path() /
+                    ("ember_barrier_" + std::to_string(token.item<int64_t>()));
+  if (pg.rank() == 0) {
+    std::this_thread::sleep_for(200ms);
+    std::ofstream(path) << "here";
+  }
+  pg.barrier()->wait();
+  EXPECT_TRUE(std::filesystem::exists(path));
+  pg.barrier()->wait();
+  if (pg.rank() == 0) std::filesystem::remove(path);
+}
+
+TEST(MpiGroup, SendRecvRingWithTags) {
+  MpiProcessGroup pg(test_options());
+  if (pg.size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  const int next = (pg.rank() + 1) % pg.size();
+  const int prev = (pg.rank() + pg.size() - 1) % pg.size();
+  for (DType dtype : kAllDTypes) {
+    SCOPED_TRACE(dtype_name(dtype));
+    // Two messages per neighbour; the receiver takes them in the other order, by tag. Large
+    // ones (1 Mi elements) need the receiver before they complete: sends must not block recvs.
+    Tensor a = rank_tensor(pg.rank(), {1 << 20}, dtype);
+    Tensor b = rank_tensor(pg.rank(), {7}, dtype, 3);
+    Tensor got_a = zeros({1 << 20}, dtype), got_b = zeros({7}, dtype);
+    auto s1 = pg.send(a, next, 1);
+    auto s2 = pg.send(b, next, 2);
+    auto r2 = pg.recv(got_b, prev, 2);
+    auto r1 = pg.recv(got_a, prev, 1);
+    r1->wait();
+    r2->wait();
+    s1->wait();
+    s2->wait();
+    expect_close(got_a, rank_tensor(prev, {1 << 20}, dtype));
+    expect_close(got_b, rank_tensor(prev, {7}, dtype, 3));
+  }
+}
+
+TEST(MpiGroup, DebugModeNamesTheRankThatDiffers) {
+  MpiProcessGroup pg(test_options(/*debug=*/true));
+  if (pg.size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  // Same collective, different shape on every rank but 0.
+  Tensor t = ones({pg.rank() == 0 ? 4 : 5});
+  EXPECT_EMBER_ERROR(pg.allreduce(t)->wait(),
+                     "rank 1 issued allreduce #1 on f32 [5] (sum) but rank 0 issued allreduce "
+                     "#1 on f32 [4] (sum)");
+  // A different collective on the last rank.
+  Tensor u = ones({3});
+  WorkHandle w = pg.rank() == pg.size() - 1 ? pg.broadcast(u, 0) : pg.allreduce(u);
+  EXPECT_EMBER_ERROR(w->wait(), "rank " + std::to_string(pg.size() - 1) + " issued broadcast #2");
+  // Every rank reported and skipped the collective, so the group goes on working.
+  Tensor v = ones({6}, kF64);
+  pg.allreduce(v)->wait();
+  expect_close(v, full({6}, pg.size(), kF64));
+}
+
+TEST(MpiGroup, DebugModeAgreesOnMatchingCollectives) {
+  MpiProcessGroup pg(test_options(/*debug=*/true));
+  check_reduce_scatter(pg);
+  check_broadcast(pg);
+  pg.barrier()->wait();
+}
+
+TEST(MpiGroup, ArgumentErrors) {
+  MpiProcessGroup pg(test_options());
+  EXPECT_EMBER_ERROR(pg.allreduce(ones({4}, kI64), ReduceOp::kAvg),
+                     "allreduce: ReduceOp avg needs a floating-point tensor, got i64");
+  EXPECT_EMBER_ERROR(pg.allreduce(ones({4, 3}).t()), "allreduce: tensor must be contiguous");
+  EXPECT_EMBER_ERROR(pg.broadcast(ones({2}), pg.size()), "is not a rank of a group of");
+  EXPECT_EMBER_ERROR(pg.allgather({ones({3})}, ones({2})),
+                     pg.size() == 1 ? "outputs[0] is f32 [3]" : "outputs holds 1 tensors");
+  EXPECT_EMBER_ERROR(pg.send(ones({2}), pg.rank()), "cannot exchange with itself");
+  // Nothing was issued, so the group is still in step.
+  Tensor t = ones({2});
+  pg.allreduce(t)->wait();
+  expect_close(t, full({2}, pg.size(), kF32));
+}
+
+TEST(MpiGroup, CudaTensorsAreStagedThroughHost) {
+  EMBER_REQUIRE_CUDA();
+  MpiProcessGroup pg(test_options());
+  const Device device = cuda_device(pg.local_rank() % cuda::device_count());
+  for (DType dtype : {kF32, kF16, kI64}) {
+    Tensor t = rank_tensor(pg.rank(), {1000}, dtype).to(device);
+    pg.allreduce(t, ReduceOp::kSum)->wait();
+    expect_close(t.cpu(), expected_reduction(pg.size(), {1000}, dtype, ReduceOp::kSum),
+                 rtol_for(dtype));
+    Tensor b = rank_tensor(pg.rank(), {33}, dtype).to(device);
+    pg.broadcast(b, 0)->wait();
+    expect_close(b.cpu(), rank_tensor(0, {33}, dtype));
+  }
+}
+
+// --- the single-process backend -----------------------------------------------------------
+
+TEST(SingleGroup, EveryCollectiveIsTheIdentity) {
+  SingleProcessGroup pg;
+  EXPECT_EQ(pg.backend(), "single");
+  EXPECT_EQ(pg.size(), 1);
+  EXPECT_EQ(pg.rank(), 0);
+  check_allreduce(pg, {3, 4});
+  check_broadcast(pg);
+  check_allgather(pg);
+  check_reduce(pg);
+  check_reduce_scatter(pg);
+  auto w = pg.barrier();
+  EXPECT_TRUE(w->is_completed());
+  w->wait();
+}
+
+TEST(SingleGroup, ErrorsAndPointToPoint) {
+  SingleProcessGroup pg;
+  EXPECT_EMBER_ERROR(pg.send(ones({2}), 1), "send: the single-process group has no rank 1");
+  EXPECT_EMBER_ERROR(pg.recv(ones({2}), 1), "recv: the single-process group has no rank 1");
+  EXPECT_EMBER_ERROR(pg.broadcast(ones({2}), 1), "broadcast: root 1 is not a rank of a group of 1");
+  EXPECT_EMBER_ERROR(pg.allreduce(ones({2}, kBool), ReduceOp::kAvg), "ReduceOp avg");
+  EXPECT_EMBER_ERROR(pg.reduce_scatter(ones({2}), {ones({3})}), "inputs[0] is f32 [3]");
+}
+
+TEST(SingleGroup, CudaTensors) {
+  EMBER_REQUIRE_CUDA();
+  SingleProcessGroup pg;
+  Tensor in = arange(6, TensorOptions(kF32, cuda_device())).view({2, 3});
+  std::vector<Tensor> out = {zeros({2, 3}, TensorOptions(kF32, cuda_device()))};
+  pg.allgather(out, in)->wait();
+  expect_close(out[0].cpu(), in.cpu());
+}
+
+// --- fingerprints -------------------------------------------------------------------------
+
+TEST(Fingerprint, DescribesAndComparesCollectives) {
+  Tensor t = ones({2, 3}, kBF16);
+  const auto a = detail::Fingerprint::of(detail::OpKind::kAllreduce, 4, &t, -1, 1);
+  EXPECT_EQ(a.str(), "allreduce #4 on bf16 [2, 3] (avg)");
+  Tensor u = ones({1, 2, 3, 4, 5, 6, 7});
+  const auto b = detail::Fingerprint::of(detail::OpKind::kBroadcast, 4, &u, 1, -1);
+  EXPECT_EQ(b.str(), "broadcast #4 on f32 [1, 2, 3, 4, 5, 6, ...] (root 1)");
+  EXPECT_EQ(detail::compare_fingerprints({a, a, a}, 2), "");
+  EXPECT_NE(detail::compare_fingerprints({a, a, b}, 0).find("rank 2 issued broadcast #4"),
+            std::string::npos);
+  // Shapes that differ only past the dims kept are still told apart by the hash.
+  Tensor v = ones({1, 2, 3, 4, 5, 6, 8});
+  EXPECT_FALSE(b == detail::Fingerprint::of(detail::OpKind::kBroadcast, 4, &v, 1, -1));
+}
+
+}  // namespace
+}  // namespace ember::dist

@@ -1,0 +1,96 @@
+// The TCP rendezvous over loopback, with threads standing in for ranks.
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <thread>
+
+#include <ember/dist/tcp_store.h>
+
+#include "test_util.h"
+
+namespace ember::dist {
+namespace {
+
+using namespace std::chrono_literals;
+
+// A port nothing listens on right now.
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  socklen_t length = sizeof(addr);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &length);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+TEST(TcpStore, SetGetAddAndBarrierAcrossRanks) {
+  constexpr int kWorld = 3;
+  TcpStore server("127.0.0.1", 0, kWorld, true, 10s);
+  ASSERT_GT(server.port(), 0);
+  std::atomic<int> after_barrier{0};
+  std::vector<std::string> got(kWorld);
+  std::vector<std::thread> ranks;
+  for (int r = 1; r < kWorld; ++r) {
+    ranks.emplace_back([&, r] {
+      TcpStore client("127.0.0.1", server.port(), kWorld, false, 10s);
+      got[static_cast<size_t>(r)] = client.get("id");  // waits for rank 0's set
+      client.add("count", r);
+      client.barrier();
+      after_barrier.fetch_add(1);
+      client.barrier();
+    });
+  }
+  std::this_thread::sleep_for(50ms);
+  server.set("id", std::string("\0bytes\xff", 7));
+  server.add("count", 10);
+  server.barrier();
+  // Every rank has added before anyone leaves the first barrier.
+  EXPECT_EQ(server.add("count", 0), 13);
+  server.barrier();
+  EXPECT_EQ(after_barrier.load(), kWorld - 1);
+  for (auto& t : ranks) t.join();
+  for (int r = 1; r < kWorld; ++r)
+    EXPECT_EQ(got[static_cast<size_t>(r)], std::string("\0bytes\xff", 7));
+}
+
+TEST(TcpStore, GetTimesOutOnAMissingKey) {
+  TcpStore server("127.0.0.1", 0, 1, true, 300ms);
+  EXPECT_EMBER_ERROR(server.get("never"), "tcp_store: key \"never\" was not set within 300 ms");
+  server.set("k", "v");  // still usable
+  EXPECT_EQ(server.get("k"), "v");
+}
+
+TEST(TcpStore, ClientRetriesUntilTheServerComesUp) {
+  const int port = free_port();
+  std::string got;
+  std::thread client([&] {
+    TcpStore store("127.0.0.1", port, 2, false, 10s);
+    got = store.get("hello");
+  });
+  std::this_thread::sleep_for(300ms);
+  TcpStore server("127.0.0.1", port, 2, true, 10s);
+  server.set("hello", "world");
+  client.join();
+  EXPECT_EQ(got, "world");
+}
+
+TEST(TcpStore, ConnectGivesUpAfterTheTimeout) {
+  const int port = free_port();
+  EXPECT_EMBER_ERROR(TcpStore("127.0.0.1", port, 2, false, 300ms),
+                     "could not connect to 127.0.0.1:" + std::to_string(port) + " within 300 ms");
+}
+
+TEST(TcpStore, ArgumentErrors) {
+  EXPECT_EMBER_ERROR(TcpStore("127.0.0.1", 0, 2, false, 100ms), "a client needs the server's port");
+  EXPECT_EMBER_ERROR(TcpStore("127.0.0.1", 70000, 2, true, 100ms), "port 70000 is out of range");
+  EXPECT_EMBER_ERROR(TcpStore("no-such-host.invalid", 1234, 2, false, 100ms), "cannot resolve");
+}
+
+}  // namespace
+}  // namespace ember::dist
