@@ -41,6 +41,7 @@ packages=(
   libstb-dev zlib1g-dev nlohmann-json3-dev libcli11-dev
   clang-format
   dataset-fashion-mnist
+  gnuplot-nox
 )
 
 missing=()

@@ -1,0 +1,28 @@
+// Progress reporting for ember-train: a live bar on a terminal, periodic lines otherwise.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+namespace ember::apps {
+
+class Progress {
+ public:
+  // `enabled` is false on every rank but 0.
+  Progress(bool enabled, int64_t log_interval);
+  void start_epoch(int64_t epoch, int64_t epochs, int64_t steps);
+  // After each step: images/s over the epoch so far, the running loss and the ETA.
+  void update(int64_t step, int64_t images, double loss);
+  void finish_epoch();
+
+ private:
+  bool enabled_, terminal_;
+  int64_t log_interval_, epoch_ = 0, epochs_ = 0, steps_ = 0;
+  std::chrono::steady_clock::time_point start_;
+};
+
+// "1h02m", "3m07s", "12s"
+std::string format_duration(double seconds);
+
+}  // namespace ember::apps

@@ -1,0 +1,77 @@
+#include "train_options.h"
+
+#include <CLI/CLI.hpp>
+
+namespace ember::apps {
+
+namespace {
+// CLI11's own range checks print the whole double range; these say what is wanted.
+CLI::Validator at_least(double minimum, const char* what) {
+  return CLI::Validator(
+      [minimum, what](std::string& value) -> std::string {
+        try {
+          if (std::stod(value) >= minimum) return "";
+        } catch (const std::exception&) {
+        }
+        return "'" + value + "' is not " + what;
+      },
+      what);
+}
+const CLI::Validator kPositive = at_least(1e-300, "a positive number");
+const CLI::Validator kNonNegative = at_least(0.0, "a non-negative number");
+}  // namespace
+
+int parse_train_options(int argc, char** argv, TrainOptions& o) {
+  CLI::App app{
+      "ember-train: train a ResNet on CIFAR-10/100 or (Fashion-)MNIST, on one CPU, one GPU or many "
+      "ranks under mpirun/srun/torchrun"};
+  app.add_option("--data", o.data, "Folder holding cifar-10-batches-bin/ or cifar-100-binary/");
+  app.add_option("--dataset", o.dataset,
+                 "auto: CIFAR-10 when present under --data, else Fashion-MNIST")
+      ->check(CLI::IsMember({"auto", "cifar10", "cifar100", "fashion-mnist", "mnist"}));
+  app.add_option("--model", o.model,
+                 "resnet20|32|56|110, resnet18|34 (CIFAR stem), resnet18-imagenet ...");
+  app.add_option("--epochs", o.epochs)->check(kPositive);
+  app.add_option("--batch-size", o.batch_size, "Images per rank and step")->check(kPositive);
+  app.add_option("--optimizer", o.optimizer)->check(CLI::IsMember({"sgd", "adamw"}));
+  app.add_option("--lr", o.lr, "Learning rate for a global batch of 128 (scaled linearly)")
+      ->check(kPositive);
+  app.add_option("--momentum", o.momentum)->check(CLI::Range(0.0, 1.0));
+  app.add_option("--weight-decay", o.weight_decay)->check(kNonNegative);
+  app.add_option("--schedule", o.schedule)
+      ->check(CLI::IsMember({"cosine", "onecycle", "step", "constant"}));
+  app.add_option("--warmup-epochs", o.warmup_epochs, "Linear warm-up before the schedule")
+      ->check(kNonNegative);
+  app.add_option("--label-smoothing", o.label_smoothing)->check(CLI::Range(0.0, 1.0));
+  app.add_option("--device", o.device)->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  app.add_option("--threads", o.threads, "CPU threads per rank (0: all cores)")
+      ->check(kNonNegative);
+  app.add_option("--workers", o.workers, "Data-loading threads")->check(kNonNegative);
+  app.add_option("--seed", o.seed);
+  app.add_flag("--deterministic", o.deterministic,
+               "Reproducible runs: fixed algorithms, one loader order");
+  app.add_option("--checkpoint-dir", o.checkpoint_dir, "Where checkpoints go (none when empty)");
+  app.add_option("--checkpoint-interval", o.checkpoint_interval, "Epochs between checkpoints")
+      ->check(kPositive);
+  app.add_flag("--resume", o.resume, "Continue from the latest checkpoint in --checkpoint-dir");
+  app.add_flag("--sync-bn", o.sync_bn, "Batch statistics over all ranks (SyncBatchNorm)");
+  app.add_option("--compression", o.compression, "Gradient traffic: none, fp16 or bf16")
+      ->check(CLI::IsMember({"none", "fp16", "bf16"}));
+  app.add_option("--max-steps", o.max_steps, "Stop after this many steps (smoke runs)")
+      ->check(kNonNegative);
+  app.add_option("--out-dir", o.out_dir, "Folder for metrics.jsonl and curves.png");
+  app.add_option("--log-interval", o.log_interval, "Steps between log lines when not on a terminal")
+      ->check(kPositive);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  if (o.resume && o.checkpoint_dir.empty()) {
+    std::fprintf(stderr, "ember-train: --resume needs --checkpoint-dir\n");
+    return 2;
+  }
+  return -1;
+}
+
+}  // namespace ember::apps

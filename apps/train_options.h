@@ -1,0 +1,41 @@
+// ember-train's command line: what to train, on what, and how.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace ember::apps {
+
+struct TrainOptions {
+  std::string data = "data";     // folder holding cifar-10-batches-bin/ or cifar-100-binary/
+  std::string dataset = "auto";  // auto | cifar10 | cifar100 | fashion-mnist | mnist
+  std::string model = "resnet20";
+  int64_t epochs = 10;
+  int64_t batch_size = 128;       // per rank
+  std::string optimizer = "sgd";  // sgd | adamw
+  double lr = 0.1;                // for a global batch of 128; scaled linearly
+  double momentum = 0.9;
+  double weight_decay = 5e-4;
+  std::string schedule = "cosine";  // cosine | onecycle | step | constant
+  double warmup_epochs = 1.0;
+  double label_smoothing = 0.1;
+  std::string device = "auto";  // auto | cpu | cuda
+  int threads = 0;              // 0: all cores
+  int workers = 2;
+  uint64_t seed = 0;
+  bool deterministic = false;
+  std::string checkpoint_dir;       // empty: no checkpoints
+  int64_t checkpoint_interval = 1;  // epochs
+  bool resume = false;
+  bool sync_bn = false;
+  std::string compression = "none";  // none | fp16 | bf16
+  int64_t max_steps = 0;             // stop after this many steps (smoke runs); 0: no limit
+  std::string out_dir = "runs";      // metrics.jsonl and curves.png
+  int64_t log_interval = 50;         // steps between log lines when not on a terminal
+};
+
+// Parses argv; prints help or a clear message and returns the exit code to leave with when
+// the program should not run (0 for --help), or -1 to go on.
+int parse_train_options(int argc, char** argv, TrainOptions& options);
+
+}  // namespace ember::apps
