@@ -1,0 +1,81 @@
+// ember's MPI process group against raw MPI_Allreduce, same job, same buffers: f32 sum
+// all-reduce of 4 KiB to 64 MiB. Run under mpirun (mpirun -np 2 bench/allreduce); rank 0
+// prints one JSON line per size with the median time of each (and of raw MPI_Iallreduce +
+// MPI_Wait, the non-blocking path ember's thread takes), the bus bandwidth
+// (bytes * 2 (n - 1) / n / time, as nccl-tests reports it) and ember / raw.
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <vector>
+
+#include <ember/dist/dist.h>
+#include <ember/tensor/ops.h>
+
+namespace {
+
+double now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Median over `reps` of the slowest rank's time for one call of `fn`.
+template <typename F>
+double median_seconds(int reps, F&& fn) {
+  std::vector<double> times;
+  for (int i = 0; i < reps + 2; ++i) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    const double start = now();
+    fn();
+    double elapsed = now() - start, slowest = 0;
+    MPI_Allreduce(&elapsed, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    if (i >= 2) times.push_back(slowest);  // the first two warm up
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  {
+    ember::dist::MpiProcessGroup pg;
+    for (size_t bytes = 4 << 10; bytes <= (64u << 20); bytes *= 4) {
+      const auto n = static_cast<int64_t>(bytes / sizeof(float));
+      ember::Tensor a = ember::full({n}, 1.0 / size, ember::kF32);
+      ember::Tensor b = ember::full({n}, 1.0 / size, ember::kF32);
+      const int reps = static_cast<int>(std::clamp<size_t>((256u << 20) / bytes, 10, 200));
+      const double raw = median_seconds(reps, [&] {
+        MPI_Allreduce(MPI_IN_PLACE, b.data_ptr(), static_cast<int>(n), MPI_FLOAT, MPI_SUM,
+                      MPI_COMM_WORLD);
+      });
+      // Non-blocking MPI, as ember's communication thread issues it: the algorithm's share.
+      const double nonblocking = median_seconds(reps, [&] {
+        MPI_Request request;
+        MPI_Iallreduce(MPI_IN_PLACE, b.data_ptr(), static_cast<int>(n), MPI_FLOAT, MPI_SUM,
+                       MPI_COMM_WORLD, &request);
+        MPI_Wait(&request, MPI_STATUS_IGNORE);
+      });
+      const double ours = median_seconds(reps, [&] { pg.allreduce(a)->wait(); });
+      const double factor = size > 1 ? 2.0 * (size - 1) / size : 1.0;
+      const double raw_bw = bytes * factor / raw / 1e9, ours_bw = bytes * factor / ours / 1e9;
+      if (rank == 0) {
+        std::printf(
+            "{\"bench\": \"allreduce\", \"ranks\": %d, \"bytes\": %zu, \"dtype\": \"f32\", "
+            "\"ember_us\": %.1f, \"mpi_us\": %.1f, \"mpi_iallreduce_us\": %.1f, "
+            "\"ember_busbw_gbs\": %.3f, "
+            "\"mpi_busbw_gbs\": %.3f, \"ratio\": %.3f}\n",
+            size, bytes, ours * 1e6, raw * 1e6, nonblocking * 1e6, ours_bw, raw_bw,
+            ours_bw / raw_bw);
+        std::fflush(stdout);
+      }
+    }
+  }
+  MPI_Finalize();
+  return 0;
+}
