@@ -23,7 +23,8 @@ class Allocator {
 
 inline constexpr size_t kCpuAlignment = 64;
 
-// Host memory aligned to kCpuAlignment bytes.
+// Host memory aligned to kCpuAlignment bytes. Freed blocks are cached (up to 1 GiB) and
+// reused for requests of the same rounded size.
 Allocator& cpu_allocator();
 // Page-locked host memory for fast, asynchronous host<->GPU copies. Needs a CUDA device;
 // throws ember::Error otherwise.

@@ -1,7 +1,10 @@
 #include "storage.h"
 
 #include <cstdlib>
+#include <mutex>
 #include <new>
+#include <unordered_map>
+#include <vector>
 
 #include <ember/config.h>
 
@@ -16,15 +19,55 @@ namespace ember {
 
 namespace {
 
+// NOTE: freed blocks are kept by rounded size and handed out again, so a training loop's
+// steady state maps no fresh pages: on large tensors the page faults of a new buffer cost
+// more than the arithmetic of an elementwise op. At most kMaxCachedBytes stay cached; the
+// allocator is never destroyed, so tensors freed during static destruction still find it.
 class CpuAllocator final : public Allocator {
  public:
+  static constexpr size_t kMaxCachedBytes = size_t{1} << 30;
+
   DataPtr allocate(size_t nbytes) override {
     if (nbytes == 0) return nullptr;
-    const size_t rounded = (nbytes + kCpuAlignment - 1) / kCpuAlignment * kCpuAlignment;
-    void* ptr = std::aligned_alloc(kCpuAlignment, rounded);
+    const size_t size = rounded(nbytes);
+    void* ptr = take_cached(size);
+    if (ptr == nullptr) ptr = std::aligned_alloc(kCpuAlignment, size);
     EMBER_CHECK(ptr != nullptr, "cpu allocator", "out of memory allocating ", nbytes, " bytes");
-    return DataPtr(ptr, [](void* p) { std::free(p); });
+    return DataPtr(ptr, [this, size](void* p) { give_back(p, size); });
   }
+
+ private:
+  // Small blocks round to the alignment; large ones to 64 KiB, so near sizes share blocks.
+  static size_t rounded(size_t nbytes) {
+    const size_t unit = nbytes >= (size_t{1} << 20) ? size_t{1} << 16 : kCpuAlignment;
+    return (nbytes + unit - 1) / unit * unit;
+  }
+
+  void* take_cached(size_t size) {
+    std::lock_guard lock(mutex_);
+    auto it = free_.find(size);
+    if (it == free_.end() || it->second.empty()) return nullptr;
+    void* ptr = it->second.back();
+    it->second.pop_back();
+    cached_bytes_ -= size;
+    return ptr;
+  }
+
+  void give_back(void* ptr, size_t size) {
+    {
+      std::lock_guard lock(mutex_);
+      if (cached_bytes_ + size <= kMaxCachedBytes) {
+        free_[size].push_back(ptr);
+        cached_bytes_ += size;
+        return;
+      }
+    }
+    std::free(ptr);
+  }
+
+  std::mutex mutex_;
+  std::unordered_map<size_t, std::vector<void*>> free_;
+  size_t cached_bytes_ = 0;
 };
 
 class PinnedAllocator final : public Allocator {
@@ -50,8 +93,8 @@ class PinnedAllocator final : public Allocator {
 }  // namespace
 
 Allocator& cpu_allocator() {
-  static CpuAllocator allocator;
-  return allocator;
+  static CpuAllocator* const allocator = new CpuAllocator;
+  return *allocator;
 }
 
 Allocator& pinned_allocator() {

@@ -75,6 +75,18 @@ TEST(TensorBasics, CpuMemoryIsAligned) {
   }
 }
 
+TEST(TensorBasics, CpuAllocatorReusesFreedBlocks) {
+  void* first = nullptr;
+  {
+    const Tensor t = empty({1 << 20});  // 4 MiB
+    first = t.data_ptr();
+  }
+  const Tensor again = empty({1 << 20});
+  EXPECT_EQ(again.data_ptr(), first);  // the freed block came back
+  const Tensor other = empty({1 << 20});
+  EXPECT_NE(other.data_ptr(), first);  // a live block is never handed out twice
+}
+
 TEST(TensorViews, ShareStorageAndIndexCorrectly) {
   const Tensor base = iota({2, 3, 4});
   const Tensor v = base.view({6, 4});
