@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Installs the build into a scratch prefix, then configures, builds and runs the DDP example
+# (apps/example) out of tree against the installed package: alone and under mpirun -np 2.
+#   example_test.sh <build dir> <source dir>
+set -euo pipefail
+build_dir="$1"
+source_dir="$2"
+work="$(mktemp -d "${TMPDIR:-/tmp}/ember-install-test.XXXXXX")"
+trap 'rm -rf "$work"' EXIT
+
+cmake --install "$build_dir" --prefix "$work/prefix" >/dev/null
+test -f "$work/prefix/include/ember/ember.h"
+test -f "$work/prefix/lib/cmake/Ember/EmberConfig.cmake"
+cmake -S "$source_dir/apps/example" -B "$work/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_PREFIX_PATH="$work/prefix" >/dev/null
+cmake --build "$work/build" >/dev/null
+"$work/build/ddp_example"
+OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+  mpirun --allow-run-as-root --oversubscribe -np 2 "$work/build/ddp_example"
+echo "installed package: example built and ran out of tree"
