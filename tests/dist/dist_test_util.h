@@ -37,4 +37,43 @@ inline void expect_same_state(nn::Module& actual, nn::Module& expected, double r
   }
 }
 
+// Forwards to another group and counts the collectives, to check who communicates when.
+class CountingGroup : public ProcessGroup {
+ public:
+  explicit CountingGroup(std::shared_ptr<ProcessGroup> inner)
+      : ProcessGroup(inner->rank(), inner->size(), inner->local_rank()), inner_(std::move(inner)) {}
+  std::string backend() const override { return inner_->backend(); }
+  WorkHandle allreduce(const Tensor& t, ReduceOp op) override {
+    ++calls;
+    return inner_->allreduce(t, op);
+  }
+  WorkHandle broadcast(const Tensor& t, int root) override {
+    ++calls;
+    return inner_->broadcast(t, root);
+  }
+  WorkHandle allgather(const std::vector<Tensor>& outputs, const Tensor& input) override {
+    ++calls;
+    return inner_->allgather(outputs, input);
+  }
+  WorkHandle reduce(const Tensor& t, int root, ReduceOp op) override {
+    ++calls;
+    return inner_->reduce(t, root, op);
+  }
+  WorkHandle reduce_scatter(const Tensor& output, const std::vector<Tensor>& inputs,
+                            ReduceOp op) override {
+    ++calls;
+    return inner_->reduce_scatter(output, inputs, op);
+  }
+  WorkHandle barrier() override {
+    ++calls;
+    return inner_->barrier();
+  }
+  WorkHandle send(const Tensor& t, int dst, int tag) override { return inner_->send(t, dst, tag); }
+  WorkHandle recv(const Tensor& t, int src, int tag) override { return inner_->recv(t, src, tag); }
+  int calls = 0;
+
+ private:
+  std::shared_ptr<ProcessGroup> inner_;
+};
+
 }  // namespace ember::dist::testing

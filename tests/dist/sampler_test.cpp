@@ -1,0 +1,123 @@
+// DistributedSampler: PyTorch's sharding and padding rules (every rank's shard is computed
+// here for several world sizes), set_epoch, and a mid-epoch restore through a DataLoader.
+#include <algorithm>
+#include <set>
+
+#include <ember/dist/distributed_sampler.h>
+
+#include "dist_test_util.h"
+
+namespace ember::dist {
+namespace {
+
+using testing::world;
+
+std::vector<std::vector<int64_t>> shards(int64_t n, int world_size, DistributedSamplerOptions o,
+                                         uint64_t epoch = 0) {
+  std::vector<std::vector<int64_t>> out;
+  for (int r = 0; r < world_size; ++r) {
+    DistributedSampler s(n, world_size, r, o);
+    s.set_epoch(epoch);
+    out.push_back(s.indices());
+    EXPECT_EQ(static_cast<int64_t>(out.back().size()), s.size());
+  }
+  return out;
+}
+
+TEST(DistributedSampler, UnshuffledShardsAreStridedAndPaddedFromTheStart) {
+  DistributedSamplerOptions o;
+  o.shuffle = false;
+  using V = std::vector<std::vector<int64_t>>;
+  // As torch.utils.data.DistributedSampler(range(10), 3, r, shuffle=False).
+  EXPECT_EQ(shards(10, 3, o), (V{{0, 3, 6, 9}, {1, 4, 7, 0}, {2, 5, 8, 1}}));
+  EXPECT_EQ(shards(1, 3, o), (V{{0}, {0}, {0}}));  // padding repeats as often as needed
+  o.drop_last = true;
+  EXPECT_EQ(shards(10, 3, o), (V{{0, 3, 6}, {1, 4, 7}, {2, 5, 8}}));
+  EXPECT_EQ(shards(9, 3, o), (V{{0, 3, 6}, {1, 4, 7}, {2, 5, 8}}));
+  EXPECT_EQ(shards(2, 3, o), (V{{}, {}, {}}));
+}
+
+TEST(DistributedSampler, ShuffledShardsAreDisjointAndCoverTheDataset) {
+  for (int world_size : {1, 2, 3, 4}) {
+    for (int64_t n : {0, 7, 12, 13}) {
+      for (bool drop_last : {false, true}) {
+        SCOPED_TRACE(::testing::Message()
+                     << "world " << world_size << " n " << n << " drop_last " << drop_last);
+        DistributedSamplerOptions o;
+        o.seed = 17;
+        o.drop_last = drop_last;
+        const auto parts = shards(n, world_size, o, 4);
+        std::vector<int64_t> all;
+        for (const auto& p : parts) {
+          EXPECT_EQ(p.size(), parts[0].size());  // every rank takes the same number of steps
+          all.insert(all.end(), p.begin(), p.end());
+        }
+        const std::set<int64_t> distinct(all.begin(), all.end());
+        if (drop_last) {
+          EXPECT_EQ(distinct.size(), all.size());  // disjoint
+          EXPECT_EQ(static_cast<int64_t>(all.size()), n / world_size * world_size);
+        } else {
+          EXPECT_EQ(static_cast<int64_t>(distinct.size()), n);  // covering
+          EXPECT_EQ(static_cast<int64_t>(all.size()),
+                    (n + world_size - 1) / world_size * world_size);
+        }
+        for (int64_t i : all) EXPECT_TRUE(i >= 0 && i < n);
+      }
+    }
+  }
+}
+
+TEST(DistributedSampler, SetEpochReshufflesTheSameWayOnEveryRank) {
+  auto pg = world();
+  DistributedSampler sampler(50, *pg, {.seed = 3});
+  EXPECT_EQ(sampler.num_replicas(), pg->size());
+  EXPECT_EQ(sampler.rank(), pg->rank());
+  sampler.set_epoch(1);
+  const auto epoch1 = sampler.indices();
+  EXPECT_EQ(sampler.indices(), epoch1);  // a pure function of (seed, epoch)
+  sampler.set_epoch(2);
+  EXPECT_NE(sampler.indices(), epoch1);
+  DistributedSampler other_seed(50, *pg, {.seed = 4});
+  other_seed.set_epoch(1);
+  EXPECT_NE(other_seed.indices(), epoch1);
+  // Ranks agree on the permutation: the shards of one epoch are disjoint across the group.
+  Tensor mine = zeros({50}, kI64);
+  sampler.set_epoch(1);
+  for (int64_t i : sampler.indices()) mine.data_ptr<int64_t>()[i] += 1;
+  pg->allreduce(mine, ReduceOp::kSum)->wait();
+  const auto counts = mine.to_vector<int64_t>();
+  const int64_t padded = sampler.total_size() - 50;
+  EXPECT_EQ(std::count(counts.begin(), counts.end(), 0), 0);
+  EXPECT_EQ(std::count(counts.begin(), counts.end(), 2), padded);
+}
+
+TEST(DistributedSampler, ResumesMidEpochThroughTheDataLoader) {
+  DistributedSampler full(23, 2, 1, {.seed = 9});
+  full.set_epoch(5);
+  const auto order = full.indices();
+  ASSERT_EQ(order.size(), 12u);
+
+  auto resumed =
+      std::make_shared<DistributedSampler>(23, 2, 1, DistributedSamplerOptions{.seed = 9});
+  resumed->set_epoch(5);
+  resumed->set_position(4);
+  EXPECT_EQ(resumed->size(), 8);
+  auto data =
+      std::make_shared<data::TensorDataset>(arange(23, kF32).view({23, 1}), arange(23, kI64));
+  data::DataLoader loader(data, {.batch_size = 3, .sampler = resumed});
+  loader.set_epoch(5);  // the loader re-selects the same epoch: the position holds
+  std::vector<int64_t> seen;
+  for (const auto& b : loader) seen.insert(seen.end(), b.indices.begin(), b.indices.end());
+  EXPECT_EQ(seen, std::vector<int64_t>(order.begin() + 4, order.end()));
+  // The next epoch starts from its beginning.
+  resumed->set_epoch(6);
+  EXPECT_EQ(resumed->position(), 0);
+  EXPECT_EQ(resumed->size(), 12);
+
+  EXPECT_EMBER_ERROR(resumed->set_position(13), "position 13 is outside [0, 12]");
+  EXPECT_EMBER_ERROR(DistributedSampler(10, 2, 2), "rank 2 is outside [0, 2)");
+  EXPECT_EMBER_ERROR(DistributedSampler(10, 0, 0), "num_replicas must be positive");
+}
+
+}  // namespace
+}  // namespace ember::dist
