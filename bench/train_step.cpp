@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   std::string model_name = "resnet20", device_name = "cpu";
   int64_t batch = 128;
   int threads = 2, steps = 10;
+  bool ddp = false;
   app.add_option("--model", model_name, "resnet20 | resnet56 | resnet18")
       ->check(
           CLI::IsMember({"resnet20", "resnet32", "resnet56", "resnet110", "resnet18", "resnet34"}));
@@ -21,14 +22,22 @@ int main(int argc, char** argv) {
   app.add_option("--device", device_name, "cpu | cuda")->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--threads", threads, "CPU threads")->check(CLI::PositiveNumber);
   app.add_option("--steps", steps, "timed steps")->check(CLI::PositiveNumber);
+  app.add_flag("--ddp", ddp, "under mpirun: DDP step time beside the no_sync step time");
   CLI11_PARSE(app, argc, argv);
 
   try {
     ember::set_num_threads(threads);
     const ember::Device device(device_name);
     ember::manual_seed(0);
-    auto model = ember::nn::resnet(model_name, 10, 3);
+    std::shared_ptr<ember::nn::Module> model = ember::nn::resnet(model_name, 10, 3);
     model->to(device);
+    std::shared_ptr<ember::dist::ProcessGroup> group;
+    std::shared_ptr<ember::dist::DistributedDataParallel> wrapped;
+    if (ddp) {
+      group = ember::dist::init_process_group();
+      wrapped = std::make_shared<ember::dist::DistributedDataParallel>(model, group);
+    }
+    ember::nn::Module& trained = wrapped ? static_cast<ember::nn::Module&>(*wrapped) : *model;
     ember::optim::SGDOptions options;
     options.lr = 0.1;
     options.momentum = 0.9;
@@ -41,26 +50,41 @@ int main(int argc, char** argv) {
         ember::randint(0, 10, {batch}, ember::TensorOptions(ember::kI64, device));
     auto step = [&] {
       optimizer.zero_grad();
-      const ember::Tensor loss = ember::cross_entropy(model->forward(images), labels);
+      const ember::Tensor loss = ember::cross_entropy(trained.forward(images), labels);
       loss.backward();
       optimizer.step();
+    };
+    // The same step with gradient synchronisation off: the compute-only baseline for DDP.
+    auto local_step = [&] {
+      auto no_sync = wrapped->no_sync();
+      step();
     };
     auto sync = [&] {
       if (device.is_cuda()) ember::cuda::synchronize();
     };
-    const double step_s = ember::bench::median_seconds({step}, sync, 2, steps, 0.0, steps)[0];
+    std::vector<std::function<void()>> runs{step};
+    if (wrapped) runs.push_back(local_step);
+    const std::vector<double> times =
+        ember::bench::median_seconds(runs, sync, 2, steps, 0.0, steps);
+    const double step_s = times[0];
     rusage usage{};
     getrusage(RUSAGE_SELF, &usage);
-    ember::bench::JsonLine()
-        .add("framework", "ember")
+    if (group && group->rank() != 0) return 0;
+    ember::bench::JsonLine line;
+    line.add("framework", "ember")
         .add("model", model_name)
         .add("batch", static_cast<long long>(batch))
         .add("device", device_name)
         .add("threads", threads)
         .add("step_s", step_s)
         .add("images_per_s", static_cast<double>(batch) / step_s)
-        .add("peak_rss_mb", static_cast<double>(usage.ru_maxrss) / 1024.0)
-        .print();
+        .add("peak_rss_mb", static_cast<double>(usage.ru_maxrss) / 1024.0);
+    if (wrapped) {
+      line.add("ranks", group->size())
+          .add("no_sync_step_s", times[1])
+          .add("ddp_over_no_sync", step_s / times[1]);
+    }
+    line.print();
   } catch (const ember::Error& e) {
     std::fprintf(stderr, "train_step: %s\n", e.what());
     return 1;

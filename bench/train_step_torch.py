@@ -4,6 +4,7 @@ python3-torch), with the same flags and JSON keys. Models are built to match emb
 (CIFAR ResNets with 1x1 projection shortcuts; ResNet-18/34 with the CIFAR stem)."""
 import argparse
 import json
+import os
 import resource
 import statistics
 import time
@@ -64,38 +65,59 @@ def main():
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--ddp", action="store_true", help="under mpirun: gloo DDP beside no_sync")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     device = torch.device(args.device)
     model = ResNet(*CONFIGS[args.model]).to(device)
+    trained = model
+    if args.ddp:
+        import torch.distributed as dist
+        rank, world = int(os.environ["OMPI_COMM_WORLD_RANK"]), int(os.environ["OMPI_COMM_WORLD_SIZE"])
+        dist.init_process_group("gloo", init_method="tcp://127.0.0.1:29517", rank=rank, world_size=world)
+        trained = nn.parallel.DistributedDataParallel(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True, weight_decay=5e-4)
     images = torch.randn(args.batch, 3, 32, 32, device=device)
     labels = torch.randint(0, 10, (args.batch,), device=device)
 
     def step():
         optimizer.zero_grad(set_to_none=True)
-        F.cross_entropy(model(images), labels).backward()
+        F.cross_entropy(trained(images), labels).backward()
         optimizer.step()
+
+    def local_step():
+        with trained.no_sync():
+            step()
 
     def sync():
         if device.type == "cuda":
             torch.cuda.synchronize()
 
-    for _ in range(2):
-        step()
-    sync()
-    times = []
-    for _ in range(args.steps):
-        start = time.perf_counter()
-        step()
+    def median_time(fn):
+        for _ in range(2):
+            fn()
         sync()
-        times.append(time.perf_counter() - start)
-    step_s = statistics.median(times)
+        times = []
+        for _ in range(args.steps):
+            start = time.perf_counter()
+            fn()
+            sync()
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)
+
+    step_s = median_time(step)
+    extra = {}
+    if args.ddp:
+        no_sync_s = median_time(local_step)
+        extra = {"ranks": int(os.environ["OMPI_COMM_WORLD_SIZE"]), "no_sync_step_s": round(no_sync_s, 4),
+                 "ddp_over_no_sync": round(step_s / no_sync_s, 3)}
+        if int(os.environ["OMPI_COMM_WORLD_RANK"]) != 0:
+            return
     print(json.dumps({
         "framework": "torch-" + torch.__version__, "model": args.model, "batch": args.batch, "device": args.device,
         "threads": args.threads, "step_s": round(step_s, 4), "images_per_s": round(args.batch / step_s, 1),
-        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, 1),
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, 1), **extra,
     }))
 
 
