@@ -21,6 +21,7 @@
 #endif
 
 #include "../detail/dispatch.h"
+#include "../ops.h"
 #include "cpu_kernels.h"
 
 namespace ember::detail {
@@ -322,20 +323,23 @@ std::unique_ptr<Primitives> create(const ConvShape& s, bool bias) {
   const memory::dims pad_r{(s.ho - 1) * s.sh + (s.kh - 1) * s.dh + 1 - s.h - s.ph,
                            (s.wo - 1) * s.sw + (s.kw - 1) * s.dw + 1 - s.w - s.pw};
   const auto algo = dnnl::algorithm::convolution_direct;
+  // Scratchpads come from ember's allocator too (see scratch()).
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   auto p = std::make_unique<Primitives>();
   p->fwd_pd = dnnl::convolution_forward::primitive_desc(
       dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, algo, src, wei, b, dst,
                                       strides, dilation, pad_l, pad_r),
-      engine());
+      attr, engine());
   p->fwd = dnnl::convolution_forward(p->fwd_pd);
   p->data_pd = dnnl::convolution_backward_data::primitive_desc(
       dnnl::convolution_backward_data::desc(algo, src, wei, dst, strides, dilation, pad_l, pad_r),
-      engine(), p->fwd_pd);
+      attr, engine(), p->fwd_pd);
   p->data = dnnl::convolution_backward_data(p->data_pd);
   p->weights_pd = dnnl::convolution_backward_weights::primitive_desc(
       dnnl::convolution_backward_weights::desc(algo, src, wei, b, dst, strides, dilation, pad_l,
                                                pad_r),
-      engine(), p->fwd_pd);
+      attr, engine(), p->fwd_pd);
   p->weights = dnnl::convolution_backward_weights(p->weights_pd);
   return p;
 }
@@ -372,22 +376,31 @@ const Primitives* lookup(const ConvShape& s, bool bias) {
   return it->second.get();
 }
 
+// Memory in layout `desc` from ember's CPU allocator (whose freed blocks are reused, so no
+// fresh pages are faulted in every step); `keep` holds it until the primitives have run.
+memory scratch(const memory::desc& desc, std::vector<Tensor>& keep) {
+  keep.push_back(empty({static_cast<int64_t>(desc.get_size())}, kU8));
+  return memory(desc, engine(), keep.back().data_ptr());
+}
+
 // `user` as the primitive wants `want`: itself, or a reordered copy.
-memory as_layout(const memory& user, const memory::desc& want, dnnl::stream& st) {
+memory as_layout(const memory& user, const memory::desc& want, dnnl::stream& st,
+                 std::vector<Tensor>& keep) {
   if (user.get_desc() == want) return user;
-  memory out(want, engine());
+  memory out = scratch(want, keep);
   dnnl::reorder(user, out).execute(st, const_cast<memory&>(user), out);
   return out;
 }
 
 // Runs `prim` writing `result` (a user-layout memory) through a `want`-layout buffer if needed.
 template <typename Run>
-void into_user(const memory& result, const memory::desc& want, dnnl::stream& st, Run&& run) {
+void into_user(const memory& result, const memory::desc& want, dnnl::stream& st,
+               std::vector<Tensor>& keep, Run&& run) {
   if (result.get_desc() == want) {
     run(result);
     return;
   }
-  memory tmp(want, engine());
+  memory tmp = scratch(want, keep);
   run(tmp);
   dnnl::reorder(tmp, result).execute(st, tmp, const_cast<memory&>(result));
 }
@@ -401,11 +414,13 @@ bool forward(const Tensor& out, const Tensor& input, const Tensor& weight, const
   const Primitives* p = lookup(s, bias.defined());
   if (p == nullptr) return false;
   dnnl::stream st(engine());
-  const memory src = as_layout(wrap(user_src(s), input), p->fwd_pd.src_desc(), st);
-  const memory wei = as_layout(wrap(user_weights(s), weight), p->fwd_pd.weights_desc(), st);
+  std::vector<Tensor> keep;
+  const memory src = as_layout(wrap(user_src(s), input), p->fwd_pd.src_desc(), st, keep);
+  const memory wei = as_layout(wrap(user_weights(s), weight), p->fwd_pd.weights_desc(), st, keep);
   std::unordered_map<int, memory> args{{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}};
   if (bias.defined()) args.emplace(DNNL_ARG_BIAS, wrap(user_bias(s), bias));
-  into_user(wrap(user_dst(s), out), p->fwd_pd.dst_desc(), st, [&](const memory& dst) {
+  args.emplace(DNNL_ARG_SCRATCHPAD, scratch(p->fwd_pd.scratchpad_desc(), keep));
+  into_user(wrap(user_dst(s), out), p->fwd_pd.dst_desc(), st, keep, [&](const memory& dst) {
     args.emplace(DNNL_ARG_DST, dst);
     p->fwd.execute(st, args);
   });
@@ -420,30 +435,38 @@ bool backward(const Tensor& grad_input, const Tensor& grad_weight, const Tensor&
   const Primitives* p = lookup(s, grad_bias.defined());
   if (p == nullptr) return false;
   dnnl::stream st(engine());
+  std::vector<Tensor> keep;
   const memory gy_user = wrap(user_dst(s), grad_out);
   // Both passes usually want grad_out in the same layout: reorder it once.
   memory gy_data, gy_weights;
-  if (grad_input.defined()) gy_data = as_layout(gy_user, p->data_pd.diff_dst_desc(), st);
+  if (grad_input.defined()) gy_data = as_layout(gy_user, p->data_pd.diff_dst_desc(), st, keep);
   if (grad_weight.defined()) {
     gy_weights = grad_input.defined() && p->weights_pd.diff_dst_desc() == gy_data.get_desc()
                      ? gy_data
-                     : as_layout(gy_user, p->weights_pd.diff_dst_desc(), st);
+                     : as_layout(gy_user, p->weights_pd.diff_dst_desc(), st, keep);
   }
   if (grad_input.defined()) {
     const memory& gy = gy_data;
-    const memory wei = as_layout(wrap(user_weights(s), weight), p->data_pd.weights_desc(), st);
-    into_user(wrap(user_src(s), grad_input), p->data_pd.diff_src_desc(), st, [&](const memory& gx) {
-      p->data.execute(st,
-                      {{DNNL_ARG_DIFF_DST, gy}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DIFF_SRC, gx}});
-    });
+    const memory wei =
+        as_layout(wrap(user_weights(s), weight), p->data_pd.weights_desc(), st, keep);
+    into_user(
+        wrap(user_src(s), grad_input), p->data_pd.diff_src_desc(), st, keep, [&](const memory& gx) {
+          p->data.execute(st, {{DNNL_ARG_DIFF_DST, gy},
+                               {DNNL_ARG_WEIGHTS, wei},
+                               {DNNL_ARG_DIFF_SRC, gx},
+                               {DNNL_ARG_SCRATCHPAD, scratch(p->data_pd.scratchpad_desc(), keep)}});
+        });
   }
   if (grad_weight.defined()) {
     const memory& gy = gy_weights;
-    const memory src = as_layout(wrap(user_src(s), input), p->weights_pd.src_desc(), st);
-    into_user(wrap(user_weights(s), grad_weight), p->weights_pd.diff_weights_desc(), st,
+    const memory src = as_layout(wrap(user_src(s), input), p->weights_pd.src_desc(), st, keep);
+    into_user(wrap(user_weights(s), grad_weight), p->weights_pd.diff_weights_desc(), st, keep,
               [&](const memory& gw) {
                 std::unordered_map<int, memory> args{
-                    {DNNL_ARG_SRC, src}, {DNNL_ARG_DIFF_DST, gy}, {DNNL_ARG_DIFF_WEIGHTS, gw}};
+                    {DNNL_ARG_SRC, src},
+                    {DNNL_ARG_DIFF_DST, gy},
+                    {DNNL_ARG_DIFF_WEIGHTS, gw},
+                    {DNNL_ARG_SCRATCHPAD, scratch(p->weights_pd.scratchpad_desc(), keep)}};
                 if (grad_bias.defined()) {
                   args.emplace(DNNL_ARG_DIFF_BIAS, wrap(user_bias(s), grad_bias));
                 }
