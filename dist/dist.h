@@ -1,9 +1,15 @@
-// The dist module's umbrella header: process groups, init_process_group and the TCP store.
+// The dist module's umbrella header: process groups, init_process_group, the TCP store, and
+// what is built on them (DDP, SyncBatchNorm, DistributedSampler, checkpoints, metrics).
 #pragma once
 
+#include <ember/dist/checkpoint.h>
+#include <ember/dist/ddp.h>
+#include <ember/dist/distributed_sampler.h>
 #include <ember/dist/init.h>
+#include <ember/dist/metrics.h>
 #include <ember/dist/mpi_process_group.h>
 #include <ember/dist/nccl_process_group.h>
 #include <ember/dist/process_group.h>
 #include <ember/dist/single_process_group.h>
+#include <ember/dist/sync_batch_norm.h>
 #include <ember/dist/tcp_store.h>

@@ -5,10 +5,11 @@
 // and sum of squared deviations per channel, and combines them exactly (Chan's parallel
 // variance), so ranks with unequal batch sizes (even zero) are handled. Backward makes one
 // all-reduce of sum(dy) and sum(dy * xhat) per channel. The gradients of weight and bias
-// are the local ones; DDP's averaging then makes them global. Eval mode normalises with the
-// running statistics and communicates nothing; the running variance is updated with the
-// unbiased global variance. Parameter and buffer names match BatchNorm's, so state dicts
-// load either way.
+// are the local ones; DDP's averaging then makes them global (when the input needs no
+// gradient, backward communicates nothing). Eval mode normalises with the running
+// statistics (this rank's batch when there are none) and communicates nothing; the running
+// variance is updated with the unbiased global variance. Parameter and buffer names match
+// BatchNorm's, so state dicts load either way.
 #pragma once
 
 #include <memory>
