@@ -319,7 +319,7 @@ class OpNode final : public Node {
       case OpId::kRsqrt:
         return {g * pow(out(), 3) * -0.5};
       case OpId::kRelu:
-        return {g * gt(out(), 0).to(g.dtype())};
+        return {detail::relu_backward(g, out())};
       case OpId::kSigmoid:
         return {g * out() * (1.0 - out())};
       case OpId::kTanh:

@@ -6,6 +6,7 @@
 #include "detail/autograd_hooks.h"
 #include "detail/dispatch.h"
 #include "detail/kernel_table.h"
+#include "detail/layer_backward.h"
 #include "detail/op_utils.h"
 #include "ops.h"
 
@@ -510,6 +511,16 @@ bool equal(const Tensor& a, const Tensor& b) {
   detail::check_defined(b, "equal", "other");
   return a.sizes() == b.sizes() && a.to_vector<double>() == b.to_vector<double>();
 }
+
+namespace detail {
+
+Tensor relu_backward(const Tensor& grad, const Tensor& output) {
+  // Recording (create_graph) takes the composite form, which has a backward of its own.
+  if (grad_needed({&grad, &output})) return grad * gt(output, 0).to(grad.dtype());
+  return binary(BinaryOp::kReluBackward, "relu_backward", grad, output);
+}
+
+}  // namespace detail
 
 // --- Tensor methods and operators ------------------------------------------------------
 

@@ -240,6 +240,8 @@ void binary_typed(BinaryOp op, const StridedIter& it, Scalar alpha_scalar) {
         return run([alpha](A a, A b) { return static_cast<A>(a - alpha * b); });
       case BinaryOp::kMul:
         return run([](A a, A b) { return static_cast<A>(a * b); });
+      case BinaryOp::kReluBackward:
+        return run([](A a, A b) { return b > A(0) ? a : A(0); });
       case BinaryOp::kDiv:
         if constexpr (kIsFloat<T>) return run([](A a, A b) { return a / b; });
         break;

@@ -102,6 +102,8 @@ __device__ __forceinline__ C apply_binary(BinaryOp op, C x, C y, C alpha) {
         return x - alpha * y;
       case BinaryOp::kMul:
         return x * y;
+      case BinaryOp::kReluBackward:
+        return y > C(0) ? x : C(0);
       case BinaryOp::kDiv:
         return x / y;
       case BinaryOp::kPow:
@@ -121,6 +123,8 @@ __device__ __forceinline__ C apply_binary(BinaryOp op, C x, C y, C alpha) {
         return x - alpha * y;
       case BinaryOp::kMul:
         return x * y;
+      case BinaryOp::kReluBackward:
+        return y > C(0) ? x : C(0);
       case BinaryOp::kDiv:
         return y == 0 ? C(0) : x / y;  // no trap on the GPU; the front end promotes
       case BinaryOp::kPow:

@@ -36,6 +36,7 @@ enum class BinaryOp : uint8_t {
   kPow,
   kMaximum,
   kMinimum,
+  kReluBackward,  // b > 0 ? a : 0 (a: gradient, b: the relu's output)
   kEq,
   kNe,
   kLt,

@@ -9,6 +9,9 @@
 
 namespace ember::detail {
 
+// grad where the relu's output is positive, else 0, in one pass.
+Tensor relu_backward(const Tensor& grad, const Tensor& output);
+
 // Gradients for input, weight and bias (undefined where not needed).
 std::array<Tensor, 3> conv2d_backward(const Tensor& grad_out, const Tensor& input,
                                       const Tensor& weight, const Conv2dParams& params,
