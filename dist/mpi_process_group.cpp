@@ -78,8 +78,9 @@ struct Op final : Work {
   enum class Stage { kFingerprint, kMain } stage = Stage::kMain;
   std::vector<Fingerprint> gathered;
   MPI_Request request = MPI_REQUEST_NULL;
-  Tensor host;    // what MPI reads and writes for `tensor`
-  Tensor packed;  // allgather / reduce_scatter: [size * numel], unless `list` is one block
+  Tensor host;         // what MPI reads and writes for `tensor`
+  Tensor packed;       // allgather / reduce_scatter: [size * numel], unless `list` is one block
+  bool alone = false;  // nothing else in flight when it started (see start_main)
   void* packed_data = nullptr;
   Clock::time_point started;
 
@@ -212,7 +213,12 @@ void unpack(Op& op) {
   }
 }
 
-void start_main(State& s, Op& op) {
+// NOTE: with nothing else in flight, an allreduce runs as a blocking MPI_Allreduce on the
+// communication thread: Open MPI's blocking algorithms are markedly faster than its
+// non-blocking ones. A peer that never joins then leaves the thread blocked, but the caller's
+// wait still times out and breaks the group, and a broken group aborts the job on destruction
+// rather than joining that thread.
+void start_main(State& s, Op& op, bool alone) {
   op.stage = Op::Stage::kMain;
   const DType dtype = op.tensor.defined() ? op.tensor.dtype() : kU8;
   const int count = op.tensor.defined() ? checked_count(op, op.tensor.numel()) : 0;
@@ -223,7 +229,12 @@ void start_main(State& s, Op& op) {
   int rc = MPI_SUCCESS;
   switch (op.kind) {
     case OpKind::kAllreduce:
-      rc = MPI_Iallreduce(MPI_IN_PLACE, buf, count, type, tp.op, s.comm, &op.request);
+      if (alone) {
+        rc = MPI_Allreduce(MPI_IN_PLACE, buf, count, type, tp.op, s.comm);
+        op.request = MPI_REQUEST_NULL;  // MPI_Test reports it complete at once
+      } else {
+        rc = MPI_Iallreduce(MPI_IN_PLACE, buf, count, type, tp.op, s.comm, &op.request);
+      }
       break;
     case OpKind::kBroadcast:
       rc = MPI_Ibcast(buf, count, type, op.peer, s.comm, &op.request);
@@ -252,7 +263,7 @@ void start_main(State& s, Op& op) {
   check_mpi(rc, op.name + " on rank " + std::to_string(s.rank));
 }
 
-void start(State& s, Op& op) {
+void start(State& s, Op& op, bool alone) {
   op.started = Clock::now();
   switch (op.kind) {
     case OpKind::kAllreduce:
@@ -279,6 +290,7 @@ void start(State& s, Op& op) {
   }
   if (s.debug && detail::is_collective(op.kind)) {
     op.stage = Op::Stage::kFingerprint;
+    op.alone = alone;
     op.gathered.resize(static_cast<size_t>(s.size));
     MpiLock lock;
     check_mpi(MPI_Iallgather(&op.fingerprint, sizeof(Fingerprint), MPI_BYTE, op.gathered.data(),
@@ -286,7 +298,7 @@ void start(State& s, Op& op) {
               op.name + " (debug check) on rank " + std::to_string(s.rank));
     return;
   }
-  start_main(s, op);
+  start_main(s, op, alone);
 }
 
 void finish(State& s, Op& op) {
@@ -329,7 +341,7 @@ bool advance(State& s, Op& op) {
   if (op.stage == Op::Stage::kFingerprint) {
     const std::string mismatch = detail::compare_fingerprints(op.gathered, s.rank);
     EMBER_CHECK(mismatch.empty(), op.name, mismatch);
-    start_main(s, op);
+    start_main(s, op, op.alone);
     return false;
   }
   finish(s, op);
@@ -382,7 +394,7 @@ void MpiProcessGroup::State::run() {
     };
     for (auto& op : fresh) {
       try {
-        start(*this, *op);
+        start(*this, *op, p2p_ops.empty());
       } catch (const std::exception& e) {
         op->complete(e.what());
         drop(op);
@@ -450,19 +462,20 @@ MpiProcessGroup::MpiProcessGroup(std::shared_ptr<State> state)
 }
 
 MpiProcessGroup::~MpiProcessGroup() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized && state_->broken.load()) {
+    // See the NOTE in the header: the abandoned collective would hang MPI_Finalize, and the
+    // communication thread may be blocked inside it (see start_main).
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
   {
     std::lock_guard<std::mutex> lock(state_->mutex);
     state_->stop = true;
   }
   state_->cv.notify_all();
   state_->thread.join();
-  int finalized = 0;
-  MPI_Finalized(&finalized);
   if (finalized) return;
-  if (state_->broken.load()) {
-    // See the NOTE in the header: the abandoned collective would hang MPI_Finalize.
-    MPI_Abort(MPI_COMM_WORLD, 1);
-  }
   MpiLock lock;
   MPI_Comm_free(&state_->comm);  // a failure here cannot be reported from a destructor
 }
