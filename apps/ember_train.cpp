@@ -159,9 +159,15 @@ void write_plot(const fs::path& metrics, const fs::path& png) {
 
 int run(const apps::TrainOptions& o) {
   // --- processes and devices ---------------------------------------------------------------
-  const bool want_cuda = o.device == "cuda" || (o.device == "auto" && cuda::is_available());
+  const bool want_cuda =
+      o.device == "cuda" || (o.device == "auto" && !o.deterministic && cuda::is_available());
   EMBER_CHECK(!want_cuda || cuda::is_available(), "ember-train",
               "--device cuda but no CUDA device is visible");
+  // CPU runs repeat bit for bit for a seed (fixed reduction orders, a batch order that does
+  // not depend on the worker count); cuDNN's benchmarked algorithms give no such promise.
+  EMBER_CHECK(!(o.deterministic && want_cuda), "ember-train",
+              "--deterministic is available on the CPU only ",
+              "(cuDNN picks algorithms by timing); use --device cpu");
   if (o.threads > 0) set_num_threads(o.threads);
   dist::InitOptions init;
   init.device = want_cuda ? std::optional<Device>(cuda_device(0)) : std::optional<Device>(kCPU);

@@ -49,7 +49,7 @@ int parse_train_options(int argc, char** argv, TrainOptions& o) {
   app.add_option("--workers", o.workers, "Data-loading threads")->check(kNonNegative);
   app.add_option("--seed", o.seed);
   app.add_flag("--deterministic", o.deterministic,
-               "Reproducible runs: fixed algorithms, one loader order");
+               "Bit-for-bit repeatable runs for a seed (CPU only)");
   app.add_option("--checkpoint-dir", o.checkpoint_dir, "Where checkpoints go (none when empty)");
   app.add_option("--checkpoint-interval", o.checkpoint_interval, "Epochs between checkpoints")
       ->check(kPositive);
