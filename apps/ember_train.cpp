@@ -374,7 +374,7 @@ int main(int argc, char** argv) {
   try {
     return run(options);
   } catch (const Error& e) {
-    std::fprintf(stderr, "ember-train: %s\n", e.what());
+    std::fprintf(stderr, "%s\n", e.what());  // ember::Error names the operation
     return 1;
   }
 }
