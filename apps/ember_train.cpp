@@ -153,8 +153,12 @@ void write_plot(const fs::path& metrics, const fs::path& png) {
          "'train', '' using 1:5 "
       << "with linespoints title 'test'\nunset multiplot\n";
   out.close();
-  if (std::system(("gnuplot '" + script.string() + "'").c_str()) == 0)
+  // gnuplot warns about a one-point x range after a single epoch; the plot is fine.
+  if (std::system(("gnuplot '" + script.string() + "' 2>/dev/null").c_str()) == 0) {
     std::printf("plot: %s\n", png.c_str());
+  } else {
+    std::printf("gnuplot failed: no plot (the metrics are in %s)\n", metrics.c_str());
+  }
 }
 
 int run(const apps::TrainOptions& o) {
