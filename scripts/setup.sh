@@ -42,6 +42,7 @@ packages=(
   clang-format
   dataset-fashion-mnist
   gnuplot-nox
+  iproute2
 )
 
 missing=()

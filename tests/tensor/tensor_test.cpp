@@ -87,6 +87,16 @@ TEST(TensorBasics, CpuAllocatorReusesFreedBlocks) {
   EXPECT_NE(other.data_ptr(), first);  // a live block is never handed out twice
 }
 
+TEST(TensorBasics, ThreadCountIsSettable) {
+  const int before = get_num_threads();
+  set_num_threads(1);
+  EXPECT_EQ(get_num_threads(), 1);
+  EXPECT_EQ((arange(1 << 16, kF32) * 2).to_vector<float>()[100], 200.0f);
+  set_num_threads(before);
+  EXPECT_EQ(get_num_threads(), before);
+  EXPECT_EMBER_ERROR(set_num_threads(0), "set_num_threads: thread count must be positive, got 0");
+}
+
 TEST(TensorViews, ShareStorageAndIndexCorrectly) {
   const Tensor base = iota({2, 3, 4});
   const Tensor v = base.view({6, 4});
