@@ -32,7 +32,9 @@ done
 
 # Build tools, OpenBLAS and oneDNN, GoogleTest/GoogleMock, Open MPI, stb_image, zlib,
 # nlohmann-json, CLI11, clang-format, and the Fashion-MNIST data set the data tests read.
-# OpenMP comes with GCC (libgomp, part of build-essential).
+# OpenMP comes with GCC (libgomp, part of build-essential). Slurm and munge are for the srun
+# test (tests/dist/slurm.sh), which starts its own daemons; srun --mpi=pmix loads libpmix.so
+# from libpmix-dev.
 packages=(
   build-essential cmake ninja-build ccache pkg-config git
   libopenblas-dev libdnnl-dev
@@ -43,6 +45,7 @@ packages=(
   dataset-fashion-mnist
   gnuplot-nox
   iproute2
+  slurmd slurmctld slurm-client munge libpmix-dev
 )
 
 missing=()
