@@ -3,6 +3,8 @@
 #include <atomic>
 #include <climits>
 #include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <mutex>
@@ -38,6 +40,10 @@ struct MpiProcessGroup::State {
   std::mutex mutex;
   std::condition_variable cv;
   std::deque<std::shared_ptr<Op>> queue;
+  int in_flight = 0;        // ops the communication thread has taken from the queue
+  Op* inline_op = nullptr;  // the collective a waiter is running on its own thread
+  std::chrono::milliseconds inline_limit{0};
+  Clock::time_point inline_deadline;  // inline start + limit + grace: the watchdog's
   bool stop = false;
   int64_t collectives = 0, p2p = 0;
   std::atomic<bool> broken{false};
@@ -56,6 +62,7 @@ struct MpiProcessGroup::State {
     cv.notify_all();
   }
   void run();
+  [[noreturn]] void abort_hung_inline_op();
 };
 
 namespace {
@@ -78,9 +85,10 @@ struct Op final : Work {
   enum class Stage { kFingerprint, kMain } stage = Stage::kMain;
   std::vector<Fingerprint> gathered;
   MPI_Request request = MPI_REQUEST_NULL;
-  Tensor host;         // what MPI reads and writes for `tensor`
-  Tensor packed;       // allgather / reduce_scatter: [size * numel], unless `list` is one block
-  bool alone = false;  // nothing else in flight when it started (see start_main)
+  Tensor host;           // what MPI reads and writes for `tensor`
+  Tensor packed;         // allgather / reduce_scatter: [size * numel], unless `list` is one block
+  bool alone = false;    // nothing else in flight when it started (see start_main)
+  bool offered = false;  // left a moment for a waiter to run it inline (State::run)
   void* packed_data = nullptr;
   Clock::time_point started;
 
@@ -109,6 +117,7 @@ struct Op final : Work {
 
   void wait(std::chrono::milliseconds timeout) override {
     const auto limit = timeout.count() > 0 ? timeout : state->options.timeout;
+    if (claim_for_inline_run(limit)) run_inline(limit);
     std::unique_lock<std::mutex> lock(mutex);
     if (!cv.wait_for(lock, limit, [&] { return done; })) {
       const std::string message =
@@ -119,7 +128,15 @@ struct Op final : Work {
     }
     if (!error.empty()) throw Error(error);
   }
+
+  bool claim_for_inline_run(std::chrono::milliseconds limit);
+  void run_inline(std::chrono::milliseconds limit);
 };
+
+// The message is built only on failure: these checks sit on every collective's fast path.
+void check_op(const State& s, const Op& op, int code) {
+  if (code != MPI_SUCCESS) check_mpi(code, op.name + " on rank " + std::to_string(s.rank));
+}
 
 int checked_count(const Op& op, int64_t count) {
   EMBER_CHECK(count <= INT_MAX, op.name, "the MPI backend moves at most ", INT_MAX,
@@ -260,7 +277,7 @@ void start_main(State& s, Op& op, bool alone) {
       rc = MPI_Irecv(buf, count, type, op.peer, op.tag, s.comm, &op.request);
       break;
   }
-  check_mpi(rc, op.name + " on rank " + std::to_string(s.rank));
+  check_op(s, op, rc);
 }
 
 void start(State& s, Op& op, bool alone) {
@@ -334,8 +351,7 @@ bool advance(State& s, Op& op) {
   int flag = 0;
   {
     MpiLock lock;
-    check_mpi(MPI_Test(&op.request, &flag, MPI_STATUS_IGNORE),
-              op.name + " on rank " + std::to_string(s.rank));
+    check_op(s, op, MPI_Test(&op.request, &flag, MPI_STATUS_IGNORE));
   }
   if (!flag) return false;
   if (op.stage == Op::Stage::kFingerprint) {
@@ -348,7 +364,67 @@ bool advance(State& s, Op& op) {
   return true;
 }
 
+// A waiter whose collective has not started yet, with nothing else queued or in flight,
+// takes it off the queue and runs it on its own thread (see the NOTE in the header): that
+// saves two thread hand-offs, which dominate small collectives.
+constexpr auto kWatchdogGrace = std::chrono::seconds(1);
+// How long the communication thread leaves a lone new collective for its waiter to claim;
+// an op nobody waits on yet starts this much later.
+constexpr auto kClaimWindow = std::chrono::microseconds(50);
+
 }  // namespace
+
+bool Op::claim_for_inline_run(std::chrono::milliseconds limit) {
+  if (!detail::is_collective(kind)) return false;  // a later send/recv may be its partner
+  std::lock_guard<std::mutex> lock(state->mutex);
+  if (state->broken.load() || state->in_flight != 0 || state->inline_op != nullptr ||
+      state->queue.size() != 1 || state->queue.front().get() != this) {
+    return false;
+  }
+  state->queue.pop_front();
+  state->inline_op = this;
+  state->inline_limit = limit;
+  state->inline_deadline = Clock::now() + limit + kWatchdogGrace;
+  return true;
+}
+
+void Op::run_inline(std::chrono::milliseconds limit) {
+  std::string failure;
+  try {
+    NoGradGuard no_grad;  // staging copies are not part of any graph
+    start(*state, *this, /*alone=*/true);
+    while (!advance(*state, *this)) {
+      if (Clock::now() - started > limit) {
+        failure = detail::timeout_message(name, state->rank, limit, "mpi", state->size);
+        state->break_group(failure);
+        break;
+      }
+      std::this_thread::yield();
+    }
+  } catch (const std::exception& e) {
+    failure = e.what();
+  }
+  complete(failure);
+  {
+    std::lock_guard<std::mutex> lock(state->mutex);
+    state->inline_op = nullptr;
+  }
+  state->cv.notify_all();  // the communication thread holds later ops until now
+}
+
+// A blocking MPI call run inline cannot be interrupted: when it outlives its deadline, the
+// communication thread reports it and ends the job, as an uncaught timeout would.
+void MpiProcessGroup::State::abort_hung_inline_op() {
+  const std::string message =
+      detail::timeout_message(inline_op->name, rank, inline_limit, "mpi", size);
+  broken_message = message;
+  broken.store(true);
+  detail::mark_mpi_job_broken();
+  std::fprintf(stderr, "ember::Error: %s\n", message.c_str());
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  std::abort();
+}
 
 void MpiProcessGroup::State::run() {
   GradMode::set_enabled(false);  // staging copies are not part of any graph
@@ -359,7 +435,35 @@ void MpiProcessGroup::State::run() {
     {
       std::unique_lock<std::mutex> lock(mutex);
       if (!current && p2p_ops.empty()) {
-        cv.wait(lock, [&] { return stop || !queue.empty(); });
+        // Idle: sleep until work arrives, or watch a waiter's inline collective meanwhile.
+        for (;;) {
+          if (inline_op != nullptr) {
+            if (cv.wait_until(lock, inline_deadline) == std::cv_status::timeout &&
+                inline_op != nullptr && Clock::now() >= inline_deadline) {
+              abort_hung_inline_op();
+            }
+            continue;
+          }
+          if (!stop && queue.size() == 1 && detail::is_collective(queue.front()->kind) &&
+              !queue.front()->offered) {
+            // A caller that waits at once runs it faster itself (claim_for_inline_run).
+            // Spinning, not a timed sleep: a timer waking this thread in the middle of the
+            // waiter's collective costs more than the spin.
+            queue.front()->offered = true;
+            const Op* offered = queue.front().get();
+            const auto until = Clock::now() + kClaimWindow;
+            lock.unlock();
+            for (bool claimed = false; !claimed && Clock::now() < until;) {
+              std::this_thread::yield();
+              std::lock_guard<std::mutex> peek(mutex);
+              claimed = queue.empty() || queue.front().get() != offered;
+            }
+            lock.lock();
+            continue;
+          }
+          if (stop || !queue.empty()) break;
+          cv.wait(lock);
+        }
         if (queue.empty()) break;  // stopping, everything drained
       }
       if (broken.load()) {
@@ -371,9 +475,10 @@ void MpiProcessGroup::State::run() {
         current.reset();
         p2p_ops.clear();
         queue.clear();
+        in_flight = 0;
         continue;
       }
-      while (!queue.empty()) {
+      while (!queue.empty() && inline_op == nullptr) {
         if (detail::is_collective(queue.front()->kind)) {
           if (current) break;
           current = queue.front();
@@ -384,8 +489,13 @@ void MpiProcessGroup::State::run() {
         }
         queue.pop_front();
       }
+      in_flight += static_cast<int>(fresh.size());
     }
     auto drop = [&](const std::shared_ptr<Op>& op) {
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        --in_flight;
+      }
       if (op == current) {
         current.reset();
       } else {
@@ -507,8 +617,9 @@ WorkHandle enqueue(const std::shared_ptr<State>& s, const std::shared_ptr<Op>& o
     EMBER_CHECK(!s->broken.load(), op->name, "rank ", s->rank,
                 ": the process group cannot be used after an earlier failure: ", s->broken_message);
     const bool rooted = op->kind == OpKind::kBroadcast || op->kind == OpKind::kReduce;
-    op->fingerprint = Fingerprint::of(op->kind, seq, t, rooted ? op->peer : -1,
-                                      uses_reduce ? static_cast<int>(op->reduce) : -1);
+    if (s->debug)
+      op->fingerprint = Fingerprint::of(op->kind, seq, t, rooted ? op->peer : -1,
+                                        uses_reduce ? static_cast<int>(op->reduce) : -1);
     s->queue.push_back(op);
   }
   s->cv.notify_all();

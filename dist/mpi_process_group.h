@@ -6,13 +6,20 @@
 // operations start as soon as every collective issued before them has finished and run
 // concurrently with later ones, so matched send/recv pairs never deadlock.
 //
+// NOTE (inline collectives): waiting on a collective the thread has not started yet, with
+// nothing else queued or in flight, runs it on the waiter's own thread instead: a lone
+// all-reduce then costs what a blocking MPI_Allreduce costs, without two thread hand-offs.
+// Such a blocking call cannot time out by itself; the idle communication thread watches it,
+// and one still running a second after the timeout is reported on stderr ("allreduce #17
+// on rank 1 timed out after ...") before MPI_Abort ends the job.
+//
 // NOTE (failure): a collective that does not finish within the group's timeout (a peer died,
 // skipped it or issued another) cannot be cancelled in MPI. The waiter gets ember::Error
 // ("allreduce #17 on rank 1 timed out after 5000 ms ..."), every later call on the group
 // throws, and the process must end: left uncaught the error terminates it (non-zero exit,
 // and mpirun then stops the other ranks); if the program catches it, destroying the broken
-// group calls MPI_Abort(MPI_COMM_WORLD, 1), the one place ember ends the job itself, since
-// MPI_Finalize would wait forever on the abandoned collective.
+// group calls MPI_Abort(MPI_COMM_WORLD, 1), since MPI_Finalize would wait forever on the
+// abandoned collective. That and the watchdog above are the only places ember ends the job.
 #pragma once
 
 #include <memory>
