@@ -1,5 +1,6 @@
-// The dist module's umbrella header: process groups, init_process_group, the TCP store, and
-// what is built on them (DDP, SyncBatchNorm, DistributedSampler, checkpoints, metrics).
+// The dist module's umbrella header: process groups (MPI, NCCL, TCP, single process),
+// init_process_group, the TCP store, and what is built on them (DDP, SyncBatchNorm,
+// DistributedSampler, checkpoints, metrics).
 #pragma once
 
 #include <ember/dist/checkpoint.h>
@@ -12,4 +13,5 @@
 #include <ember/dist/process_group.h>
 #include <ember/dist/single_process_group.h>
 #include <ember/dist/sync_batch_norm.h>
+#include <ember/dist/tcp_process_group.h>
 #include <ember/dist/tcp_store.h>

@@ -10,6 +10,7 @@
 #include "detail/mpi_runtime.h"
 #include "mpi_process_group.h"
 #include "single_process_group.h"
+#include "tcp_process_group.h"
 #include "tcp_store.h"
 #if EMBER_WITH_CUDA
 #include "nccl_process_group.h"
@@ -63,13 +64,19 @@ Device pick_device(const InitOptions& options) {
   return cuda::is_available() ? cuda_device(0) : kCPU;
 }
 
+// True when MPI launched the job: mpirun, or srun (through PMI) without MASTER_ADDR.
+bool launched_by_mpi(const LaunchEnv& launch) {
+  return launch.launcher == "mpirun" || (launch.launcher == "slurm" && launch.master_addr.empty());
+}
+
 std::string pick_backend(const InitOptions& options, const LaunchEnv& launch, Device device) {
   const std::string& b = options.backend;
-  EMBER_CHECK(b == "auto" || b == "mpi" || b == "nccl" || b == "single", kOp, "unknown backend \"",
-              b, "\" (expected auto, mpi, nccl or single)");
+  EMBER_CHECK(b == "auto" || b == "mpi" || b == "nccl" || b == "tcp" || b == "single", kOp,
+              "unknown backend \"", b, "\" (expected auto, mpi, nccl, tcp or single)");
   if (b != "auto") return b;
   if (launch.launcher == "none") return "single";
-  return device.is_cuda() ? "nccl" : "mpi";
+  if (device.is_cuda()) return "nccl";
+  return launched_by_mpi(launch) ? "mpi" : "tcp";
 }
 
 }  // namespace
@@ -112,8 +119,8 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
   if (backend == "mpi") {
     EMBER_CHECK(launch.launcher != "torchrun", kOp,
                 "the MPI backend needs an MPI launcher (mpirun, or srun with PMI), but this job "
-                "was launched torchrun-style (RANK/WORLD_SIZE); use the NCCL backend on GPUs or "
-                "launch with mpirun");
+                "was launched torchrun-style (RANK/WORLD_SIZE); use the tcp backend (the default "
+                "for such launches on the CPU), nccl on GPUs, or launch with mpirun");
     auto group = std::make_shared<MpiProcessGroup>(
         options.group, launch.launcher == "none" ? -1 : launch.local_rank);
     EMBER_CHECK(launch.launcher == "none" ||
@@ -123,12 +130,21 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
     return group;
   }
 
+  if (backend == "tcp") {
+    EMBER_CHECK(device.is_cpu(), kOp, "the tcp backend moves CPU tensors but the device is ",
+                device, "; use the nccl backend on GPUs");
+    EMBER_CHECK(launch.world_size == 1 || (!launch.master_addr.empty() && launch.master_port > 0),
+                kOp, "MASTER_ADDR and MASTER_PORT must be set (", launch.launcher, " launch of ",
+                launch.world_size, " processes, tcp backend)");
+    return std::make_shared<TcpProcessGroup>(launch.master_addr, launch.master_port, launch.rank,
+                                             launch.world_size, launch.local_rank, options.group);
+  }
+
   // NCCL.
   EMBER_CHECK(device.is_cuda(), kOp, "the NCCL backend needs a CUDA device, got ", device);
 #if EMBER_WITH_CUDA
   NcclProcessGroup::UniqueId id{};
-  const bool over_mpi =
-      launch.launcher == "mpirun" || (launch.launcher == "slurm" && launch.master_addr.empty());
+  const bool over_mpi = launched_by_mpi(launch);
   if (launch.world_size == 1) {
     id = NcclProcessGroup::create_unique_id();
   } else if (over_mpi) {

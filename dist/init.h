@@ -28,8 +28,10 @@ struct LaunchEnv {
 LaunchEnv read_launch_env();
 
 struct InitOptions {
-  // "auto": "single" for one process started without a launcher, else NCCL on CUDA devices
-  // and MPI on the CPU. Or "mpi", "nccl", "single".
+  // "auto": "single" for one process started without a launcher; "nccl" on CUDA devices;
+  // on the CPU "mpi" when MPI launched the job (mpirun, or srun without MASTER_ADDR) and "tcp"
+  // otherwise (torchrun-style variables, or srun with MASTER_ADDR set). Or "mpi", "nccl",
+  // "tcp", "single".
   std::string backend = "auto";
   // Where the tensors live; unset: CUDA when a GPU is visible, else the CPU. With CUDA each
   // process is bound to GPU local_rank (made its current device).
@@ -37,9 +39,10 @@ struct InitOptions {
   ProcessGroupOptions group;
 };
 
-// Builds the process group for this job. NCCL's unique id travels over MPI when mpirun (or
-// srun without MASTER_ADDR) launched the job, else over a TcpStore that rank 0 serves on
-// MASTER_ADDR:MASTER_PORT. MPI is initialised (MPI_THREAD_MULTIPLE) when a backend needs it.
+// Builds the process group for this job. Bootstrap follows the launcher: MPI ranks meet over
+// MPI (NCCL's unique id travels over MPI_Bcast); otherwise rank 0 serves a TcpStore on
+// MASTER_ADDR:MASTER_PORT, where the TCP backend's ranks exchange their addresses and NCCL's
+// unique id is published. MPI is initialised (MPI_THREAD_MULTIPLE) only when a backend needs it.
 std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options = {});
 
 }  // namespace ember::dist

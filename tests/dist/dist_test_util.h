@@ -1,21 +1,41 @@
-// Helpers for the DDP, SyncBatchNorm, sampler and checkpoint tests: the world group (MPI
-// under mpirun, a world of one otherwise) and small deterministic models and data.
+// Helpers for the dist tests: the group under test and small deterministic models and data.
+// The backend is EMBER_TEST_BACKEND: "mpi" (the default: the world mpirun made, or a world of
+// one) or "tcp" (ranks started torchrun-style by torchrun_style.sh, met through
+// init_process_group).
 #pragma once
 
 #include <chrono>
+#include <cstdlib>
 #include <memory>
+#include <string>
 
+#include <ember/dist/init.h>
 #include <ember/dist/mpi_process_group.h>
 
 #include "test_util.h"
 
 namespace ember::dist::testing {
 
-// A fresh group over all ranks; a broken test fails after a minute instead of hanging.
+inline std::string test_backend() {
+  const char* backend = std::getenv("EMBER_TEST_BACKEND");
+  return backend != nullptr && backend[0] != '\0' ? backend : "mpi";
+}
+
+// A fresh group over all ranks on the backend under test.
+inline std::shared_ptr<ProcessGroup> make_group(const ProcessGroupOptions& options) {
+  if (test_backend() == "mpi") return std::make_shared<MpiProcessGroup>(options);
+  InitOptions init;
+  init.backend = test_backend();
+  init.device = kCPU;
+  init.group = options;
+  return init_process_group(init);
+}
+
+// The same; a broken test fails after a minute instead of hanging.
 inline std::shared_ptr<ProcessGroup> world() {
   ProcessGroupOptions options;
   options.timeout = std::chrono::seconds(60);
-  return std::make_shared<MpiProcessGroup>(options);
+  return make_group(options);
 }
 
 // Rows [rank * n / world, (rank + 1) * n / world) of t: this rank's share of a global batch.

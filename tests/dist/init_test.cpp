@@ -131,14 +131,30 @@ TEST(LaunchEnv, BackendChoiceErrors) {
     options.backend = "single";
     EXPECT_EMBER_ERROR(init_process_group(options),
                        "the single-process backend needs world size 1 but torchrun launched 2");
-    options.backend = "auto";  // CPU: MPI, which torchrun cannot provide
+    options.backend = "auto";  // CPU, torchrun-style: TCP, which needs the master's address
+    EXPECT_EMBER_ERROR(init_process_group(options),
+                       "MASTER_ADDR and MASTER_PORT must be set (torchrun launch of 2 processes, "
+                       "tcp backend)");
+    options.backend = "mpi";
     EXPECT_EMBER_ERROR(init_process_group(options), "the MPI backend needs an MPI launcher");
     options.backend = "nccl";
     EXPECT_EMBER_ERROR(init_process_group(options), "the NCCL backend needs a CUDA device");
   }
+  {
+    // srun with MASTER_ADDR set meets over TCP too (without it, over MPI through PMI).
+    ScopedLaunchEnv env({{"SLURM_PROCID", "1"},
+                         {"SLURM_NTASKS", "2"},
+                         {"SLURM_LOCALID", "1"},
+                         {"MASTER_ADDR", "127.0.0.1"}});
+    options.backend = "auto";
+    EXPECT_EMBER_ERROR(init_process_group(options),
+                       "MASTER_ADDR and MASTER_PORT must be set (slurm launch of 2 processes, tcp "
+                       "backend)");
+  }
   ScopedLaunchEnv env(std::map<std::string, std::string>{});
   options.backend = "gloo";
-  EXPECT_EMBER_ERROR(init_process_group(options), "unknown backend \"gloo\"");
+  EXPECT_EMBER_ERROR(init_process_group(options),
+                     "unknown backend \"gloo\" (expected auto, mpi, nccl, tcp or single)");
 }
 
 TEST(LaunchEnv, UnderMpirunInitGivesTheMpiGroup) {
@@ -151,6 +167,23 @@ TEST(LaunchEnv, UnderMpirunInitGivesTheMpiGroup) {
   EXPECT_EQ(pg->rank(), std::atoi(std::getenv("OMPI_COMM_WORLD_RANK")));
   EXPECT_EQ(pg->size(), std::atoi(std::getenv("OMPI_COMM_WORLD_SIZE")));
   EXPECT_EQ(pg->local_rank(), std::atoi(std::getenv("OMPI_COMM_WORLD_LOCAL_RANK")));
+  Tensor t = ones({5}, kI32);
+  pg->allreduce(t)->wait();
+  ::ember::testing::expect_close(t, full({5}, pg->size(), kI32));
+}
+
+TEST(LaunchEnv, TorchrunStyleInitGivesTheTcpGroupOnTheCpu) {
+  if (std::getenv("RANK") == nullptr || std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr) {
+    GTEST_SKIP() << "not launched torchrun-style";
+  }
+  InitOptions options;
+  options.device = kCPU;
+  options.group.timeout = std::chrono::seconds(60);
+  auto pg = init_process_group(options);
+  EXPECT_EQ(pg->backend(), "tcp");
+  EXPECT_EQ(pg->rank(), std::atoi(std::getenv("RANK")));
+  EXPECT_EQ(pg->size(), std::atoi(std::getenv("WORLD_SIZE")));
+  EXPECT_EQ(pg->local_rank(), std::atoi(std::getenv("LOCAL_RANK")));
   Tensor t = ones({5}, kI32);
   pg->allreduce(t)->wait();
   ::ember::testing::expect_close(t, full({5}, pg->size(), kI32));

@@ -1,6 +1,7 @@
 // The dist suite's main: under mpirun it initialises MPI (MPI_THREAD_MULTIPLE) for every test
-// and finalises it at the end. Rank 0 prints gtest's usual output; the other ranks print only
-// their failures, prefixed with their rank. Each rank's exit status is its own result.
+// and finalises it at the end; started torchrun-style (RANK set) it leaves MPI alone. Rank 0
+// prints gtest's usual output; the other ranks print only their failures, prefixed with their
+// rank. Each rank's exit status is its own result.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -39,6 +40,8 @@ int main(int argc, char** argv) {
       return 2;
     }
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  } else if (const char* torchrun_rank = std::getenv("RANK")) {
+    rank = std::atoi(torchrun_rank);
   }
   if (rank != 0) {
     auto& listeners = ::testing::UnitTest::GetInstance()->listeners();

@@ -18,3 +18,6 @@ add_test(NAME dist_mpi_failure_exit
     ${EMBER_MPIRUN} ${MPIEXEC_NUMPROC_FLAG} 2 $<TARGET_FILE:ember_dist_failure> exit)
 set_tests_properties(dist_mpi_failure_skip dist_mpi_failure_exit PROPERTIES
   TIMEOUT 120 LABELS "dist;mpi" PROCESSORS 2)
+
+# The same suite and failures on the TCP backend, launched torchrun-style without mpirun.
+include(${CMAKE_CURRENT_LIST_DIR}/tcp_tests.cmake)

@@ -1,6 +1,8 @@
-// Process groups: every collective on the MPI backend (whatever world mpirun made: 1, 2 or 3
-// ranks) and on the single-process backend, for every dtype, against values computed here;
-// asynchrony, ordering, barrier, send/recv, debug mode and argument errors.
+// Process groups: every collective on the backend under test (MPI in whatever world mpirun
+// made: 1, 2 or 3 ranks; TCP at 2 or 3 ranks started by torchrun_style.sh; see
+// dist_test_util.h), on a TCP world of one and on the single-process backend, for every dtype,
+// against values computed here; asynchrony, ordering, barrier, send/recv, debug mode, argument
+// errors, and how the TCP backend reports ranks that disagree.
 #include <unistd.h>
 
 #include <cstdlib>
@@ -11,11 +13,13 @@
 #include <ember/dist/detail/common.h>
 #include <ember/dist/dist.h>
 
-#include "test_util.h"
+#include "dist_test_util.h"
 
 namespace ember::dist {
 namespace {
 
+using ::ember::dist::testing::make_group;
+using ::ember::dist::testing::test_backend;
 using ::ember::testing::expect_close;
 using namespace std::chrono_literals;
 
@@ -156,11 +160,12 @@ void check_reduce_scatter(ProcessGroup& pg) {
   }
 }
 
-// --- the MPI backend ----------------------------------------------------------------------
+// --- the backend under test ---------------------------------------------------------------
 
-TEST(MpiGroup, RankAndSize) {
-  MpiProcessGroup pg(test_options());
-  EXPECT_EQ(pg.backend(), "mpi");
+TEST(WorldGroup, RankAndSize) {
+  auto group = make_group(test_options());
+  ProcessGroup& pg = *group;
+  EXPECT_EQ(pg.backend(), test_backend());
   EXPECT_GE(pg.size(), 1);
   EXPECT_GE(pg.rank(), 0);
   EXPECT_LT(pg.rank(), pg.size());
@@ -168,44 +173,54 @@ TEST(MpiGroup, RankAndSize) {
   if (const char* size = std::getenv("OMPI_COMM_WORLD_SIZE")) {
     EXPECT_EQ(pg.size(), std::atoi(size));
   }
+  if (const char* size = std::getenv("WORLD_SIZE")) {
+    EXPECT_EQ(pg.size(), std::atoi(size));
+  }
 }
 
-TEST(MpiGroup, AllreduceEveryDtypeAndOp) {
-  MpiProcessGroup pg(test_options());
+TEST(WorldGroup, AllreduceEveryDtypeAndOp) {
+  auto group = make_group(test_options());
+  ProcessGroup& pg = *group;
   check_allreduce(pg, {4, 25});
 }
 
-TEST(MpiGroup, AllreduceLargeAndEmpty) {
-  MpiProcessGroup pg(test_options());
+TEST(WorldGroup, AllreduceLargeAndEmpty) {
+  auto group = make_group(test_options());
+  ProcessGroup& pg = *group;
   check_allreduce(pg, {0});
   Tensor big = rank_tensor(pg.rank(), {3 << 20}, kF32);  // 12 MiB: many fragments
   pg.allreduce(big, ReduceOp::kAvg)->wait();
   expect_close(big, expected_reduction(pg.size(), {3 << 20}, kF32, ReduceOp::kAvg));
 }
 
-TEST(MpiGroup, BroadcastEveryDtypeAndRoot) {
-  MpiProcessGroup pg(test_options());
+TEST(WorldGroup, BroadcastEveryDtypeAndRoot) {
+  auto group = make_group(test_options());
+  ProcessGroup& pg = *group;
   check_broadcast(pg);
 }
 
-TEST(MpiGroup, AllgatherEveryDtype) {
-  MpiProcessGroup pg(test_options());
+TEST(WorldGroup, AllgatherEveryDtype) {
+  auto group = make_group(test_options());
+  ProcessGroup& pg = *group;
   check_allgather(pg);
 }
 
-TEST(MpiGroup, ReduceEveryDtypeAndOp) {
-  MpiProcessGroup pg(test_options());
+TEST(WorldGroup, ReduceEveryDtypeAndOp) {
+  auto group = make_group(test_options());
+  ProcessGroup& pg = *group;
   check_reduce(pg);
 }
 
-TEST(MpiGroup, ReduceScatterEveryDtypeAndOp) {
-  MpiProcessGroup pg(test_options());
+TEST(WorldGroup, ReduceScatterEveryDtypeAndOp) {
+  auto group = make_group(test_options());
+  ProcessGroup& pg = *group;
   check_reduce_scatter(pg);
 }
 
-TEST(MpiGroup, HalfAndBFloat16SumsAreExactWhereRepresentable) {
+TEST(WorldGroup, HalfAndBFloat16SumsAreExactWhereRepresentable) {
   // The 16-bit MPI_Ops add in float and round once per step: exact for these values.
-  MpiProcessGroup pg(test_options());
+  auto group = make_group(test_options());
+  ProcessGroup& pg = *group;
   Tensor t = full({8}, 0.5 + pg.rank() * 0.25, kF16);
   pg.allreduce(t)->wait();
   double expected = 0;
@@ -216,11 +231,13 @@ TEST(MpiGroup, HalfAndBFloat16SumsAreExactWhereRepresentable) {
   expect_close(b, full({8}, 0.5 + (pg.size() - 1) * 0.25, kBF16), 0, 0);
 }
 
-TEST(MpiGroup, WorkIsAsynchronous) {
+TEST(WorldGroup, WorkIsAsynchronous) {
   // Rank 0 issues an allreduce that the others join only after rank 0 tells them to (over a
   // second group): the call must return, incomplete, so rank 0 can go on and send.
-  MpiProcessGroup pg(test_options());
-  MpiProcessGroup signal(test_options());
+  auto group = make_group(test_options());
+  ProcessGroup& pg = *group;
+  auto signal_group = make_group(test_options());
+  ProcessGroup& signal = *signal_group;
   if (pg.size() < 2) GTEST_SKIP() << "needs 2 ranks";
   Tensor t = full({1000}, pg.rank() + 1, kF64);
   Tensor flag = zeros({1}, kI32);
@@ -242,8 +259,9 @@ TEST(MpiGroup, WorkIsAsynchronous) {
   expect_close(t, full({1000}, pg.size() * (pg.size() + 1) / 2.0, kF64));
 }
 
-TEST(MpiGroup, ManyInFlightCompleteInIssueOrder) {
-  MpiProcessGroup pg(test_options());
+TEST(WorldGroup, ManyInFlightCompleteInIssueOrder) {
+  auto group = make_group(test_options());
+  ProcessGroup& pg = *group;
   std::vector<Tensor> tensors;
   std::vector<WorkHandle> works;
   for (int k = 0; k < 24; ++k) {
@@ -260,8 +278,9 @@ TEST(MpiGroup, ManyInFlightCompleteInIssueOrder) {
   }
 }
 
-TEST(MpiGroup, BarrierWaitsForEveryRank) {
-  MpiProcessGroup pg(test_options());
+TEST(WorldGroup, BarrierWaitsForEveryRank) {
+  auto group = make_group(test_options());
+  ProcessGroup& pg = *group;
   // Rank 0 names a file, makes it after a pause, then enters the barrier; once out of the
   // barrier every rank must see it.
   Tensor token = full({1}, static_cast<int64_t>(getpid()), kI64);
@@ -278,8 +297,9 @@ TEST(MpiGroup, BarrierWaitsForEveryRank) {
   if (pg.rank() == 0) std::filesystem::remove(path);
 }
 
-TEST(MpiGroup, SendRecvRingWithTags) {
-  MpiProcessGroup pg(test_options());
+TEST(WorldGroup, SendRecvRingWithTags) {
+  auto group = make_group(test_options());
+  ProcessGroup& pg = *group;
   if (pg.size() < 2) GTEST_SKIP() << "needs 2 ranks";
   const int next = (pg.rank() + 1) % pg.size();
   const int prev = (pg.rank() + pg.size() - 1) % pg.size();
@@ -303,8 +323,9 @@ TEST(MpiGroup, SendRecvRingWithTags) {
   }
 }
 
-TEST(MpiGroup, DebugModeNamesTheRankThatDiffers) {
-  MpiProcessGroup pg(test_options(/*debug=*/true));
+TEST(WorldGroup, DebugModeNamesTheRankThatDiffers) {
+  auto group = make_group(test_options(/*debug=*/true));
+  ProcessGroup& pg = *group;
   if (pg.size() < 2) GTEST_SKIP() << "needs 2 ranks";
   // Same collective, different shape on every rank but 0.
   Tensor t = ones({pg.rank() == 0 ? 4 : 5});
@@ -321,15 +342,17 @@ TEST(MpiGroup, DebugModeNamesTheRankThatDiffers) {
   expect_close(v, full({6}, pg.size(), kF64));
 }
 
-TEST(MpiGroup, DebugModeAgreesOnMatchingCollectives) {
-  MpiProcessGroup pg(test_options(/*debug=*/true));
+TEST(WorldGroup, DebugModeAgreesOnMatchingCollectives) {
+  auto group = make_group(test_options(/*debug=*/true));
+  ProcessGroup& pg = *group;
   check_reduce_scatter(pg);
   check_broadcast(pg);
   pg.barrier()->wait();
 }
 
-TEST(MpiGroup, ArgumentErrors) {
-  MpiProcessGroup pg(test_options());
+TEST(WorldGroup, ArgumentErrors) {
+  auto group = make_group(test_options());
+  ProcessGroup& pg = *group;
   EXPECT_EMBER_ERROR(pg.allreduce(ones({4}, kI64), ReduceOp::kAvg),
                      "allreduce: ReduceOp avg needs a floating-point tensor, got i64");
   EXPECT_EMBER_ERROR(pg.allreduce(ones({4, 3}).t()), "allreduce: tensor must be contiguous");
@@ -343,10 +366,17 @@ TEST(MpiGroup, ArgumentErrors) {
   expect_close(t, full({2}, pg.size(), kF32));
 }
 
-TEST(MpiGroup, CudaTensorsAreStagedThroughHost) {
+TEST(WorldGroup, CudaTensorsAreStagedThroughHostOrRefused) {
   EMBER_REQUIRE_CUDA();
-  MpiProcessGroup pg(test_options());
+  auto group = make_group(test_options());
+  ProcessGroup& pg = *group;
   const Device device = cuda_device(pg.local_rank() % cuda::device_count());
+  if (pg.backend() == "tcp") {
+    Tensor t = ones({4}, TensorOptions(kF32, device));
+    EXPECT_EMBER_ERROR(pg.allreduce(t), "allreduce: the tcp backend moves CPU tensors only");
+    EXPECT_EMBER_ERROR(pg.send(t, (pg.rank() + 1) % pg.size()), "send: the tcp backend");
+    return;
+  }
   for (DType dtype : {kF32, kF16, kI64}) {
     Tensor t = rank_tensor(pg.rank(), {1000}, dtype).to(device);
     pg.allreduce(t, ReduceOp::kSum)->wait();
@@ -355,6 +385,80 @@ TEST(MpiGroup, CudaTensorsAreStagedThroughHost) {
     Tensor b = rank_tensor(pg.rank(), {33}, dtype).to(device);
     pg.broadcast(b, 0)->wait();
     expect_close(b.cpu(), rank_tensor(0, {33}, dtype));
+  }
+}
+
+// --- the TCP backend -----------------------------------------------------------------------
+
+TEST(TcpGroup, WorldOfOneNeedsNoNetwork) {
+  TcpProcessGroup pg("", 0, 0, 1, 0, test_options());
+  EXPECT_EQ(pg.backend(), "tcp");
+  check_allreduce(pg, {3, 4});
+  check_broadcast(pg);
+  check_allgather(pg);
+  check_reduce(pg);
+  check_reduce_scatter(pg);
+  pg.barrier()->wait();
+  EXPECT_EMBER_ERROR(pg.send(ones({2}), 0), "cannot exchange with itself");
+}
+
+TEST(TcpGroup, BadBootstrapArguments) {
+  EXPECT_EMBER_ERROR(TcpProcessGroup("127.0.0.1", 0, 0, 2, 0, test_options()),
+                     "MASTER_ADDR and MASTER_PORT must name rank 0's address and a TCP port");
+  EXPECT_EMBER_ERROR(TcpProcessGroup("127.0.0.1", 29500, 2, 2, 0, test_options()),
+                     "rank 2 is not in a group of 2");
+}
+
+TEST(TcpGroup, LargeMessagesCrossChunkBoundaries) {
+  if (test_backend() != "tcp") GTEST_SKIP() << "runs on the tcp backend";
+  auto group = make_group(test_options());
+  ProcessGroup& pg = *group;
+  // Sizes around the 1 MiB chunks and not divisible by the world size.
+  for (const int64_t n : {int64_t{262144} * 3 + 1, int64_t{1000003}}) {
+    Tensor t = rank_tensor(pg.rank(), {n}, kF32);
+    pg.allreduce(t, ReduceOp::kSum)->wait();
+    expect_close(t, expected_reduction(pg.size(), {n}, kF32, ReduceOp::kSum));
+    Tensor h = rank_tensor(pg.rank(), {n}, kBF16);
+    pg.allreduce(h, ReduceOp::kMax)->wait();
+    expect_close(h, expected_reduction(pg.size(), {n}, kBF16, ReduceOp::kMax), 0, 0);
+    Tensor b = rank_tensor(pg.rank(), {n}, kF64);
+    pg.broadcast(b, pg.size() - 1)->wait();
+    expect_close(b, rank_tensor(pg.size() - 1, {n}, kF64));
+  }
+}
+
+TEST(TcpGroup, DifferentShapesAreReportedNotMixedUp) {
+  if (test_backend() != "tcp") GTEST_SKIP() << "runs on the tcp backend";
+  auto group = make_group(test_options());
+  ProcessGroup& pg = *group;
+  // Without debug mode, the message headers catch it: the rank that sees the mismatch names
+  // both collectives and breaks the group, and its neighbours see their connections close.
+  Tensor t = ones({pg.rank() == 0 ? 4 : 5});
+  try {
+    pg.allreduce(t)->wait();
+    ADD_FAILURE() << "allreduce of [4] against [5] completed";
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    EXPECT_TRUE(message.find("allreduce #1 on rank") != std::string::npos ||
+                message.find("allreduce #1: rank") != std::string::npos)
+        << message;
+    EXPECT_TRUE(message.find("but received allreduce #1") != std::string::npos ||
+                message.find("closed its connection") != std::string::npos)
+        << message;
+  }
+  EXPECT_EMBER_ERROR(pg.barrier(), "cannot be used after an earlier failure");
+}
+
+TEST(TcpGroup, RecvOfTheWrongSizeIsAnError) {
+  if (test_backend() != "tcp") GTEST_SKIP() << "runs on the tcp backend";
+  auto group = make_group(test_options());
+  ProcessGroup& pg = *group;
+  if (pg.rank() == 0) {
+    pg.send(ones({4}), 1, 3)->wait();  // buffered by rank 1 whatever it makes of it
+  } else if (pg.rank() == 1) {
+    EXPECT_EMBER_ERROR(pg.recv(zeros({5}), 0, 3)->wait(),
+                       "recv #1: rank 1 receives f32 [5] (20 bytes) with tag 3 but rank 0 sent "
+                       "send #1 (tag 3, 16 bytes of f32)");
   }
 }
 

@@ -1,0 +1,1176 @@
+#include "tcp_process_group.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cmath>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <list>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <type_traits>
+
+#include "detail/common.h"
+#include "tcp_store.h"
+
+namespace ember::dist {
+
+using detail::Fingerprint;
+using detail::OpKind;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr uint32_t kMagic = 0x454d4252;  // "EMBR"
+constexpr int32_t kDebugKind = 100;      // the fingerprint exchange of debug mode
+constexpr int64_t kChunkBytes = int64_t{1} << 20;
+constexpr auto kPollSlice = std::chrono::milliseconds(200);
+enum Channel : int32_t { kCollectives = 0, kPointToPoint = 1 };
+
+// Leads every message; the receiver checks it against what it expects.
+struct Header {
+  uint32_t magic = kMagic;
+  int32_t kind = 0;
+  int64_t seq = 0;
+  int32_t step = 0;  // collectives: ring step; send/recv: the tag
+  int32_t dtype = 0;
+  int64_t bytes = 0;
+};
+static_assert(sizeof(Header) == 32);
+
+// The first bytes on every connection: who connects, for which group and channel.
+struct Hello {
+  uint32_t magic = kMagic;
+  int32_t group = 0;
+  int32_t rank = 0;
+  int32_t channel = 0;
+};
+
+std::string kind_name(int32_t kind) {
+  if (kind == kDebugKind) return "debug check";
+  if (kind < 0 || kind > static_cast<int32_t>(OpKind::kRecv)) return "kind " + std::to_string(kind);
+  return detail::op_kind_name(static_cast<OpKind>(kind));
+}
+
+std::string describe(const Header& h) {
+  if (h.magic != kMagic) return "bytes that are no ember message";
+  const bool p2p = h.kind == static_cast<int32_t>(OpKind::kSend);
+  const std::string dtype = h.dtype >= 0 && h.dtype < kNumDTypes
+                                ? std::string(dtype_name(static_cast<DType>(h.dtype)))
+                                : "dtype " + std::to_string(h.dtype);
+  return kind_name(h.kind) + " #" + std::to_string(h.seq) + " (" + (p2p ? "tag " : "step ") +
+         std::to_string(h.step) + ", " + std::to_string(h.bytes) + " bytes of " + dtype + ")";
+}
+
+struct FdGuard {
+  int fd = -1;
+  ~FdGuard() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+int remaining_ms(Clock::time_point deadline) {
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+  return static_cast<int>(std::clamp<int64_t>(left.count(), 0, kPollSlice.count()));
+}
+
+// Blocking reads and writes for the bootstrap, bounded by `deadline`.
+bool read_exact(int fd, void* data, size_t n, Clock::time_point deadline) {
+  auto* p = static_cast<char*>(data);
+  while (n > 0) {
+    pollfd pfd{fd, POLLIN, 0};
+    if (::poll(&pfd, 1, remaining_ms(deadline)) == 0) {
+      if (Clock::now() >= deadline) return false;
+      continue;
+    }
+    const ssize_t got = ::recv(fd, p, n, 0);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) return false;
+    p += got;
+    n -= static_cast<size_t>(got);
+  }
+  return true;
+}
+
+bool write_exact(int fd, const void* data, size_t n) {
+  const auto* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t put = ::send(fd, p, n, MSG_NOSIGNAL);
+    if (put < 0 && errno == EINTR) continue;
+    if (put <= 0) return false;
+    p += put;
+    n -= static_cast<size_t>(put);
+  }
+  return true;
+}
+
+// The address of this host on the route to `host` (a UDP connect sends nothing).
+std::string local_address_towards(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  const int rc = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found);
+  EMBER_CHECK(rc == 0, "TcpProcessGroup", "cannot resolve MASTER_ADDR ", host, ": ",
+              ::gai_strerror(rc));
+  FdGuard fd{::socket(found->ai_family, SOCK_DGRAM, 0)};
+  const bool routed = fd.fd >= 0 && ::connect(fd.fd, found->ai_addr, found->ai_addrlen) == 0;
+  ::freeaddrinfo(found);
+  EMBER_CHECK(routed, "TcpProcessGroup", "no route to MASTER_ADDR ", host, ": ",
+              std::strerror(errno));
+  sockaddr_storage local{};
+  socklen_t length = sizeof(local);
+  ::getsockname(fd.fd, reinterpret_cast<sockaddr*>(&local), &length);
+  char text[INET6_ADDRSTRLEN] = {};
+  const void* address =
+      local.ss_family == AF_INET6
+          ? static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr)
+          : static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr);
+  ::inet_ntop(local.ss_family, address, text, sizeof(text));
+  return text;
+}
+
+addrinfo* resolve_numeric(const std::string& address, int port, bool passive) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICHOST | (passive ? AI_PASSIVE : 0);
+  addrinfo* found = nullptr;
+  const int rc = ::getaddrinfo(address.c_str(), std::to_string(port).c_str(), &hints, &found);
+  EMBER_CHECK(rc == 0, "TcpProcessGroup", "bad address ", address, ": ", ::gai_strerror(rc));
+  return found;
+}
+
+// Listens on an ephemeral port of `address`; returns the socket and sets `port`.
+int listen_on(const std::string& address, int& port) {
+  addrinfo* found = resolve_numeric(address, 0, true);
+  const int fd = ::socket(found->ai_family, SOCK_STREAM, 0);
+  const bool ok =
+      fd >= 0 && ::bind(fd, found->ai_addr, found->ai_addrlen) == 0 && ::listen(fd, 256) == 0;
+  const int error = errno;
+  ::freeaddrinfo(found);
+  if (!ok && fd >= 0) ::close(fd);
+  EMBER_CHECK(ok, "TcpProcessGroup", "cannot listen on ", address, ": ", std::strerror(error));
+  sockaddr_storage bound{};
+  socklen_t length = sizeof(bound);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &length);
+  port = ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
+                                           : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  return fd;
+}
+
+// Connects to a peer's listener, retrying until `deadline`.
+int connect_to(const std::string& address, int port, int peer, Clock::time_point deadline) {
+  std::string last_error;
+  for (auto pause = std::chrono::milliseconds(5);;
+       pause = std::min(pause * 2, std::chrono::milliseconds(200))) {
+    addrinfo* found = resolve_numeric(address, port, false);
+    const int fd = ::socket(found->ai_family, SOCK_STREAM, 0);
+    const bool ok = fd >= 0 && ::connect(fd, found->ai_addr, found->ai_addrlen) == 0;
+    last_error = std::strerror(errno);
+    ::freeaddrinfo(found);
+    if (ok) return fd;
+    if (fd >= 0) ::close(fd);
+    EMBER_CHECK(Clock::now() + pause < deadline, "TcpProcessGroup", "cannot connect to rank ", peer,
+                " at ", address, ":", port, " (", last_error, ")");
+    std::this_thread::sleep_for(pause);
+  }
+}
+
+// One store per MASTER_ADDR:MASTER_PORT and process, kept until exit: see the header.
+std::shared_ptr<TcpStore> shared_store(const std::string& host, int port, int size, int rank,
+                                       std::chrono::milliseconds timeout) {
+  static std::mutex mutex;
+  static std::map<std::string, std::shared_ptr<TcpStore>> stores;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto& store = stores[host + ":" + std::to_string(port)];
+  if (!store) store = std::make_shared<TcpStore>(host, port, size, rank == 0, timeout);
+  return store;
+}
+
+// dst[i] = dst[i] (op) src[i]; f16 and bf16 in float, bool as or (sum, max) and and (min).
+template <typename T>
+bool is_nan(T v) {
+  if constexpr (std::is_floating_point_v<T>) {
+    return std::isnan(v);
+  } else {
+    return false;
+  }
+}
+
+template <typename T>
+void combine_typed(void* dst, const void* src, int64_t n, ReduceOp op) {
+  auto* d = static_cast<T*>(dst);
+  const auto* s = static_cast<const T*>(src);
+  using Math = std::conditional_t<std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>, float, T>;
+  for (int64_t i = 0; i < n; ++i) {
+    const Math a = static_cast<Math>(s[i]), b = static_cast<Math>(d[i]);
+    Math r;
+    if (op == ReduceOp::kMax) {
+      r = (a > b || is_nan(a)) ? a : b;  // NaN wins, as on the other backends
+    } else if (op == ReduceOp::kMin) {
+      r = (a < b || is_nan(a)) ? a : b;
+    } else if constexpr (std::is_integral_v<Math>) {
+      using U = std::make_unsigned_t<Math>;  // wraps instead of overflowing
+      r = static_cast<Math>(static_cast<U>(a) + static_cast<U>(b));
+    } else {
+      r = a + b;
+    }
+    d[i] = static_cast<T>(r);
+  }
+}
+
+void combine(void* dst, const void* src, int64_t n, DType dtype, ReduceOp op) {
+  switch (dtype) {
+    case kF32:
+      return combine_typed<float>(dst, src, n, op);
+    case kF64:
+      return combine_typed<double>(dst, src, n, op);
+    case kF16:
+      return combine_typed<Half>(dst, src, n, op);
+    case kBF16:
+      return combine_typed<BFloat16>(dst, src, n, op);
+    case kI64:
+      return combine_typed<int64_t>(dst, src, n, op);
+    case kI32:
+      return combine_typed<int32_t>(dst, src, n, op);
+    case kU8:
+      return combine_typed<uint8_t>(dst, src, n, op);
+    case kBool:
+      return combine_typed<uint8_t>(dst, src, n, op == ReduceOp::kMin ? op : ReduceOp::kMax);
+  }
+}
+
+struct Op;
+
+// A debug-mode mismatch: every rank sees it and skips the collective, so the group goes on.
+struct Mismatch : Error {
+  using Error::Error;
+};
+
+}  // namespace
+
+struct TcpProcessGroup::State {
+  int rank = 0, size = 1;
+  ProcessGroupOptions options;
+  bool debug = false;
+  std::vector<int> coll_fd, p2p_fd;  // by peer; -1 for this rank
+  int wake_fd = -1;                  // eventfd: wakes the point-to-point thread
+
+  std::mutex mutex;
+  std::condition_variable cv;
+  std::deque<std::shared_ptr<Op>> collectives, p2p;  // issued, not started
+  int64_t issued = 0, finished = 0, p2p_issued = 0;  // collectives issued and finished
+  bool stop = false;
+  std::atomic<bool> broken{false};
+  std::string broken_message;
+  std::thread collective_thread, p2p_thread;
+
+  ~State() {
+    for (const int fd : coll_fd)
+      if (fd >= 0) ::close(fd);
+    for (const int fd : p2p_fd)
+      if (fd >= 0) ::close(fd);
+    if (wake_fd >= 0) ::close(wake_fd);
+  }
+
+  void wake() const {
+    const uint64_t one = 1;
+    if (wake_fd < 0) return;
+    const ssize_t written = ::write(wake_fd, &one, sizeof(one));
+    (void)written;  // a full counter already wakes the thread
+  }
+
+  std::string broken_reason() {
+    std::lock_guard<std::mutex> lock(mutex);
+    return broken_message;
+  }
+
+  // Shuts the connections down, so peers blocked on this rank fail at once.
+  void break_group(const std::string& message) {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      if (broken.load()) return;
+      broken_message = message;
+      broken.store(true);
+    }
+    for (const int fd : coll_fd)
+      if (fd >= 0) ::shutdown(fd, SHUT_RDWR);
+    for (const int fd : p2p_fd)
+      if (fd >= 0) ::shutdown(fd, SHUT_RDWR);
+    cv.notify_all();
+    wake();
+  }
+
+  void connect_mesh(const std::string& host, int port);
+  void run_collectives();
+  void run_p2p();
+};
+
+namespace {
+
+using State = TcpProcessGroup::State;
+
+struct Op final : Work {
+  std::shared_ptr<State> state;
+  OpKind kind;
+  std::string name;  // "allreduce #17"
+  int64_t seq = 0;
+  ReduceOp reduce = ReduceOp::kSum;
+  int peer = -1;  // root, destination or source
+  int tag = 0;
+  Tensor tensor;             // the one tensor (allgather: input; reduce_scatter: output)
+  std::vector<Tensor> list;  // allgather outputs, reduce_scatter inputs
+  Fingerprint fingerprint;
+  int64_t after = 0;  // send/recv: starts once this many collectives have finished
+  Clock::time_point started;
+
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool done = false;
+  std::string error;
+
+  Op(std::shared_ptr<State> s, OpKind k) : state(std::move(s)), kind(k) {}
+
+  void complete(std::string message = {}) {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      if (done) return;
+      done = true;
+      error = std::move(message);
+    }
+    cv.notify_all();
+  }
+  bool is_completed() override {
+    std::lock_guard<std::mutex> lock(mutex);
+    return done;
+  }
+  void wait(std::chrono::milliseconds timeout) override {
+    const auto limit = timeout.count() > 0 ? timeout : state->options.timeout;
+    std::unique_lock<std::mutex> lock(mutex);
+    if (!cv.wait_for(lock, limit, [&] { return done; })) {
+      lock.unlock();
+      const auto message = detail::timeout_message(name, state->rank, limit, "tcp", state->size);
+      state->break_group(message);
+      throw Error(message);
+    }
+    if (!error.empty()) throw Error(error);
+  }
+};
+
+std::string peer_failure(const std::string& op, int rank, int peer, int error) {
+  const std::string what = error == 0 ? "closed its connection (it exited or failed)"
+                                      : std::string("is unreachable: ") + std::strerror(error);
+  return op + " on rank " + std::to_string(rank) + ": rank " + std::to_string(peer) + " " + what +
+         "; the group cannot be used any more";
+}
+
+// --- collectives: one op at a time on the collective connections ----------------------------
+
+struct Ctx {
+  State& s;
+  const Op& op;
+  int32_t kind;  // in the headers: the op's kind, or kDebugKind
+  Clock::time_point deadline;
+
+  Header header(int32_t step, DType dtype, int64_t bytes) const {
+    Header h;
+    h.kind = kind;
+    h.seq = op.seq;
+    h.step = step;
+    h.dtype = static_cast<int32_t>(dtype);
+    h.bytes = bytes;
+    return h;
+  }
+};
+
+struct Out {
+  int peer = -1;
+  Header header;
+  const char* data = nullptr;
+  size_t done = 0;  // header and payload bytes written
+  bool finished() const { return done == sizeof(Header) + static_cast<size_t>(header.bytes); }
+};
+
+struct In {
+  int peer = -1;
+  Header expect, got;
+  char* data = nullptr;
+  size_t done = 0;
+  bool finished() const { return done == sizeof(Header) + static_cast<size_t>(expect.bytes); }
+};
+
+// Writes what the socket takes of header + payload; false when it would block.
+bool write_some(int fd, const Header& header, const char* data, size_t& done, int& error) {
+  const size_t total = sizeof(Header) + static_cast<size_t>(header.bytes);
+  while (done < total) {
+    iovec iov[2];
+    int count = 0;
+    if (done < sizeof(Header)) {
+      iov[count++] = {const_cast<char*>(reinterpret_cast<const char*>(&header)) + done,
+                      sizeof(Header) - done};
+      if (header.bytes > 0)
+        iov[count++] = {const_cast<char*>(data), static_cast<size_t>(header.bytes)};
+    } else {
+      iov[count++] = {const_cast<char*>(data) + (done - sizeof(Header)), total - done};
+    }
+    msghdr message{};
+    message.msg_iov = iov;
+    message.msg_iovlen = static_cast<size_t>(count);
+    const ssize_t put = ::sendmsg(fd, &message, MSG_NOSIGNAL);
+    if (put < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return false;
+      error = errno == EPIPE || errno == ECONNRESET ? 0 : errno;
+      return false;
+    }
+    done += static_cast<size_t>(put);
+  }
+  return true;
+}
+
+// Reads up to `n` bytes; returns the count, 0 when it would block, -1 when the peer is gone.
+ssize_t read_some(int fd, char* data, size_t n, int& error) {
+  for (;;) {
+    const ssize_t got = ::recv(fd, data, n, 0);
+    if (got > 0) return got;
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
+    error = got == 0 || errno == ECONNRESET ? 0 : errno;
+    return -1;
+  }
+}
+
+void check_header(const Ctx& c, int peer, const Header& got, const Header& expect) {
+  EMBER_CHECK(got.magic == expect.magic && got.kind == expect.kind && got.seq == expect.seq &&
+                  got.step == expect.step && got.dtype == expect.dtype && got.bytes == expect.bytes,
+              c.op.name, "rank ", c.s.rank, " expected ", describe(expect), " from rank ", peer,
+              " but received ", describe(got),
+              "; every rank must issue the same collectives, in the same order, with the same "
+              "shapes and dtypes (EMBER_DIST_DEBUG=1 names the rank that differs)");
+}
+
+// Moves `out` and `in` (either may be null) at once, polling until both are done.
+void transfer(const Ctx& c, Out* out, In* in) {
+  State& s = c.s;
+  for (;;) {
+    int error = -1;
+    if (out != nullptr && !out->finished()) {
+      write_some(s.coll_fd[static_cast<size_t>(out->peer)], out->header, out->data, out->done,
+                 error);
+      if (error >= 0) throw Error(peer_failure(c.op.name, s.rank, out->peer, error));
+    }
+    while (in != nullptr && !in->finished()) {
+      const int fd = s.coll_fd[static_cast<size_t>(in->peer)];
+      const bool header = in->done < sizeof(Header);
+      char* target = header ? reinterpret_cast<char*>(&in->got) + in->done
+                            : in->data + (in->done - sizeof(Header));
+      const size_t want = header
+                              ? sizeof(Header) - in->done
+                              : static_cast<size_t>(in->expect.bytes) - (in->done - sizeof(Header));
+      const ssize_t got = read_some(fd, target, want, error);
+      if (got < 0) throw Error(peer_failure(c.op.name, s.rank, in->peer, error));
+      if (got == 0) break;
+      in->done += static_cast<size_t>(got);
+      if (header && in->done == sizeof(Header)) check_header(c, in->peer, in->got, in->expect);
+    }
+    const bool out_done = out == nullptr || out->finished();
+    const bool in_done = in == nullptr || in->finished();
+    if (out_done && in_done) return;
+    if (s.broken.load()) throw Error(s.broken_reason());
+    if (Clock::now() >= c.deadline) {
+      throw Error(detail::timeout_message(c.op.name, s.rank, s.options.timeout, "tcp", s.size));
+    }
+    pollfd fds[2];
+    nfds_t count = 0;
+    if (!out_done) fds[count++] = {s.coll_fd[static_cast<size_t>(out->peer)], POLLOUT, 0};
+    if (!in_done) {
+      const int fd = s.coll_fd[static_cast<size_t>(in->peer)];
+      if (count == 1 && fds[0].fd == fd) {
+        fds[0].events |= POLLIN;
+      } else {
+        fds[count++] = {fd, POLLIN, 0};
+      }
+    }
+    ::poll(fds, count, remaining_ms(c.deadline));
+  }
+}
+
+struct Region {
+  char* data = nullptr;
+  int64_t count = 0;  // elements
+};
+
+// Sends `out` to rank `to` while receiving `in` from rank `from` (-1: no such side), chunk
+// by chunk in lockstep. With `op`, received chunks are combined into `in`, else stored.
+void stream(const Ctx& c, int32_t step, DType dtype, int to, Region out, int from, Region in,
+            const ReduceOp* op) {
+  const auto es = static_cast<int64_t>(element_size(dtype));
+  const int64_t chunk = std::max<int64_t>(1, kChunkBytes / es);
+  auto chunks = [&](int64_t count) { return std::max<int64_t>(1, (count + chunk - 1) / chunk); };
+  const int64_t n_out = to >= 0 ? chunks(out.count) : 0;
+  const int64_t n_in = from >= 0 ? chunks(in.count) : 0;
+  std::vector<char> scratch(
+      op != nullptr && from >= 0 ? static_cast<size_t>(std::min(in.count, chunk) * es) : 0);
+  for (int64_t k = 0; k < std::max(n_out, n_in); ++k) {
+    const int64_t begin = k * chunk;
+    Out o;
+    In i;
+    int64_t in_count = 0;
+    if (k < n_out) {
+      const int64_t count = std::clamp<int64_t>(out.count - begin, 0, chunk);
+      o.peer = to;
+      o.header = c.header(step, dtype, count * es);
+      o.data = out.data + begin * es;
+    }
+    if (k < n_in) {
+      in_count = std::clamp<int64_t>(in.count - begin, 0, chunk);
+      i.peer = from;
+      i.expect = c.header(step, dtype, in_count * es);
+      i.data = op != nullptr ? scratch.data() : in.data + begin * es;
+    }
+    transfer(c, k < n_out ? &o : nullptr, k < n_in ? &i : nullptr);
+    if (k < n_in && op != nullptr)
+      combine(in.data + begin * es, scratch.data(), in_count, dtype, *op);
+  }
+}
+
+int ring_index(int i, int size) { return ((i % size) + size) % size; }
+
+// Ring reduce-scatter: after size - 1 steps rank r holds regions[r] reduced over all ranks.
+void ring_reduce_scatter(const Ctx& c, const std::vector<Region>& regions, DType dtype,
+                         ReduceOp op) {
+  const int r = c.s.rank, n = c.s.size;
+  const ReduceOp combine_op = op == ReduceOp::kAvg ? ReduceOp::kSum : op;
+  for (int step = 0; step < n - 1; ++step) {
+    stream(c, step, dtype, ring_index(r + 1, n),
+           regions[static_cast<size_t>(ring_index(r - step - 1, n))], ring_index(r - 1, n),
+           regions[static_cast<size_t>(ring_index(r - step - 2, n))], &combine_op);
+  }
+}
+
+// Ring allgather: rank r starts with regions[r] and ends with every region.
+void ring_allgather(const Ctx& c, const std::vector<Region>& regions, DType dtype,
+                    int32_t first_step) {
+  const int r = c.s.rank, n = c.s.size;
+  for (int step = 0; step < n - 1; ++step) {
+    stream(c, first_step + step, dtype, ring_index(r + 1, n),
+           regions[static_cast<size_t>(ring_index(r - step, n))], ring_index(r - 1, n),
+           regions[static_cast<size_t>(ring_index(r - step - 1, n))], nullptr);
+  }
+}
+
+void ring_allreduce(const Ctx& c, char* data, int64_t numel, DType dtype, ReduceOp op) {
+  const int n = c.s.size;
+  const auto es = static_cast<int64_t>(element_size(dtype));
+  std::vector<Region> regions;
+  for (int i = 0; i < n; ++i) {
+    const int64_t begin = numel * i / n, end = numel * (i + 1) / n;
+    regions.push_back({data + begin * es, end - begin});
+  }
+  ring_reduce_scatter(c, regions, dtype, op);
+  const Region& own = regions[static_cast<size_t>(c.s.rank)];
+  if (op == ReduceOp::kAvg) detail::divide_in_place(own.data, own.count, dtype, n);
+  ring_allgather(c, regions, dtype, n - 1);
+}
+
+Region whole(const Tensor& t) { return {static_cast<char*>(t.data_ptr()), t.numel()}; }
+
+void run_collective(State& s, Op& op) {
+  const auto deadline = op.started + s.options.timeout;
+  if (s.debug) {
+    const Ctx debug{s, op, kDebugKind, deadline};
+    std::vector<Fingerprint> all(static_cast<size_t>(s.size));
+    all[static_cast<size_t>(s.rank)] = op.fingerprint;
+    std::vector<Region> regions;
+    for (auto& f : all) regions.push_back({reinterpret_cast<char*>(&f), sizeof(Fingerprint)});
+    ring_allgather(debug, regions, kU8, 0);
+    const std::string mismatch = detail::compare_fingerprints(all, s.rank);
+    if (!mismatch.empty()) throw Mismatch(op.name + ": " + mismatch);
+  }
+  const Ctx c{s, op, static_cast<int32_t>(op.kind), deadline};
+  const DType dtype = op.tensor.defined() ? op.tensor.dtype() : kI32;
+  const bool avg = op.reduce == ReduceOp::kAvg;
+  switch (op.kind) {
+    case OpKind::kAllreduce:
+      ring_allreduce(c, static_cast<char*>(op.tensor.data_ptr()), op.tensor.numel(), dtype,
+                     op.reduce);
+      break;
+    case OpKind::kBarrier: {
+      int32_t token = 0;
+      ring_allreduce(c, reinterpret_cast<char*>(&token), 1, kI32, ReduceOp::kSum);
+      break;
+    }
+    case OpKind::kBroadcast:
+      if (s.rank == op.peer) {
+        for (int p = 0; p < s.size; ++p)
+          if (p != s.rank) stream(c, 0, dtype, p, whole(op.tensor), -1, {}, nullptr);
+      } else {
+        stream(c, 0, dtype, -1, {}, op.peer, whole(op.tensor), nullptr);
+      }
+      break;
+    case OpKind::kReduce:
+      if (s.rank == op.peer) {
+        const ReduceOp combine_op = avg ? ReduceOp::kSum : op.reduce;
+        for (int p = 0; p < s.size; ++p)
+          if (p != s.rank) stream(c, 0, dtype, -1, {}, p, whole(op.tensor), &combine_op);
+        if (avg) detail::divide_in_place(op.tensor.data_ptr(), op.tensor.numel(), dtype, s.size);
+      } else {
+        stream(c, 0, dtype, op.peer, whole(op.tensor), -1, {}, nullptr);
+      }
+      break;
+    case OpKind::kAllgather: {
+      std::vector<Region> regions;
+      for (const Tensor& t : op.list) regions.push_back(whole(t));
+      void* own = op.list[static_cast<size_t>(s.rank)].data_ptr();
+      if (own != op.tensor.data_ptr()) std::memcpy(own, op.tensor.data_ptr(), op.tensor.nbytes());
+      ring_allgather(c, regions, dtype, 0);
+      break;
+    }
+    case OpKind::kReduceScatter: {
+      // The inputs stay as they are: the ring works on a packed copy.
+      const size_t bytes = op.tensor.nbytes();
+      std::vector<char> packed(bytes * static_cast<size_t>(s.size));
+      std::vector<Region> regions;
+      for (int r = 0; r < s.size; ++r) {
+        char* slot = packed.data() + bytes * static_cast<size_t>(r);
+        std::memcpy(slot, op.list[static_cast<size_t>(r)].data_ptr(), bytes);
+        regions.push_back({slot, op.tensor.numel()});
+      }
+      ring_reduce_scatter(c, regions, dtype, op.reduce);
+      std::memcpy(op.tensor.data_ptr(), regions[static_cast<size_t>(s.rank)].data, bytes);
+      if (avg) detail::divide_in_place(op.tensor.data_ptr(), op.tensor.numel(), dtype, s.size);
+      break;
+    }
+    case OpKind::kSend:
+    case OpKind::kRecv:
+      EMBER_ASSERT(false, "run_collective: ", op.name, " is not a collective");
+  }
+}
+
+}  // namespace
+
+void TcpProcessGroup::State::run_collectives() {
+  for (;;) {
+    std::shared_ptr<Op> op;
+    {
+      std::unique_lock<std::mutex> lock(mutex);
+      cv.wait(lock, [&] { return stop || !collectives.empty(); });
+      if (collectives.empty()) break;  // stopping, everything drained
+      op = collectives.front();
+      collectives.pop_front();
+    }
+    std::string failure;
+    if (broken.load()) {
+      failure = broken_reason();
+    } else {
+      op->started = Clock::now();
+      try {
+        run_collective(*this, *op);
+      } catch (const Mismatch& e) {
+        failure = e.what();  // every rank skips it: the group is still in step
+      } catch (const std::exception& e) {
+        failure = e.what();
+        break_group(failure);
+      }
+    }
+    op->complete(failure);
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      ++finished;
+    }
+    wake();
+  }
+}
+
+// --- point-to-point: every started send and recv at once, on the point-to-point connections --
+
+namespace {
+
+// A message that arrived before its recv was posted.
+struct Unexpected {
+  Header header;
+  std::vector<char> data;
+  bool complete = false;
+  std::shared_ptr<Op> claimed;  // the recv that takes it once complete
+};
+
+struct Peer {
+  int fd = -1;
+  bool closed = false;
+  std::deque<std::shared_ptr<Op>> sends;  // in issue order; the front one is being written
+  Header out_header;
+  bool out_started = false;
+  size_t out_done = 0;
+  int64_t out_seq = 0, in_seq = 0;
+  std::deque<std::shared_ptr<Op>> recvs;  // posted, no message yet, in posting order
+  std::list<Unexpected> unexpected;       // in arrival order
+  // The message coming in: its header, then its payload into a recv or an Unexpected.
+  Header in_header;
+  size_t in_header_done = 0;
+  bool in_payload = false;
+  std::shared_ptr<Op> in_recv;
+  Unexpected* in_buffer = nullptr;
+  size_t in_payload_done = 0;
+
+  // The first op waiting on this peer, for error messages; null when none.
+  const Op* pending() const {
+    if (in_recv) return in_recv.get();
+    if (!recvs.empty()) return recvs.front().get();
+    if (!sends.empty()) return sends.front().get();
+    for (const auto& u : unexpected)
+      if (u.claimed) return u.claimed.get();
+    return nullptr;
+  }
+};
+
+void check_match(const State& s, const Op& recv, int peer, const Header& h) {
+  EMBER_CHECK(h.bytes == static_cast<int64_t>(recv.tensor.nbytes()) &&
+                  h.dtype == static_cast<int32_t>(recv.tensor.dtype()),
+              recv.name, "rank ", s.rank, " receives ", recv.tensor.dtype(), " ",
+              shape_str(recv.tensor.sizes()), " (", recv.tensor.nbytes(), " bytes) with tag ",
+              recv.tag, " but rank ", peer, " sent ", describe(h));
+}
+
+struct P2p {
+  State& s;
+  std::vector<Peer> peers;
+  std::list<std::shared_ptr<Op>> active;
+
+  void finish(const std::shared_ptr<Op>& op, const std::string& error = {}) {
+    op->complete(error);
+    active.remove(op);
+  }
+
+  void fail_all(const std::string& message) {
+    for (auto& op : active) op->complete(message);
+    active.clear();
+    for (Peer& p : peers) {
+      p.sends.clear();
+      p.recvs.clear();
+      p.unexpected.clear();
+      p.in_recv.reset();
+      p.in_buffer = nullptr;
+      p.in_payload = false;
+      p.in_header_done = 0;
+      p.out_started = false;
+      p.out_done = 0;
+    }
+  }
+
+  void start(const std::shared_ptr<Op>& op) {
+    op->started = Clock::now();
+    active.push_back(op);
+    Peer& p = peers[static_cast<size_t>(op->peer)];
+    if (op->kind == OpKind::kSend) {
+      if (p.closed) throw Error(peer_failure(op->name, s.rank, op->peer, 0));
+      p.sends.push_back(op);
+      return;
+    }
+    // A peer that has gone may have sent this message before it left.
+    for (auto it = p.unexpected.begin(); it != p.unexpected.end(); ++it) {
+      if (it->claimed || it->header.step != op->tag) continue;
+      check_match(s, *op, op->peer, it->header);
+      if (!it->complete) {
+        it->claimed = op;
+        return;
+      }
+      std::memcpy(op->tensor.data_ptr(), it->data.data(), it->data.size());
+      p.unexpected.erase(it);
+      finish(op);
+      return;
+    }
+    if (p.closed) throw Error(peer_failure(op->name, s.rank, op->peer, 0));
+    p.recvs.push_back(op);
+  }
+
+  void write(Peer& p, int peer) {
+    while (!p.sends.empty()) {
+      const std::shared_ptr<Op> op = p.sends.front();
+      if (!p.out_started) {
+        p.out_header = Header{};
+        p.out_header.kind = static_cast<int32_t>(OpKind::kSend);
+        p.out_header.seq = ++p.out_seq;
+        p.out_header.step = op->tag;
+        p.out_header.dtype = static_cast<int32_t>(op->tensor.dtype());
+        p.out_header.bytes = static_cast<int64_t>(op->tensor.nbytes());
+        p.out_started = true;
+        p.out_done = 0;
+      }
+      int error = -1;
+      const bool done = write_some(
+          p.fd, p.out_header, static_cast<const char*>(op->tensor.data_ptr()), p.out_done, error);
+      if (error >= 0) throw Error(peer_failure(op->name, s.rank, peer, error));
+      if (!done) return;
+      p.sends.pop_front();
+      p.out_started = false;
+      finish(op);
+    }
+  }
+
+  // A message header from `peer` is complete: find its recv or buffer it.
+  void route(Peer& p, int peer) {
+    const Header& h = p.in_header;
+    EMBER_CHECK(h.magic == kMagic && h.kind == static_cast<int32_t>(OpKind::kSend) &&
+                    h.seq == p.in_seq + 1 && h.bytes >= 0,
+                "recv", "rank ", s.rank, " expected send #", p.in_seq + 1, " from rank ", peer,
+                " but received ", describe(h), "; the point-to-point connection is out of step");
+    ++p.in_seq;
+    p.in_payload = true;
+    p.in_payload_done = 0;
+    for (auto it = p.recvs.begin(); it != p.recvs.end(); ++it) {
+      if ((*it)->tag != h.step) continue;
+      check_match(s, **it, peer, h);
+      p.in_recv = *it;
+      p.recvs.erase(it);
+      return;
+    }
+    p.unexpected.push_back({h, std::vector<char>(static_cast<size_t>(h.bytes)), false, nullptr});
+    p.in_buffer = &p.unexpected.back();
+  }
+
+  void landed(Peer& p) {
+    p.in_payload = false;
+    p.in_header_done = 0;
+    if (p.in_recv) {
+      finish(p.in_recv);
+      p.in_recv.reset();
+      return;
+    }
+    Unexpected* u = std::exchange(p.in_buffer, nullptr);
+    u->complete = true;
+    if (!u->claimed) return;
+    const std::shared_ptr<Op> op = u->claimed;
+    std::memcpy(op->tensor.data_ptr(), u->data.data(), u->data.size());
+    p.unexpected.remove_if([u](const Unexpected& x) { return &x == u; });
+    finish(op);
+  }
+
+  void read(Peer& p, int peer) {
+    for (;;) {
+      int error = -1;
+      ssize_t got = 0;
+      if (!p.in_payload) {
+        got = read_some(p.fd, reinterpret_cast<char*>(&p.in_header) + p.in_header_done,
+                        sizeof(Header) - p.in_header_done, error);
+        if (got > 0) {
+          p.in_header_done += static_cast<size_t>(got);
+          if (p.in_header_done == sizeof(Header)) route(p, peer);
+        }
+      } else {
+        char* target =
+            p.in_recv ? static_cast<char*>(p.in_recv->tensor.data_ptr()) : p.in_buffer->data.data();
+        const size_t total = static_cast<size_t>(p.in_header.bytes);
+        if (p.in_payload_done < total) {
+          got = read_some(p.fd, target + p.in_payload_done, total - p.in_payload_done, error);
+          if (got > 0) p.in_payload_done += static_cast<size_t>(got);
+        }
+      }
+      if (p.in_payload && p.in_payload_done == static_cast<size_t>(p.in_header.bytes)) {
+        landed(p);
+        continue;
+      }
+      if (got < 0) {
+        // A peer that exits with nothing outstanding is no failure; one that leaves a message
+        // half sent or an operation waiting is.
+        const Op* waiting = p.pending();
+        if (waiting == nullptr && !p.in_payload && p.in_header_done == 0) {
+          p.closed = true;
+          return;
+        }
+        throw Error(peer_failure(waiting != nullptr ? waiting->name : "recv", s.rank, peer, error));
+      }
+      if (got == 0) return;
+    }
+  }
+
+  void run() {
+    for (;;) {
+      std::vector<std::shared_ptr<Op>> fresh;
+      bool exiting = false;
+      {
+        std::lock_guard<std::mutex> lock(s.mutex);
+        while (!s.p2p.empty() && s.p2p.front()->after <= s.finished) {
+          fresh.push_back(s.p2p.front());
+          s.p2p.pop_front();
+        }
+        exiting = s.stop && s.p2p.empty() && active.empty() && fresh.empty();
+      }
+      if (exiting) return;
+      if (s.broken.load()) {
+        const std::string message = s.broken_reason();
+        fail_all(message);
+        for (auto& op : fresh) op->complete(message);
+        fresh.clear();
+      }
+      try {
+        for (auto& op : fresh) start(op);
+        fresh.clear();
+        std::vector<pollfd> fds{{s.wake_fd, POLLIN, 0}};
+        if (!s.broken.load()) {
+          for (const Peer& p : peers) {
+            if (p.fd < 0 || p.closed) continue;
+            fds.push_back({p.fd, static_cast<short>(POLLIN | (p.sends.empty() ? 0 : POLLOUT)), 0});
+          }
+        }
+        ::poll(fds.data(), fds.size(), static_cast<int>(kPollSlice.count()));
+        uint64_t count = 0;
+        if (fds[0].revents != 0) {
+          const ssize_t drained = ::read(s.wake_fd, &count, sizeof(count));
+          (void)drained;
+        }
+        for (size_t i = 1; i < fds.size(); ++i) {
+          if (fds[i].revents == 0) continue;
+          const auto peer =
+              static_cast<int>(std::find_if(peers.begin(), peers.end(),
+                                            [&](const Peer& p) { return p.fd == fds[i].fd; }) -
+                               peers.begin());
+          Peer& p = peers[static_cast<size_t>(peer)];
+          write(p, peer);
+          read(p, peer);
+        }
+        const auto now = Clock::now();
+        for (const auto& op : active) {
+          if (now - op->started > s.options.timeout) {
+            throw Error(
+                detail::timeout_message(op->name, s.rank, s.options.timeout, "tcp", s.size));
+          }
+        }
+      } catch (const std::exception& e) {
+        s.break_group(e.what());
+        for (auto& op : fresh) op->complete(e.what());
+      }
+    }
+  }
+};
+
+}  // namespace
+
+void TcpProcessGroup::State::run_p2p() {
+  P2p loop{*this, std::vector<Peer>(static_cast<size_t>(size)), {}};
+  for (int p = 0; p < size; ++p)
+    loop.peers[static_cast<size_t>(p)].fd = p2p_fd[static_cast<size_t>(p)];
+  loop.run();
+}
+
+// --- bootstrap ------------------------------------------------------------------------------
+
+void TcpProcessGroup::State::connect_mesh(const std::string& host, int port) {
+  coll_fd.assign(static_cast<size_t>(size), -1);
+  p2p_fd.assign(static_cast<size_t>(size), -1);
+  wake_fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  EMBER_CHECK(wake_fd >= 0, "TcpProcessGroup", "eventfd failed: ", std::strerror(errno));
+  if (size == 1) return;
+  EMBER_CHECK(!host.empty() && port > 0 && port <= 65535, "TcpProcessGroup",
+              "MASTER_ADDR and MASTER_PORT must name rank 0's address and a TCP port, got \"", host,
+              "\" and ", port);
+  const auto deadline = Clock::now() + options.timeout;
+  auto store = shared_store(host, port, size, rank, options.timeout);
+  // The n-th group of every rank meets under the same keys.
+  const int64_t group = store->add("ember/tcp/groups/" + std::to_string(rank), 1);
+  const std::string prefix = "ember/tcp/" + std::to_string(group) + "/";
+  const std::string address = local_address_towards(host, port);
+  int listen_port = 0;
+  FdGuard listener{listen_on(address, listen_port)};
+  store->set(prefix + std::to_string(rank), address + " " + std::to_string(listen_port));
+
+  auto slot = [&](int32_t channel, int peer) -> int& {
+    return (channel == kCollectives ? coll_fd : p2p_fd)[static_cast<size_t>(peer)];
+  };
+  // Lower ranks listen, higher ranks connect.
+  for (int peer = 0; peer < rank; ++peer) {
+    const std::string where = store->get(prefix + std::to_string(peer));
+    const auto space = where.find(' ');
+    const std::string peer_address = where.substr(0, space);
+    const int peer_port = std::stoi(where.substr(space + 1));
+    for (const int32_t channel : {kCollectives, kPointToPoint}) {
+      int& fd = slot(channel, peer);
+      fd = connect_to(peer_address, peer_port, peer, deadline);
+      const Hello hello{kMagic, static_cast<int32_t>(group), rank, channel};
+      EMBER_CHECK(write_exact(fd, &hello, sizeof(hello)), "TcpProcessGroup",
+                  "lost the connection to rank ", peer, " at ", peer_address, ":", peer_port);
+    }
+  }
+  for (int pending = 2 * (size - 1 - rank); pending > 0; --pending) {
+    pollfd pfd{listener.fd, POLLIN, 0};
+    while (::poll(&pfd, 1, remaining_ms(deadline)) == 0) {
+      EMBER_CHECK(Clock::now() < deadline, "TcpProcessGroup", "rank ", rank, " waited ",
+                  options.timeout.count(), " ms for ", pending,
+                  " connections from higher ranks; did every rank start?");
+    }
+    FdGuard accepted{::accept(listener.fd, nullptr, nullptr)};
+    if (accepted.fd < 0) {
+      ++pending;  // interrupted: try again
+      continue;
+    }
+    Hello hello;
+    EMBER_CHECK(read_exact(accepted.fd, &hello, sizeof(hello), deadline), "TcpProcessGroup",
+                "a connection to rank ", rank, " sent no greeting in time");
+    EMBER_CHECK(hello.magic == kMagic && hello.group == group && hello.rank > rank &&
+                    hello.rank < size &&
+                    (hello.channel == kCollectives || hello.channel == kPointToPoint) &&
+                    slot(hello.channel, hello.rank) < 0,
+                "TcpProcessGroup", "rank ", rank, " (group ", group,
+                ") got an unexpected connection (magic ", hello.magic, ", group ", hello.group,
+                ", rank ", hello.rank, ", channel ", hello.channel, ")");
+    slot(hello.channel, hello.rank) = std::exchange(accepted.fd, -1);
+  }
+  const int one = 1;
+  for (int peer = 0; peer < size; ++peer) {
+    for (const int32_t channel : {kCollectives, kPointToPoint}) {
+      const int fd = slot(channel, peer);
+      if (fd < 0) continue;
+      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+      ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+    }
+  }
+}
+
+TcpProcessGroup::TcpProcessGroup(const std::string& master_addr, int master_port, int rank,
+                                 int size, int local_rank, ProcessGroupOptions options)
+    : ProcessGroup(rank, size, local_rank), state_(std::make_shared<State>()) {
+  EMBER_CHECK(size >= 1 && rank >= 0 && rank < size, "TcpProcessGroup", "rank ", rank,
+              " is not in a group of ", size);
+  EMBER_CHECK(options.timeout.count() > 0, "TcpProcessGroup", "timeout must be positive, got ",
+              options.timeout.count(), " ms");
+  State& s = *state_;
+  s.rank = rank;
+  s.size = size;
+  s.options = options;
+  s.debug = options.debug || detail::debug_from_env();
+  s.connect_mesh(master_addr, master_port);
+  s.collective_thread = std::thread([&s] { s.run_collectives(); });
+  s.p2p_thread = std::thread([&s] { s.run_p2p(); });
+}
+
+TcpProcessGroup::~TcpProcessGroup() {
+  {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    state_->stop = true;
+  }
+  state_->cv.notify_all();
+  state_->wake();
+  state_->collective_thread.join();
+  state_->p2p_thread.join();
+}
+
+namespace {
+
+void check_cpu(const char* op, const Tensor& t) {
+  EMBER_CHECK(t.is_cpu(), op, "the tcp backend moves CPU tensors only, got one on ", t.device(),
+              " (CUDA tensors go over the nccl backend)");
+}
+
+std::shared_ptr<Op> new_op(const std::shared_ptr<State>& s, OpKind kind, const Tensor* t,
+                           ReduceOp reduce, int peer, int tag = 0) {
+  auto op = std::make_shared<Op>(s, kind);
+  if (t != nullptr) op->tensor = *t;
+  op->reduce = reduce;
+  op->peer = peer;
+  op->tag = tag;
+  return op;
+}
+
+WorkHandle enqueue(const std::shared_ptr<State>& s, const std::shared_ptr<Op>& op,
+                   bool uses_reduce) {
+  const Tensor* t = op->tensor.defined() ? &op->tensor : nullptr;
+  {
+    std::lock_guard<std::mutex> lock(s->mutex);
+    const bool collective = detail::is_collective(op->kind);
+    op->seq = collective ? ++s->issued : ++s->p2p_issued;
+    op->name = std::string(detail::op_kind_name(op->kind)) + " #" + std::to_string(op->seq);
+    EMBER_CHECK(!s->broken.load(), op->name, "rank ", s->rank,
+                ": the process group cannot be used after an earlier failure: ", s->broken_message);
+    const bool rooted = op->kind == OpKind::kBroadcast || op->kind == OpKind::kReduce;
+    op->fingerprint = Fingerprint::of(op->kind, op->seq, t, rooted ? op->peer : -1,
+                                      uses_reduce ? static_cast<int>(op->reduce) : -1);
+    if (collective) {
+      s->collectives.push_back(op);
+    } else {
+      op->after = s->issued;
+      s->p2p.push_back(op);
+    }
+  }
+  s->cv.notify_all();
+  s->wake();
+  return op;
+}
+
+}  // namespace
+
+WorkHandle TcpProcessGroup::allreduce(const Tensor& tensor, ReduceOp op) {
+  detail::check_tensor("allreduce", tensor);
+  check_cpu("allreduce", tensor);
+  detail::check_reduce_op("allreduce", tensor, op);
+  return enqueue(state_, new_op(state_, OpKind::kAllreduce, &tensor, op, -1), true);
+}
+
+WorkHandle TcpProcessGroup::broadcast(const Tensor& tensor, int root) {
+  detail::check_tensor("broadcast", tensor);
+  check_cpu("broadcast", tensor);
+  detail::check_root("broadcast", root, size());
+  return enqueue(state_, new_op(state_, OpKind::kBroadcast, &tensor, ReduceOp::kSum, root), false);
+}
+
+WorkHandle TcpProcessGroup::allgather(const std::vector<Tensor>& outputs, const Tensor& input) {
+  detail::check_tensor("allgather", input);
+  check_cpu("allgather", input);
+  detail::check_list("allgather", "outputs", outputs, input, size());
+  auto op = new_op(state_, OpKind::kAllgather, &input, ReduceOp::kSum, -1);
+  op->list = outputs;
+  return enqueue(state_, op, false);
+}
+
+WorkHandle TcpProcessGroup::reduce(const Tensor& tensor, int root, ReduceOp op) {
+  detail::check_tensor("reduce", tensor);
+  check_cpu("reduce", tensor);
+  detail::check_root("reduce", root, size());
+  detail::check_reduce_op("reduce", tensor, op);
+  return enqueue(state_, new_op(state_, OpKind::kReduce, &tensor, op, root), true);
+}
+
+WorkHandle TcpProcessGroup::reduce_scatter(const Tensor& output, const std::vector<Tensor>& inputs,
+                                           ReduceOp op) {
+  detail::check_tensor("reduce_scatter", output);
+  check_cpu("reduce_scatter", output);
+  detail::check_list("reduce_scatter", "inputs", inputs, output, size());
+  detail::check_reduce_op("reduce_scatter", output, op);
+  auto work = new_op(state_, OpKind::kReduceScatter, &output, op, -1);
+  work->list = inputs;
+  return enqueue(state_, work, true);
+}
+
+WorkHandle TcpProcessGroup::barrier() {
+  return enqueue(state_, new_op(state_, OpKind::kBarrier, nullptr, ReduceOp::kSum, -1), false);
+}
+
+WorkHandle TcpProcessGroup::send(const Tensor& tensor, int dst, int tag) {
+  detail::check_tensor("send", tensor);
+  check_cpu("send", tensor);
+  detail::check_peer("send", dst, rank(), size());
+  EMBER_CHECK(tag >= 0, "send", "tag must be non-negative, got ", tag);
+  return enqueue(state_, new_op(state_, OpKind::kSend, &tensor, ReduceOp::kSum, dst, tag), false);
+}
+
+WorkHandle TcpProcessGroup::recv(const Tensor& tensor, int src, int tag) {
+  detail::check_tensor("recv", tensor);
+  check_cpu("recv", tensor);
+  detail::check_peer("recv", src, rank(), size());
+  EMBER_CHECK(tag >= 0, "recv", "tag must be non-negative, got ", tag);
+  return enqueue(state_, new_op(state_, OpKind::kRecv, &tensor, ReduceOp::kSum, src, tag), false);
+}
+
+}  // namespace ember::dist

@@ -1,0 +1,19 @@
+# The dist suite on the TCP backend (included by mpi_tests.cmake): ranks started torchrun-style
+# by torchrun_style.sh (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT; no mpirun) at 2
+# and 3 ranks, jobs that must fail cleanly, and ember-train on the CPU over TCP.
+set(EMBER_TORCHRUN bash ${CMAKE_CURRENT_LIST_DIR}/torchrun_style.sh)
+foreach(np 2 3)
+  add_test(NAME dist_tcp_np${np}
+    COMMAND ${EMBER_TORCHRUN} ${np} $<TARGET_FILE:ember_dist_tests>)
+  set_tests_properties(dist_tcp_np${np} PROPERTIES TIMEOUT 300 ENVIRONMENT EMBER_TEST_BACKEND=tcp
+                                                   LABELS "dist;tcp" PROCESSORS ${np})
+endforeach()
+
+add_test(NAME dist_tcp_failure_skip
+  COMMAND ${EMBER_EXPECT_FAILURE} 60 "allreduce #2 on rank 0 timed out after 2000 ms"
+    ${EMBER_TORCHRUN} 2 $<TARGET_FILE:ember_dist_failure> skip tcp)
+add_test(NAME dist_tcp_failure_exit
+  COMMAND ${EMBER_EXPECT_FAILURE} 60 "allreduce #2 on rank 0: rank 1 closed its connection"
+    ${EMBER_TORCHRUN} 2 $<TARGET_FILE:ember_dist_failure> exit tcp)
+set_tests_properties(dist_tcp_failure_skip dist_tcp_failure_exit PROPERTIES
+  TIMEOUT 120 LABELS "dist;tcp" PROCESSORS 2)
