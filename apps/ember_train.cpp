@@ -274,8 +274,9 @@ int run(const apps::TrainOptions& o) {
   }
   log.log("ember-train: " + o.model + " on " + d.name + " (" + std::to_string(d.train->size()) +
           " train / " + std::to_string(d.test->size()) + " test), " +
-          std::to_string(group->size()) + " rank(s) on " + device.str() + ", batch " +
-          std::to_string(o.batch_size) + " per rank, " + std::to_string(o.epochs) + " epochs");
+          std::to_string(group->size()) + " rank(s) on " + device.str() + " (" + group->backend() +
+          "), batch " + std::to_string(o.batch_size) + " per rank, " + std::to_string(o.epochs) +
+          " epochs");
 
   // --- train ----------------------------------------------------------------------------------
   apps::Progress progress(leader, o.log_interval);

@@ -17,3 +17,11 @@ add_test(NAME dist_tcp_failure_exit
     ${EMBER_TORCHRUN} 2 $<TARGET_FILE:ember_dist_failure> exit tcp)
 set_tests_properties(dist_tcp_failure_skip dist_tcp_failure_exit PROPERTIES
   TIMEOUT 120 LABELS "dist;tcp" PROCESSORS 2)
+
+if(TARGET ember-train)
+  add_test(NAME train_tcp_np2
+    COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/train_tcp.sh $<TARGET_FILE:ember-train>
+            ${CMAKE_CURRENT_BINARY_DIR}/train_tcp_np2)
+  set_tests_properties(train_tcp_np2 PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77
+                                                LABELS "dist;tcp;apps" PROCESSORS 2)
+endif()
