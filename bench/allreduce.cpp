@@ -1,13 +1,15 @@
-// ember's MPI process group against raw MPI_Allreduce, same job, same buffers: f32 sum
+// ember's MPI process group against raw MPI_Allreduce, same job, same buffer: f32 sum
 // all-reduce of 4 KiB to 64 MiB. Run under mpirun (mpirun -np 2 bench/allreduce); rank 0
-// prints one JSON line per size with the median time of each (and of raw MPI_Iallreduce +
-// MPI_Wait, the non-blocking path ember's thread takes), the bus bandwidth
-// (bytes * 2 (n - 1) / n / time, as nccl-tests reports it) and ember / raw.
+// prints one JSON line per size with the median time of each (and, for reference, of raw
+// MPI_Iallreduce + MPI_Wait), the bus bandwidth (bytes * 2 (n - 1) / n / time, as nccl-tests
+// reports it) and ember / raw. Above 24 MiB Open MPI's single call slows down about tenfold
+// on one node, which ember avoids by issuing pieces of 16 MiB: ratios there exceed 1.
 #include <mpi.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <vector>
 
 #include <ember/dist/dist.h>
@@ -19,18 +21,18 @@ double now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// Median over `reps` of the slowest rank's time for one call of `fn`.
+// The slowest rank's time for one call of `fn`.
 template <typename F>
-double median_seconds(int reps, F&& fn) {
-  std::vector<double> times;
-  for (int i = 0; i < reps + 2; ++i) {
-    MPI_Barrier(MPI_COMM_WORLD);
-    const double start = now();
-    fn();
-    double elapsed = now() - start, slowest = 0;
-    MPI_Allreduce(&elapsed, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-    if (i >= 2) times.push_back(slowest);  // the first two warm up
-  }
+double timed(F&& fn) {
+  MPI_Barrier(MPI_COMM_WORLD);
+  const double start = now();
+  fn();
+  double elapsed = now() - start, slowest = 0;
+  MPI_Allreduce(&elapsed, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return slowest;
+}
+
+double median(std::vector<double> times) {
   std::sort(times.begin(), times.end());
   return times[times.size() / 2];
 }
@@ -47,21 +49,39 @@ int main(int argc, char** argv) {
     ember::dist::MpiProcessGroup pg;
     for (size_t bytes = 4 << 10; bytes <= (64u << 20); bytes *= 4) {
       const auto n = static_cast<int64_t>(bytes / sizeof(float));
-      ember::Tensor a = ember::full({n}, 1.0 / size, ember::kF32);
+      // One buffer for all: 1/size, so sums stay put (they reach inf only after many
+      // rounds, which costs an add nothing).
       ember::Tensor b = ember::full({n}, 1.0 / size, ember::kF32);
       const int reps = static_cast<int>(std::clamp<size_t>((256u << 20) / bytes, 10, 200));
-      const double raw = median_seconds(reps, [&] {
-        MPI_Allreduce(MPI_IN_PLACE, b.data_ptr(), static_cast<int>(n), MPI_FLOAT, MPI_SUM,
-                      MPI_COMM_WORLD);
-      });
-      // Non-blocking MPI, as ember's communication thread issues it: the algorithm's share.
-      const double nonblocking = median_seconds(reps, [&] {
-        MPI_Request request;
-        MPI_Iallreduce(MPI_IN_PLACE, b.data_ptr(), static_cast<int>(n), MPI_FLOAT, MPI_SUM,
-                       MPI_COMM_WORLD, &request);
-        MPI_Wait(&request, MPI_STATUS_IGNORE);
-      });
-      const double ours = median_seconds(reps, [&] { pg.allreduce(a)->wait(); });
+      // Raw MPI and ember take turns, each first in half of the rounds, so neither a slow
+      // spell of the machine nor the call that ran just before favours one of them.
+      const int n_int = static_cast<int>(n);
+      const std::function<void()> methods[2] = {
+          [&] {
+            MPI_Allreduce(MPI_IN_PLACE, b.data_ptr(), n_int, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+          },
+          [&] { pg.allreduce(b)->wait(); },
+      };
+      std::vector<double> times[2], nonblocking_times;
+      for (int i = 0; i < reps + 2; ++i) {
+        for (int k = 0; k < 2; ++k) {
+          const int m = (i + k) % 2;
+          const double t = timed(methods[m]);
+          if (i >= 2) times[m].push_back(t);  // the first round of each order warms up
+        }
+      }
+      // Non-blocking MPI, for reference.
+      for (int i = 0; i < reps + 2; ++i) {
+        const double t = timed([&] {
+          MPI_Request request;
+          MPI_Iallreduce(MPI_IN_PLACE, b.data_ptr(), n_int, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD,
+                         &request);
+          MPI_Wait(&request, MPI_STATUS_IGNORE);
+        });
+        if (i >= 2) nonblocking_times.push_back(t);
+      }
+      const double raw = median(times[0]), ours = median(times[1]),
+                   nonblocking = median(nonblocking_times);
       const double factor = size > 1 ? 2.0 * (size - 1) / size : 1.0;
       const double raw_bw = bytes * factor / raw / 1e9, ours_bw = bytes * factor / ours / 1e9;
       if (rank == 0) {

@@ -1,8 +1,9 @@
 // The MPI backend: CPU tensors directly, CUDA tensors staged through pinned host memory.
 //
 // Each group duplicates MPI_COMM_WORLD and owns one communication thread that runs its
-// collectives one after another in issue order with non-blocking MPI (MPI_Iallreduce, ...),
-// polling MPI_Test, so they overlap the caller's computation and can time out. Point-to-point
+// collectives one after another in issue order, so they overlap the caller's computation:
+// all-reduces as blocking MPI_Allreduce calls (in pieces of at most 16 MiB), the others with
+// non-blocking MPI (MPI_Ibcast, ...) polled with MPI_Test, so they can time out. Point-to-point
 // operations start as soon as every collective issued before them has finished and run
 // concurrently with later ones, so matched send/recv pairs never deadlock.
 //
