@@ -87,7 +87,7 @@ int main(int argc, char** argv) {
       if (rank == 0) {
         std::printf(
             "{\"bench\": \"allreduce\", \"ranks\": %d, \"bytes\": %zu, \"dtype\": \"f32\", "
-            "\"ember_us\": %.1f, \"mpi_us\": %.1f, \"mpi_iallreduce_us\": %.1f, "
+            "\"ember_us\": %.2f, \"mpi_us\": %.2f, \"mpi_iallreduce_us\": %.2f, "
             "\"ember_busbw_gbs\": %.3f, "
             "\"mpi_busbw_gbs\": %.3f, \"ratio\": %.3f}\n",
             size, bytes, ours * 1e6, raw * 1e6, nonblocking * 1e6, ours_bw, raw_bw,

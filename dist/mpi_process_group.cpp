@@ -89,6 +89,7 @@ struct Op final : Work {
   Tensor host;           // what MPI reads and writes for `tensor`
   Tensor packed;         // allgather / reduce_scatter: [size * numel], unless `list` is one block
   bool offered = false;  // left a moment for a waiter to run it inline (State::run)
+  std::atomic<bool> claimed{false};  // a waiter took it to run inline
   void* packed_data = nullptr;
   Clock::time_point started;
 
@@ -394,6 +395,7 @@ bool Op::claim_for_inline_run(std::chrono::milliseconds limit) {
     return false;
   }
   state->queue.pop_front();
+  claimed.store(true, std::memory_order_relaxed);
   state->inline_op = this;
   state->inline_limit = limit;
   state->inline_deadline = Clock::now() + limit + kWatchdogGrace;
@@ -465,14 +467,12 @@ void MpiProcessGroup::State::run() {
             // A caller that waits at once runs it faster itself (claim_for_inline_run).
             // Spinning, not a timed sleep: a timer waking this thread in the middle of the
             // waiter's collective costs more than the spin.
-            queue.front()->offered = true;
-            const Op* offered = queue.front().get();
+            const std::shared_ptr<Op> offered = queue.front();
+            offered->offered = true;
             const auto until = Clock::now() + kClaimWindow;
             lock.unlock();
-            for (bool claimed = false; !claimed && Clock::now() < until;) {
+            while (!offered->claimed.load(std::memory_order_relaxed) && Clock::now() < until) {
               std::this_thread::yield();
-              std::lock_guard<std::mutex> peek(mutex);
-              claimed = queue.empty() || queue.front().get() != offered;
             }
             lock.lock();
             continue;
