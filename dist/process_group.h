@@ -41,7 +41,7 @@ class ProcessGroup {
   int rank() const { return rank_; }
   int size() const { return size_; }
   int local_rank() const { return local_rank_; }
-  virtual std::string backend() const = 0;  // "mpi", "nccl", "single"
+  virtual std::string backend() const = 0;  // "mpi", "nccl", "tcp", "single"
 
   virtual WorkHandle allreduce(const Tensor& tensor, ReduceOp op = ReduceOp::kSum) = 0;
   virtual WorkHandle broadcast(const Tensor& tensor, int root) = 0;

@@ -1,7 +1,8 @@
 // The dist suite's main: under mpirun it initialises MPI (MPI_THREAD_MULTIPLE) for every test
-// and finalises it at the end; started torchrun-style (RANK set) it leaves MPI alone. Rank 0
-// prints gtest's usual output; the other ranks print only their failures, prefixed with their
-// rank. Each rank's exit status is its own result.
+// and finalises it at the end; started torchrun-style (RANK set) it leaves MPI alone, and under
+// srun ember initialises MPI when a test first needs it. Rank 0 prints gtest's usual output;
+// the other ranks print only their failures, prefixed with their rank. Each rank's exit status
+// is its own result.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -42,6 +43,8 @@ int main(int argc, char** argv) {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   } else if (const char* torchrun_rank = std::getenv("RANK")) {
     rank = std::atoi(torchrun_rank);
+  } else if (const char* slurm_rank = std::getenv("SLURM_PROCID")) {
+    rank = std::atoi(slurm_rank);  // srun: MPI starts with the first group a test makes
   }
   if (rank != 0) {
     auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
