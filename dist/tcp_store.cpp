@@ -17,9 +17,13 @@
 
 #include <ember/tensor/error.h>
 
+#include "detail/socket.h"
+
 namespace ember::dist {
 
 namespace {
+
+using detail::write_all;
 
 enum Request : uint8_t { kSet = 1, kGet = 2, kAdd = 3 };
 enum Reply : uint8_t { kOk = 0, kTimeout = 1 };
@@ -43,21 +47,12 @@ bool read_all(int fd, void* data, size_t n) {
   return true;
 }
 
-bool write_all(int fd, const void* data, size_t n) {
-  const auto* p = static_cast<const char*>(data);
-  while (n > 0) {
-    const ssize_t put = ::send(fd, p, n, MSG_NOSIGNAL);
-    if (put < 0 && errno == EINTR) continue;
-    if (put <= 0) return false;
-    p += put;
-    n -= static_cast<size_t>(put);
-  }
-  return true;
-}
-
-bool write_blob(int fd, const std::string& s) {
+// Requests and replies go out in one write each: small writes in a row would wait on the
+// peer's delayed acknowledgement (Nagle), about 40 ms per request.
+void append_blob(std::string& message, const std::string& s) {
   const uint64_t n = s.size();
-  return write_all(fd, &n, sizeof(n)) && write_all(fd, s.data(), s.size());
+  message.append(reinterpret_cast<const char*>(&n), sizeof(n));
+  message.append(s);
 }
 
 bool read_blob(int fd, std::string& s) {
@@ -111,11 +106,7 @@ struct TcpStore::Server {
     ::freeaddrinfo(addresses);
     EMBER_CHECK(listen_fd >= 0, "tcp_store", "cannot listen on ", where(host, requested_port), ": ",
                 last_error);
-    sockaddr_storage bound{};
-    socklen_t length = sizeof(bound);
-    ::getsockname(listen_fd, reinterpret_cast<sockaddr*>(&bound), &length);
-    port = ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
-                                             : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+    port = detail::bound_port(listen_fd);
     acceptor = std::thread([this] { accept_loop(); });
   }
 
@@ -172,7 +163,9 @@ struct TcpStore::Server {
           break;
         }
       }
-      if (!write_all(fd, &status, 1) || !write_blob(fd, value)) break;
+      std::string reply(1, static_cast<char>(status));
+      append_blob(reply, value);
+      if (!write_all(fd, reply.data(), reply.size())) break;
     }
     std::lock_guard<std::mutex> lock(mutex);
     --active;
@@ -251,8 +244,12 @@ TcpStore::~TcpStore() {
 std::string TcpStore::request(uint8_t op, const std::string& key, const std::string& payload) {
   uint8_t status = kOk;
   std::string value;
-  const bool ok = write_all(fd_, &op, 1) && write_blob(fd_, key) && write_blob(fd_, payload) &&
-                  read_all(fd_, &status, 1) && read_blob(fd_, value);
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::string message(1, static_cast<char>(op));
+  append_blob(message, key);
+  append_blob(message, payload);
+  const bool ok = write_all(fd_, message.data(), message.size()) && read_all(fd_, &status, 1) &&
+                  read_blob(fd_, value);
   EMBER_CHECK(ok, "tcp_store", "lost the connection to ", where(host_, port_),
               " (did rank 0 exit?)");
   EMBER_CHECK(status == kOk, "tcp_store", "key \"", key, "\" was not set within ", timeout_.count(),
@@ -276,7 +273,12 @@ int64_t TcpStore::add(const std::string& key, int64_t delta) {
 }
 
 void TcpStore::barrier() {
-  const std::string key = "ember/barrier/" + std::to_string(barriers_++);
+  int64_t n = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    n = barriers_++;
+  }
+  const std::string key = "ember/barrier/" + std::to_string(n);
   if (add(key, 1) == world_size_) set(key + "/done", "1");
   get(key + "/done");
 }

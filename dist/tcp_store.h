@@ -6,10 +6,12 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 
 namespace ember::dist {
 
+// Thread-safe: one store can serve every group of a process (see detail/shared_store.h).
 class TcpStore {
  public:
   // `is_server`: listen on `port` of `host`'s address (port 0: any free port, see port()).
@@ -40,6 +42,7 @@ class TcpStore {
   int world_size_;
   std::chrono::milliseconds timeout_;
   std::unique_ptr<Server> server_;
+  std::mutex mutex_;  // one request at a time on fd_
   int fd_ = -1;
   int64_t barriers_ = 0;
 };

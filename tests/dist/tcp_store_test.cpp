@@ -59,6 +59,32 @@ TEST(TcpStore, SetGetAddAndBarrierAcrossRanks) {
     EXPECT_EQ(got[static_cast<size_t>(r)], std::string("\0bytes\xff", 7));
 }
 
+TEST(TcpStore, OneStoreServesManyThreads) {
+  // Every group of a process shares one store (detail::shared_store): requests made from
+  // several threads at once must not interleave on its one connection.
+  TcpStore store("127.0.0.1", 0, 1, true, 10s);
+  constexpr int kThreads = 4, kRounds = 200;
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      try {
+        for (int i = 0; i < kRounds; ++i) {
+          store.add("count", 1);
+          const std::string value(static_cast<size_t>(1 + i), static_cast<char>('a' + t));
+          store.set("thread/" + std::to_string(t), value);
+          if (store.get("thread/" + std::to_string(t)) != value) ++failures;
+        }
+      } catch (const std::exception&) {
+        ++failures;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(store.add("count", 0), kThreads * kRounds);
+}
+
 TEST(TcpStore, GetTimesOutOnAMissingKey) {
   TcpStore server("127.0.0.1", 0, 1, true, 300ms);
   EXPECT_EMBER_ERROR(server.get("never"), "tcp_store: key \"never\" was not set within 300 ms");

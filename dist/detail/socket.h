@@ -1,0 +1,26 @@
+// Blocking-socket helpers shared by the TCP store and the TCP process group's bootstrap.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+
+namespace ember::dist::detail {
+
+// Closes the socket it holds, if any, when it goes out of scope.
+struct FdGuard {
+  int fd = -1;
+  ~FdGuard();
+};
+
+// Writes all `n` bytes, retrying after signals and never raising SIGPIPE; false when the
+// connection is gone.
+bool write_all(int fd, const void* data, size_t n);
+
+// Waits until `fd` is readable (or closed); false once `deadline` passes. Signals that
+// interrupt the wait do not end it early.
+bool wait_readable(int fd, std::chrono::steady_clock::time_point deadline);
+
+// The port a bound socket of either address family listens on.
+int bound_port(int fd);
+
+}  // namespace ember::dist::detail
