@@ -8,10 +8,10 @@
 #include <ember/tensor/cuda.h>
 
 #include "detail/mpi_runtime.h"
+#include "detail/shared_store.h"
 #include "mpi_process_group.h"
 #include "single_process_group.h"
 #include "tcp_process_group.h"
-#include "tcp_store.h"
 #if EMBER_WITH_CUDA
 #include "nccl_process_group.h"
 #endif
@@ -164,17 +164,21 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
     EMBER_CHECK(!launch.master_addr.empty() && launch.master_port > 0, kOp,
                 "MASTER_ADDR and MASTER_PORT must be set (", launch.launcher, " launch of ",
                 launch.world_size, " processes, NCCL backend)");
-    TcpStore store(launch.master_addr, launch.master_port, launch.world_size, launch.rank == 0,
-                   options.group.timeout);
+    // The store TCP groups use too (rank 0 serves MASTER_PORT once per process); it lives
+    // until exit, so no rank can lose it before every rank has read the id.
+    auto store = detail::shared_store(launch.master_addr, launch.master_port, launch.world_size,
+                                      launch.rank, options.group.timeout);
+    // The n-th NCCL group of every rank meets under the same key.
+    const int64_t group = store->add("ember/nccl/groups/" + std::to_string(launch.rank), 1);
+    const std::string key = "ember/nccl/" + std::to_string(group) + "/id";
     if (launch.rank == 0) {
       id = NcclProcessGroup::create_unique_id();
-      store.set("ember/nccl_id", std::string(id.data(), id.size()));
+      store->set(key, std::string(id.data(), id.size()));
     }
-    const std::string bytes = store.get("ember/nccl_id");
+    const std::string bytes = store->get(key);
     EMBER_CHECK(bytes.size() == id.size(), kOp, "the NCCL unique id from the store has ",
                 bytes.size(), " bytes, expected ", id.size());
     std::memcpy(id.data(), bytes.data(), id.size());
-    store.barrier();
   }
   return std::make_shared<NcclProcessGroup>(launch.rank, launch.world_size, launch.local_rank,
                                             launch.local_rank, id, options.group);

@@ -46,7 +46,7 @@ struct MpiProcessGroup::State {
   std::chrono::milliseconds inline_limit{0};
   Clock::time_point inline_deadline;  // inline start + limit + grace: the watchdog's
   bool stop = false;
-  int64_t collectives = 0, p2p = 0;
+  detail::OpCounters counters;
   std::atomic<bool> broken{false};
   std::string broken_message;
   std::thread thread;
@@ -70,16 +70,8 @@ namespace {
 
 using State = MpiProcessGroup::State;
 
-struct Op final : Work {
+struct Op final : detail::QueuedOp {
   std::shared_ptr<State> state;
-  OpKind kind;
-  std::string name;  // "allreduce #17"
-  ReduceOp reduce = ReduceOp::kSum;
-  int peer = -1;  // root, destination or source
-  int tag = 0;
-  Tensor tensor;             // the one tensor (allgather: input; reduce_scatter: output)
-  std::vector<Tensor> list;  // allgather outputs, reduce_scatter inputs
-  Fingerprint fingerprint;
   std::unique_ptr<cuda::Event> ready;  // CUDA tensors: recorded on the caller's stream
 
   // Communication thread only.
@@ -93,41 +85,13 @@ struct Op final : Work {
   void* packed_data = nullptr;
   Clock::time_point started;
 
-  // Completion.
-  std::mutex mutex;
-  std::condition_variable cv;
-  bool done = false;
-  std::string error;
-
-  Op(std::shared_ptr<State> s, OpKind k) : state(std::move(s)), kind(k) {}
-
-  void complete(std::string message = {}) {
-    {
-      std::lock_guard<std::mutex> lock(mutex);
-      if (done) return;
-      done = true;
-      error = std::move(message);
-    }
-    cv.notify_all();
-  }
-
-  bool is_completed() override {
-    std::lock_guard<std::mutex> lock(mutex);
-    return done;
-  }
+  Op(std::shared_ptr<State> s, OpKind k) : QueuedOp(k), state(std::move(s)) {}
 
   void wait(std::chrono::milliseconds timeout) override {
     const auto limit = timeout.count() > 0 ? timeout : state->options.timeout;
     if (claim_for_inline_run(limit)) run_inline(limit);
-    std::unique_lock<std::mutex> lock(mutex);
-    if (!cv.wait_for(lock, limit, [&] { return done; })) {
-      const std::string message =
-          detail::timeout_message(name, state->rank, limit, "mpi", state->size);
-      lock.unlock();
-      state->break_group(message);
-      throw Error(message);
-    }
-    if (!error.empty()) throw Error(error);
+    wait_completed(limit, state->rank, state->size, "mpi",
+                   [this](const std::string& message) { state->break_group(message); });
   }
 
   bool claim_for_inline_run(std::chrono::milliseconds limit);
@@ -608,34 +572,17 @@ MpiProcessGroup::~MpiProcessGroup() {
 
 namespace {
 
-std::shared_ptr<Op> new_op(const std::shared_ptr<State>& s, OpKind kind, const Tensor* t,
-                           ReduceOp reduce, int peer) {
-  auto op = std::make_shared<Op>(s, kind);
-  if (t != nullptr) op->tensor = *t;
-  op->reduce = reduce;
-  op->peer = peer;
-  return op;
-}
-
 WorkHandle enqueue(const std::shared_ptr<State>& s, const std::shared_ptr<Op>& op,
                    bool uses_reduce) {
-  const Tensor* t = op->tensor.defined() ? &op->tensor : nullptr;
-  const Device device = t != nullptr ? t->device() : kCPU;
+  const Device device = op->tensor.defined() ? op->tensor.device() : kCPU;
   if (device.is_cuda()) {
     op->ready = std::make_unique<cuda::Event>();
     op->ready->record(cuda::current_stream(device.index));
   }
   {
     std::lock_guard<std::mutex> lock(s->mutex);
-    const bool collective = detail::is_collective(op->kind);
-    const int64_t seq = collective ? ++s->collectives : ++s->p2p;
-    op->name = std::string(detail::op_kind_name(op->kind)) + " #" + std::to_string(seq);
-    EMBER_CHECK(!s->broken.load(), op->name, "rank ", s->rank,
-                ": the process group cannot be used after an earlier failure: ", s->broken_message);
-    const bool rooted = op->kind == OpKind::kBroadcast || op->kind == OpKind::kReduce;
-    if (s->debug)
-      op->fingerprint = Fingerprint::of(op->kind, seq, t, rooted ? op->peer : -1,
-                                        uses_reduce ? static_cast<int>(op->reduce) : -1);
+    detail::stamp_op(*op, s->counters, s->rank, s->broken.load(), s->broken_message, s->debug,
+                     uses_reduce);
     s->queue.push_back(op);
   }
   s->cv.notify_all();
@@ -647,19 +594,20 @@ WorkHandle enqueue(const std::shared_ptr<State>& s, const std::shared_ptr<Op>& o
 WorkHandle MpiProcessGroup::allreduce(const Tensor& tensor, ReduceOp op) {
   detail::check_tensor("allreduce", tensor);
   detail::check_reduce_op("allreduce", tensor, op);
-  return enqueue(state_, new_op(state_, OpKind::kAllreduce, &tensor, op, -1), true);
+  return enqueue(state_, detail::new_op<Op>(state_, OpKind::kAllreduce, &tensor, op, -1), true);
 }
 
 WorkHandle MpiProcessGroup::broadcast(const Tensor& tensor, int root) {
   detail::check_tensor("broadcast", tensor);
   detail::check_root("broadcast", root, size());
-  return enqueue(state_, new_op(state_, OpKind::kBroadcast, &tensor, ReduceOp::kSum, root), false);
+  return enqueue(
+      state_, detail::new_op<Op>(state_, OpKind::kBroadcast, &tensor, ReduceOp::kSum, root), false);
 }
 
 WorkHandle MpiProcessGroup::allgather(const std::vector<Tensor>& outputs, const Tensor& input) {
   detail::check_tensor("allgather", input);
   detail::check_list("allgather", "outputs", outputs, input, size());
-  auto op = new_op(state_, OpKind::kAllgather, &input, ReduceOp::kSum, -1);
+  auto op = detail::new_op<Op>(state_, OpKind::kAllgather, &input, ReduceOp::kSum, -1);
   op->list = outputs;
   return enqueue(state_, op, false);
 }
@@ -668,7 +616,7 @@ WorkHandle MpiProcessGroup::reduce(const Tensor& tensor, int root, ReduceOp op) 
   detail::check_tensor("reduce", tensor);
   detail::check_root("reduce", root, size());
   detail::check_reduce_op("reduce", tensor, op);
-  return enqueue(state_, new_op(state_, OpKind::kReduce, &tensor, op, root), true);
+  return enqueue(state_, detail::new_op<Op>(state_, OpKind::kReduce, &tensor, op, root), true);
 }
 
 WorkHandle MpiProcessGroup::reduce_scatter(const Tensor& output, const std::vector<Tensor>& inputs,
@@ -676,31 +624,30 @@ WorkHandle MpiProcessGroup::reduce_scatter(const Tensor& output, const std::vect
   detail::check_tensor("reduce_scatter", output);
   detail::check_list("reduce_scatter", "inputs", inputs, output, size());
   detail::check_reduce_op("reduce_scatter", output, op);
-  auto work = new_op(state_, OpKind::kReduceScatter, &output, op, -1);
+  auto work = detail::new_op<Op>(state_, OpKind::kReduceScatter, &output, op, -1);
   work->list = inputs;
   return enqueue(state_, work, true);
 }
 
 WorkHandle MpiProcessGroup::barrier() {
-  return enqueue(state_, new_op(state_, OpKind::kBarrier, nullptr, ReduceOp::kSum, -1), false);
+  return enqueue(state_, detail::new_op<Op>(state_, OpKind::kBarrier, nullptr, ReduceOp::kSum, -1),
+                 false);
 }
 
 WorkHandle MpiProcessGroup::send(const Tensor& tensor, int dst, int tag) {
   detail::check_tensor("send", tensor);
   detail::check_peer("send", dst, rank(), size());
   EMBER_CHECK(tag >= 0, "send", "tag must be non-negative, got ", tag);
-  auto op = new_op(state_, OpKind::kSend, &tensor, ReduceOp::kSum, dst);
-  op->tag = tag;
-  return enqueue(state_, op, false);
+  return enqueue(
+      state_, detail::new_op<Op>(state_, OpKind::kSend, &tensor, ReduceOp::kSum, dst, tag), false);
 }
 
 WorkHandle MpiProcessGroup::recv(const Tensor& tensor, int src, int tag) {
   detail::check_tensor("recv", tensor);
   detail::check_peer("recv", src, rank(), size());
   EMBER_CHECK(tag >= 0, "recv", "tag must be non-negative, got ", tag);
-  auto op = new_op(state_, OpKind::kRecv, &tensor, ReduceOp::kSum, src);
-  op->tag = tag;
-  return enqueue(state_, op, false);
+  return enqueue(
+      state_, detail::new_op<Op>(state_, OpKind::kRecv, &tensor, ReduceOp::kSum, src, tag), false);
 }
 
 }  // namespace ember::dist

@@ -24,10 +24,12 @@
 #include <type_traits>
 
 #include "detail/common.h"
-#include "tcp_store.h"
+#include "detail/shared_store.h"
+#include "detail/socket.h"
 
 namespace ember::dist {
 
+using detail::FdGuard;
 using detail::Fingerprint;
 using detail::OpKind;
 using Clock = std::chrono::steady_clock;
@@ -75,44 +77,21 @@ std::string describe(const Header& h) {
          std::to_string(h.step) + ", " + std::to_string(h.bytes) + " bytes of " + dtype + ")";
 }
 
-struct FdGuard {
-  int fd = -1;
-  ~FdGuard() {
-    if (fd >= 0) ::close(fd);
-  }
-};
-
 int remaining_ms(Clock::time_point deadline) {
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
   return static_cast<int>(std::clamp<int64_t>(left.count(), 0, kPollSlice.count()));
 }
 
-// Blocking reads and writes for the bootstrap, bounded by `deadline`.
+// A blocking read for the bootstrap, bounded by `deadline`.
 bool read_exact(int fd, void* data, size_t n, Clock::time_point deadline) {
   auto* p = static_cast<char*>(data);
   while (n > 0) {
-    pollfd pfd{fd, POLLIN, 0};
-    if (::poll(&pfd, 1, remaining_ms(deadline)) == 0) {
-      if (Clock::now() >= deadline) return false;
-      continue;
-    }
+    if (!detail::wait_readable(fd, deadline)) return false;
     const ssize_t got = ::recv(fd, p, n, 0);
     if (got < 0 && errno == EINTR) continue;
     if (got <= 0) return false;
     p += got;
     n -= static_cast<size_t>(got);
-  }
-  return true;
-}
-
-bool write_exact(int fd, const void* data, size_t n) {
-  const auto* p = static_cast<const char*>(data);
-  while (n > 0) {
-    const ssize_t put = ::send(fd, p, n, MSG_NOSIGNAL);
-    if (put < 0 && errno == EINTR) continue;
-    if (put <= 0) return false;
-    p += put;
-    n -= static_cast<size_t>(put);
   }
   return true;
 }
@@ -164,11 +143,7 @@ int listen_on(const std::string& address, int& port) {
   ::freeaddrinfo(found);
   if (!ok && fd >= 0) ::close(fd);
   EMBER_CHECK(ok, "TcpProcessGroup", "cannot listen on ", address, ": ", std::strerror(error));
-  sockaddr_storage bound{};
-  socklen_t length = sizeof(bound);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &length);
-  port = ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
-                                           : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  port = detail::bound_port(fd);
   return fd;
 }
 
@@ -188,17 +163,6 @@ int connect_to(const std::string& address, int port, int peer, Clock::time_point
                 " at ", address, ":", port, " (", last_error, ")");
     std::this_thread::sleep_for(pause);
   }
-}
-
-// One store per MASTER_ADDR:MASTER_PORT and process, kept until exit: see the header.
-std::shared_ptr<TcpStore> shared_store(const std::string& host, int port, int size, int rank,
-                                       std::chrono::milliseconds timeout) {
-  static std::mutex mutex;
-  static std::map<std::string, std::shared_ptr<TcpStore>> stores;
-  std::lock_guard<std::mutex> lock(mutex);
-  auto& store = stores[host + ":" + std::to_string(port)];
-  if (!store) store = std::make_shared<TcpStore>(host, port, size, rank == 0, timeout);
-  return store;
 }
 
 // dst[i] = dst[i] (op) src[i]; f16 and bf16 in float, bool as or (sum, max) and and (min).
@@ -273,7 +237,8 @@ struct TcpProcessGroup::State {
   std::mutex mutex;
   std::condition_variable cv;
   std::deque<std::shared_ptr<Op>> collectives, p2p;  // issued, not started
-  int64_t issued = 0, finished = 0, p2p_issued = 0;  // collectives issued and finished
+  detail::OpCounters counters;                       // ops issued
+  int64_t finished = 0;                              // collectives finished
   bool stop = false;
   std::atomic<bool> broken{false};
   std::string broken_message;
@@ -324,50 +289,16 @@ namespace {
 
 using State = TcpProcessGroup::State;
 
-struct Op final : Work {
+struct Op final : detail::QueuedOp {
   std::shared_ptr<State> state;
-  OpKind kind;
-  std::string name;  // "allreduce #17"
-  int64_t seq = 0;
-  ReduceOp reduce = ReduceOp::kSum;
-  int peer = -1;  // root, destination or source
-  int tag = 0;
-  Tensor tensor;             // the one tensor (allgather: input; reduce_scatter: output)
-  std::vector<Tensor> list;  // allgather outputs, reduce_scatter inputs
-  Fingerprint fingerprint;
   int64_t after = 0;  // send/recv: starts once this many collectives have finished
   Clock::time_point started;
 
-  std::mutex mutex;
-  std::condition_variable cv;
-  bool done = false;
-  std::string error;
+  Op(std::shared_ptr<State> s, OpKind k) : QueuedOp(k), state(std::move(s)) {}
 
-  Op(std::shared_ptr<State> s, OpKind k) : state(std::move(s)), kind(k) {}
-
-  void complete(std::string message = {}) {
-    {
-      std::lock_guard<std::mutex> lock(mutex);
-      if (done) return;
-      done = true;
-      error = std::move(message);
-    }
-    cv.notify_all();
-  }
-  bool is_completed() override {
-    std::lock_guard<std::mutex> lock(mutex);
-    return done;
-  }
   void wait(std::chrono::milliseconds timeout) override {
-    const auto limit = timeout.count() > 0 ? timeout : state->options.timeout;
-    std::unique_lock<std::mutex> lock(mutex);
-    if (!cv.wait_for(lock, limit, [&] { return done; })) {
-      lock.unlock();
-      const auto message = detail::timeout_message(name, state->rank, limit, "tcp", state->size);
-      state->break_group(message);
-      throw Error(message);
-    }
-    if (!error.empty()) throw Error(error);
+    wait_completed(timeout.count() > 0 ? timeout : state->options.timeout, state->rank, state->size,
+                   "tcp", [this](const std::string& message) { state->break_group(message); });
   }
 };
 
@@ -978,7 +909,7 @@ void TcpProcessGroup::State::connect_mesh(const std::string& host, int port) {
               "MASTER_ADDR and MASTER_PORT must name rank 0's address and a TCP port, got \"", host,
               "\" and ", port);
   const auto deadline = Clock::now() + options.timeout;
-  auto store = shared_store(host, port, size, rank, options.timeout);
+  auto store = detail::shared_store(host, port, size, rank, options.timeout);
   // The n-th group of every rank meets under the same keys.
   const int64_t group = store->add("ember/tcp/groups/" + std::to_string(rank), 1);
   const std::string prefix = "ember/tcp/" + std::to_string(group) + "/";
@@ -1000,20 +931,17 @@ void TcpProcessGroup::State::connect_mesh(const std::string& host, int port) {
       int& fd = slot(channel, peer);
       fd = connect_to(peer_address, peer_port, peer, deadline);
       const Hello hello{kMagic, static_cast<int32_t>(group), rank, channel};
-      EMBER_CHECK(write_exact(fd, &hello, sizeof(hello)), "TcpProcessGroup",
+      EMBER_CHECK(detail::write_all(fd, &hello, sizeof(hello)), "TcpProcessGroup",
                   "lost the connection to rank ", peer, " at ", peer_address, ":", peer_port);
     }
   }
   for (int pending = 2 * (size - 1 - rank); pending > 0; --pending) {
-    pollfd pfd{listener.fd, POLLIN, 0};
-    while (::poll(&pfd, 1, remaining_ms(deadline)) == 0) {
-      EMBER_CHECK(Clock::now() < deadline, "TcpProcessGroup", "rank ", rank, " waited ",
-                  options.timeout.count(), " ms for ", pending,
-                  " connections from higher ranks; did every rank start?");
-    }
+    EMBER_CHECK(detail::wait_readable(listener.fd, deadline), "TcpProcessGroup", "rank ", rank,
+                " waited ", options.timeout.count(), " ms for ", pending,
+                " connections from higher ranks; did every rank start?");
     FdGuard accepted{::accept(listener.fd, nullptr, nullptr)};
     if (accepted.fd < 0) {
-      ++pending;  // interrupted: try again
+      ++pending;  // interrupted or aborted by the peer: wait again
       continue;
     }
     Hello hello;
@@ -1074,33 +1002,16 @@ void check_cpu(const char* op, const Tensor& t) {
               " (CUDA tensors go over the nccl backend)");
 }
 
-std::shared_ptr<Op> new_op(const std::shared_ptr<State>& s, OpKind kind, const Tensor* t,
-                           ReduceOp reduce, int peer, int tag = 0) {
-  auto op = std::make_shared<Op>(s, kind);
-  if (t != nullptr) op->tensor = *t;
-  op->reduce = reduce;
-  op->peer = peer;
-  op->tag = tag;
-  return op;
-}
-
 WorkHandle enqueue(const std::shared_ptr<State>& s, const std::shared_ptr<Op>& op,
                    bool uses_reduce) {
-  const Tensor* t = op->tensor.defined() ? &op->tensor : nullptr;
   {
     std::lock_guard<std::mutex> lock(s->mutex);
-    const bool collective = detail::is_collective(op->kind);
-    op->seq = collective ? ++s->issued : ++s->p2p_issued;
-    op->name = std::string(detail::op_kind_name(op->kind)) + " #" + std::to_string(op->seq);
-    EMBER_CHECK(!s->broken.load(), op->name, "rank ", s->rank,
-                ": the process group cannot be used after an earlier failure: ", s->broken_message);
-    const bool rooted = op->kind == OpKind::kBroadcast || op->kind == OpKind::kReduce;
-    op->fingerprint = Fingerprint::of(op->kind, op->seq, t, rooted ? op->peer : -1,
-                                      uses_reduce ? static_cast<int>(op->reduce) : -1);
-    if (collective) {
+    detail::stamp_op(*op, s->counters, s->rank, s->broken.load(), s->broken_message, s->debug,
+                     uses_reduce);
+    if (detail::is_collective(op->kind)) {
       s->collectives.push_back(op);
     } else {
-      op->after = s->issued;
+      op->after = s->counters.collectives;
       s->p2p.push_back(op);
     }
   }
@@ -1115,21 +1026,22 @@ WorkHandle TcpProcessGroup::allreduce(const Tensor& tensor, ReduceOp op) {
   detail::check_tensor("allreduce", tensor);
   check_cpu("allreduce", tensor);
   detail::check_reduce_op("allreduce", tensor, op);
-  return enqueue(state_, new_op(state_, OpKind::kAllreduce, &tensor, op, -1), true);
+  return enqueue(state_, detail::new_op<Op>(state_, OpKind::kAllreduce, &tensor, op, -1), true);
 }
 
 WorkHandle TcpProcessGroup::broadcast(const Tensor& tensor, int root) {
   detail::check_tensor("broadcast", tensor);
   check_cpu("broadcast", tensor);
   detail::check_root("broadcast", root, size());
-  return enqueue(state_, new_op(state_, OpKind::kBroadcast, &tensor, ReduceOp::kSum, root), false);
+  return enqueue(
+      state_, detail::new_op<Op>(state_, OpKind::kBroadcast, &tensor, ReduceOp::kSum, root), false);
 }
 
 WorkHandle TcpProcessGroup::allgather(const std::vector<Tensor>& outputs, const Tensor& input) {
   detail::check_tensor("allgather", input);
   check_cpu("allgather", input);
   detail::check_list("allgather", "outputs", outputs, input, size());
-  auto op = new_op(state_, OpKind::kAllgather, &input, ReduceOp::kSum, -1);
+  auto op = detail::new_op<Op>(state_, OpKind::kAllgather, &input, ReduceOp::kSum, -1);
   op->list = outputs;
   return enqueue(state_, op, false);
 }
@@ -1139,7 +1051,7 @@ WorkHandle TcpProcessGroup::reduce(const Tensor& tensor, int root, ReduceOp op) 
   check_cpu("reduce", tensor);
   detail::check_root("reduce", root, size());
   detail::check_reduce_op("reduce", tensor, op);
-  return enqueue(state_, new_op(state_, OpKind::kReduce, &tensor, op, root), true);
+  return enqueue(state_, detail::new_op<Op>(state_, OpKind::kReduce, &tensor, op, root), true);
 }
 
 WorkHandle TcpProcessGroup::reduce_scatter(const Tensor& output, const std::vector<Tensor>& inputs,
@@ -1148,13 +1060,14 @@ WorkHandle TcpProcessGroup::reduce_scatter(const Tensor& output, const std::vect
   check_cpu("reduce_scatter", output);
   detail::check_list("reduce_scatter", "inputs", inputs, output, size());
   detail::check_reduce_op("reduce_scatter", output, op);
-  auto work = new_op(state_, OpKind::kReduceScatter, &output, op, -1);
+  auto work = detail::new_op<Op>(state_, OpKind::kReduceScatter, &output, op, -1);
   work->list = inputs;
   return enqueue(state_, work, true);
 }
 
 WorkHandle TcpProcessGroup::barrier() {
-  return enqueue(state_, new_op(state_, OpKind::kBarrier, nullptr, ReduceOp::kSum, -1), false);
+  return enqueue(state_, detail::new_op<Op>(state_, OpKind::kBarrier, nullptr, ReduceOp::kSum, -1),
+                 false);
 }
 
 WorkHandle TcpProcessGroup::send(const Tensor& tensor, int dst, int tag) {
@@ -1162,7 +1075,8 @@ WorkHandle TcpProcessGroup::send(const Tensor& tensor, int dst, int tag) {
   check_cpu("send", tensor);
   detail::check_peer("send", dst, rank(), size());
   EMBER_CHECK(tag >= 0, "send", "tag must be non-negative, got ", tag);
-  return enqueue(state_, new_op(state_, OpKind::kSend, &tensor, ReduceOp::kSum, dst, tag), false);
+  return enqueue(
+      state_, detail::new_op<Op>(state_, OpKind::kSend, &tensor, ReduceOp::kSum, dst, tag), false);
 }
 
 WorkHandle TcpProcessGroup::recv(const Tensor& tensor, int src, int tag) {
@@ -1170,7 +1084,8 @@ WorkHandle TcpProcessGroup::recv(const Tensor& tensor, int src, int tag) {
   check_cpu("recv", tensor);
   detail::check_peer("recv", src, rank(), size());
   EMBER_CHECK(tag >= 0, "recv", "tag must be non-negative, got ", tag);
-  return enqueue(state_, new_op(state_, OpKind::kRecv, &tensor, ReduceOp::kSum, src, tag), false);
+  return enqueue(
+      state_, detail::new_op<Op>(state_, OpKind::kRecv, &tensor, ReduceOp::kSum, src, tag), false);
 }
 
 }  // namespace ember::dist

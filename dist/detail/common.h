@@ -1,10 +1,14 @@
-// Shared by the process groups: argument checks, names for error messages, and the
-// fingerprint that debug mode exchanges before each collective.
+// Shared by the process groups: argument checks, names for error messages, the fingerprint
+// that debug mode exchanges before each collective, and the completion and numbering of the
+// operations the MPI and TCP backends queue.
 #pragma once
 
 #include <array>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -63,6 +67,87 @@ std::string compare_fingerprints(const std::vector<Fingerprint>& all, int rank);
 // "allreduce #17 on rank 1 timed out after 5000 ms (...)".
 std::string timeout_message(const std::string& what, int rank, std::chrono::milliseconds limit,
                             const std::string& backend, int size);
+
+// The completion a queued operation's Work shares across backends: the thread that runs it
+// calls complete() once, with its failure or nothing; waiters block until then.
+class CompletionWork : public Work {
+ public:
+  std::string name;  // "allreduce #17": what errors call it
+
+  void complete(std::string error = {}) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (done_) return;
+      done_ = true;
+      error_ = std::move(error);
+    }
+    cv_.notify_all();
+  }
+
+  bool is_completed() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return done_;
+  }
+
+ protected:
+  // Blocks until complete() and throws the failure it recorded. After `limit` it throws
+  // timeout_message(name, ...) instead, once `break_group(message)` has run: the group
+  // cannot be trusted after a collective timed out.
+  template <typename BreakGroup>
+  void wait_completed(std::chrono::milliseconds limit, int rank, int size, const char* backend,
+                      BreakGroup&& break_group) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (!cv_.wait_for(lock, limit, [&] { return done_; })) {
+      lock.unlock();
+      const std::string message = timeout_message(name, rank, limit, backend, size);
+      break_group(message);
+      throw Error(message);
+    }
+    if (!error_.empty()) throw Error(error_);
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::string error_;
+};
+
+// What the MPI and TCP backends queue for their communication threads.
+struct QueuedOp : CompletionWork {
+  explicit QueuedOp(OpKind k) : kind(k) {}
+  OpKind kind;
+  int64_t seq = 0;  // among the group's collectives, or among its sends and recvs
+  ReduceOp reduce = ReduceOp::kSum;
+  int peer = -1;  // root, destination or source
+  int tag = 0;
+  Tensor tensor;             // the one tensor (allgather: input; reduce_scatter: output)
+  std::vector<Tensor> list;  // allgather outputs, reduce_scatter inputs
+  Fingerprint fingerprint;   // debug mode only
+};
+
+// A new op of `kind` on `state`'s group, with its arguments (`t` may be null).
+template <typename Op, typename State>
+std::shared_ptr<Op> new_op(const std::shared_ptr<State>& state, OpKind kind, const Tensor* t,
+                           ReduceOp reduce, int peer, int tag = 0) {
+  auto op = std::make_shared<Op>(state, kind);
+  if (t != nullptr) op->tensor = *t;
+  op->reduce = reduce;
+  op->peer = peer;
+  op->tag = tag;
+  return op;
+}
+
+// The group's op counters; every rank numbers its ops alike, so the numbers name them.
+struct OpCounters {
+  int64_t collectives = 0, p2p = 0;
+};
+
+// Under the group's lock, before `op` is queued: numbers and names it, refuses it (ember::Error)
+// when the group broke earlier (`broken_message`), and in debug mode fills its fingerprint
+// (with the reduce op when `uses_reduce`).
+void stamp_op(QueuedOp& op, OpCounters& counters, int rank, bool broken,
+              const std::string& broken_message, bool debug, bool uses_reduce);
 
 // Divides `count` elements at `data` of a floating dtype by `divisor` in place (kAvg).
 void divide_in_place(void* data, int64_t count, DType dtype, int divisor);

@@ -3,14 +3,20 @@
 // dist_test_util.h), on a TCP world of one and on the single-process backend, for every dtype,
 // against values computed here; asynchrony, ordering, barrier, send/recv, debug mode, argument
 // errors, and how the TCP backend reports ranks that disagree.
+#include <netinet/in.h>
+#include <pthread.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <thread>
 
 #include <ember/dist/detail/common.h>
+#include <ember/dist/detail/shared_store.h>
 #include <ember/dist/dist.h>
 
 #include "dist_test_util.h"
@@ -407,6 +413,70 @@ TEST(TcpGroup, BadBootstrapArguments) {
                      "MASTER_ADDR and MASTER_PORT must name rank 0's address and a TCP port");
   EXPECT_EMBER_ERROR(TcpProcessGroup("127.0.0.1", 29500, 2, 2, 0, test_options()),
                      "rank 2 is not in a group of 2");
+}
+
+// A loopback port nothing listens on right now.
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  socklen_t length = sizeof(addr);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &length);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+TEST(TcpGroup, BootstrapWaitOutlastsSignals) {
+  // Rank 0 of 2, alone: a signal while it waits for rank 1's connections must not turn the
+  // bounded wait into a blocking accept; the missing rank is reported after the timeout.
+  struct sigaction ignore {
+  }, old{};
+  ignore.sa_handler = [](int) {};
+  sigemptyset(&ignore.sa_mask);
+  ASSERT_EQ(sigaction(SIGUSR1, &ignore, &old), 0);
+  ProcessGroupOptions options;
+  options.timeout = 1500ms;
+  auto result = std::make_shared<std::promise<std::string>>();
+  auto outcome = result->get_future();
+  std::thread rank0([result, options, port = free_port()] {
+    try {
+      TcpProcessGroup pg("127.0.0.1", port, 0, 2, 0, options);
+      result->set_value("constructed");
+    } catch (const std::exception& e) {
+      result->set_value(e.what());
+    }
+  });
+  std::this_thread::sleep_for(500ms);  // well into the wait for connections
+  pthread_kill(rank0.native_handle(), SIGUSR1);
+  const bool done = outcome.wait_for(20s) == std::future_status::ready;
+  if (done) {
+    rank0.join();
+    EXPECT_NE(outcome.get().find("rank 0 waited 1500 ms for 2 connections from higher ranks"),
+              std::string::npos);
+  } else {
+    rank0.detach();  // stuck for good: report rather than hang the suite
+    ADD_FAILURE() << "TcpProcessGroup still waiting 20 s after its 1.5 s timeout";
+  }
+  sigaction(SIGUSR1, &old, nullptr);
+}
+
+TEST(TcpGroup, OneStorePerMasterPort) {
+  if (test_backend() != "tcp") GTEST_SKIP() << "runs on the tcp backend";
+  auto group = make_group(test_options());
+  // The NCCL bootstrap meets over the same MASTER_PORT as the TCP groups: it must get the
+  // process's store, not serve the port a second time on rank 0.
+  const LaunchEnv launch = read_launch_env();
+  auto store = detail::shared_store(launch.master_addr, launch.master_port, launch.world_size,
+                                    launch.rank, 5s);
+  EXPECT_EQ(store, detail::shared_store(launch.master_addr, launch.master_port, launch.world_size,
+                                        launch.rank, 60s));
+  const int64_t meeting = store->add("test/meetings/" + std::to_string(group->rank()), 1);
+  const std::string key = "test/" + std::to_string(meeting) + "/id";
+  if (group->rank() == 0) store->set(key, "from rank 0");
+  EXPECT_EQ(store->get(key), "from rank 0");
+  group->barrier()->wait();
 }
 
 TEST(TcpGroup, LargeMessagesCrossChunkBoundaries) {

@@ -1,0 +1,19 @@
+// The one TcpStore per MASTER_ADDR:MASTER_PORT and process, shared by every group bootstrapped
+// over it (TCP groups, the NCCL unique id): rank 0 can serve a port only once.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include <ember/dist/tcp_store.h>
+
+namespace ember::dist::detail {
+
+// Made on first use (rank 0 serves it) and kept until the process exits; later calls for the
+// same address return it whatever their other arguments. Callers that meet under the same key
+// more than once number their meetings, e.g. with add("<prefix>/" + rank, 1).
+std::shared_ptr<TcpStore> shared_store(const std::string& host, int port, int world_size, int rank,
+                                       std::chrono::milliseconds timeout);
+
+}  // namespace ember::dist::detail
