@@ -26,7 +26,7 @@ namespace {
 using detail::write_all;
 
 enum Request : uint8_t { kSet = 1, kGet = 2, kAdd = 3 };
-enum Reply : uint8_t { kOk = 0, kTimeout = 1 };
+enum Reply : uint8_t { kOk = 0, kTimeout = 1, kNotACounter = 2 };
 
 std::string where(const std::string& host, int port) { return host + ":" + std::to_string(port); }
 
@@ -144,11 +144,15 @@ struct TcpStore::Server {
           int64_t delta = 0, current = 0;
           std::memcpy(&delta, payload.data(), std::min(payload.size(), sizeof(delta)));
           auto it = data.find(key);
-          if (it != data.end()) std::memcpy(&current, it->second.data(), sizeof(current));
-          current += delta;
-          data[key] = std::string(reinterpret_cast<const char*>(&current), sizeof(current));
-          value = data[key];
-          cv.notify_all();
+          if (it != data.end() && it->second.size() != sizeof(current)) {
+            status = kNotACounter;  // set() stored something else there
+          } else {
+            if (it != data.end()) std::memcpy(&current, it->second.data(), sizeof(current));
+            current += delta;
+            data[key] = std::string(reinterpret_cast<const char*>(&current), sizeof(current));
+            value = data[key];
+            cv.notify_all();
+          }
         } else if (op == kGet) {
           int64_t wait_ms = 0;
           std::memcpy(&wait_ms, payload.data(), std::min(payload.size(), sizeof(wait_ms)));
@@ -252,6 +256,8 @@ std::string TcpStore::request(uint8_t op, const std::string& key, const std::str
                   read_blob(fd_, value);
   EMBER_CHECK(ok, "tcp_store", "lost the connection to ", where(host_, port_),
               " (did rank 0 exit?)");
+  EMBER_CHECK(status != kNotACounter, "tcp_store", "add: key \"", key,
+              "\" holds a value set() stored, not a counter");
   EMBER_CHECK(status == kOk, "tcp_store", "key \"", key, "\" was not set within ", timeout_.count(),
               " ms (waiting at ", where(host_, port_), ")");
   return value;

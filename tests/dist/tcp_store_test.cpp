@@ -92,6 +92,16 @@ TEST(TcpStore, GetTimesOutOnAMissingKey) {
   EXPECT_EQ(server.get("k"), "v");
 }
 
+TEST(TcpStore, AddRefusesAValueThatIsNotACounter) {
+  TcpStore server("127.0.0.1", 0, 1, true, 300ms);
+  server.set("name", "ab");  // shorter than a counter: add must not read past it
+  EXPECT_EMBER_ERROR(server.add("name", 1),
+                     "tcp_store: add: key \"name\" holds a value set() stored, not a counter");
+  EXPECT_EQ(server.get("name"), "ab");  // untouched
+  EXPECT_EQ(server.add("count", 2), 2);
+  EXPECT_EQ(server.add("count", 3), 5);
+}
+
 TEST(TcpStore, ClientRetriesUntilTheServerComesUp) {
   const int port = free_port();
   std::string got;
