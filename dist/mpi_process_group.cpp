@@ -88,7 +88,7 @@ struct Op final : detail::QueuedOp {
   Op(std::shared_ptr<State> s, OpKind k) : QueuedOp(k), state(std::move(s)) {}
 
   void wait(std::chrono::milliseconds timeout) override {
-    const auto limit = timeout.count() > 0 ? timeout : state->options.timeout;
+    const auto limit = detail::wait_limit(timeout, state->options.timeout);
     if (claim_for_inline_run(limit)) run_inline(limit);
     wait_completed(limit, state->rank, state->size, "mpi",
                    [this](const std::string& message) { state->break_group(message); });
@@ -521,9 +521,8 @@ std::shared_ptr<State> make_state(const ProcessGroupOptions& options, int local_
   detail::ensure_mpi_initialized();
   auto s = std::make_shared<State>();
   s->options = options;
+  s->options.timeout = detail::checked_timeout("MpiProcessGroup", options.timeout);
   s->debug = options.debug || detail::debug_from_env();
-  EMBER_CHECK(options.timeout.count() > 0, "MpiProcessGroup", "timeout must be positive, got ",
-              options.timeout.count(), " ms");
   MpiLock lock;
   check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &s->comm), "MPI_Comm_dup");
   // Errors come back as codes (turned into ember::Error) instead of aborting the job.

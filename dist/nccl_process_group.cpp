@@ -157,7 +157,7 @@ class NcclWork final : public Work {
   }
   bool is_completed() override { return state_->broken.load() || done_.query(); }
   void wait(std::chrono::milliseconds timeout) override {
-    state_->host_wait(done_, name_, timeout.count() > 0 ? timeout : state_->options.timeout);
+    state_->host_wait(done_, name_, detail::wait_limit(timeout, state_->options.timeout));
     done_.wait(cuda::current_stream(state_->device));
     keep_.clear();
   }
@@ -267,6 +267,7 @@ NcclProcessGroup::NcclProcessGroup(int rank, int size, int local_rank, int devic
   s.size = size;
   s.device = device;
   s.options = options;
+  s.options.timeout = detail::checked_timeout("NcclProcessGroup", options.timeout);
   s.debug = options.debug || detail::debug_from_env();
   cuda::set_device(device);
   s.stream = cuda::Stream::create(device, /*high_priority=*/true);

@@ -27,6 +27,8 @@ class Work {
 using WorkHandle = std::shared_ptr<Work>;
 
 struct ProcessGroupOptions {
+  // Every wait's limit; must be positive. Values beyond 30 days count as 30 days, so
+  // std::chrono::milliseconds::max() means "as good as never".
   std::chrono::milliseconds timeout = std::chrono::minutes(10);
   // Checks that every rank issues the same collective with the same shapes and dtypes, and
   // names the first rank that differs (also switched on by EMBER_DIST_DEBUG=1).

@@ -297,7 +297,7 @@ struct Op final : detail::QueuedOp {
   Op(std::shared_ptr<State> s, OpKind k) : QueuedOp(k), state(std::move(s)) {}
 
   void wait(std::chrono::milliseconds timeout) override {
-    wait_completed(timeout.count() > 0 ? timeout : state->options.timeout, state->rank, state->size,
+    wait_completed(detail::wait_limit(timeout, state->options.timeout), state->rank, state->size,
                    "tcp", [this](const std::string& message) { state->break_group(message); });
   }
 };
@@ -972,12 +972,11 @@ TcpProcessGroup::TcpProcessGroup(const std::string& master_addr, int master_port
     : ProcessGroup(rank, size, local_rank), state_(std::make_shared<State>()) {
   EMBER_CHECK(size >= 1 && rank >= 0 && rank < size, "TcpProcessGroup", "rank ", rank,
               " is not in a group of ", size);
-  EMBER_CHECK(options.timeout.count() > 0, "TcpProcessGroup", "timeout must be positive, got ",
-              options.timeout.count(), " ms");
   State& s = *state_;
   s.rank = rank;
   s.size = size;
   s.options = options;
+  s.options.timeout = detail::checked_timeout("TcpProcessGroup", options.timeout);
   s.debug = options.debug || detail::debug_from_env();
   s.connect_mesh(master_addr, master_port);
   s.collective_thread = std::thread([&s] { s.run_collectives(); });

@@ -144,6 +144,20 @@ std::string compare_fingerprints(const std::vector<Fingerprint>& all, int rank) 
   return "";
 }
 
+namespace {
+constexpr std::chrono::milliseconds kLongestTimeout = std::chrono::hours(24 * 30);
+}  // namespace
+
+std::chrono::milliseconds checked_timeout(const char* group, std::chrono::milliseconds timeout) {
+  EMBER_CHECK(timeout.count() > 0, group, "timeout must be positive, got ", timeout.count(), " ms");
+  return std::min(timeout, kLongestTimeout);
+}
+
+std::chrono::milliseconds wait_limit(std::chrono::milliseconds requested,
+                                     std::chrono::milliseconds group_timeout) {
+  return requested.count() > 0 ? std::min(requested, kLongestTimeout) : group_timeout;
+}
+
 std::string timeout_message(const std::string& what, int rank, std::chrono::milliseconds limit,
                             const std::string& backend, int size) {
   std::ostringstream out;

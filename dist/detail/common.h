@@ -64,6 +64,13 @@ struct Fingerprint {
 // The error debug mode reports on every rank when fingerprints differ, or "" when they agree.
 std::string compare_fingerprints(const std::vector<Fingerprint>& all, int rank);
 
+// A group's timeout, checked (positive) and capped at 30 days, so a "never" value such as
+// milliseconds::max() cannot overflow the deadlines computed from it.
+std::chrono::milliseconds checked_timeout(const char* group, std::chrono::milliseconds timeout);
+// The limit of one wait: `requested` (capped likewise) when positive, else the group's.
+std::chrono::milliseconds wait_limit(std::chrono::milliseconds requested,
+                                     std::chrono::milliseconds group_timeout);
+
 // "allreduce #17 on rank 1 timed out after 5000 ms (...)".
 std::string timeout_message(const std::string& what, int rank, std::chrono::milliseconds limit,
                             const std::string& backend, int size);

@@ -303,6 +303,21 @@ TEST(WorldGroup, BarrierWaitsForEveryRank) {
   if (pg.rank() == 0) std::filesystem::remove(path);
 }
 
+TEST(WorldGroup, NeverTimingOutIsAllowed) {
+  // milliseconds::max() must not overflow the deadlines computed from it into a spurious
+  // timeout, neither as the group's timeout nor as one wait's.
+  ProcessGroupOptions never;
+  never.timeout = std::chrono::milliseconds::max();
+  auto group = make_group(never);
+  Tensor t = full({8}, 1.0);
+  group->allreduce(t)->wait();
+  group->barrier()->wait(std::chrono::milliseconds::max());
+  WorkHandle later = group->allreduce(t);
+  std::this_thread::sleep_for(5ms);  // started by the group's own thread
+  later->wait(std::chrono::milliseconds::max());
+  expect_close(t, full({8}, static_cast<double>(group->size() * group->size())), 0, 0);
+}
+
 TEST(WorldGroup, SendRecvRingWithTags) {
   auto group = make_group(test_options());
   ProcessGroup& pg = *group;
