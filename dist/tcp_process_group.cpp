@@ -154,7 +154,7 @@ int connect_to(const std::string& address, int port, int peer, Clock::time_point
        pause = std::min(pause * 2, std::chrono::milliseconds(200))) {
     addrinfo* found = resolve_numeric(address, port, false);
     const int fd = ::socket(found->ai_family, SOCK_STREAM, 0);
-    const bool ok = fd >= 0 && ::connect(fd, found->ai_addr, found->ai_addrlen) == 0;
+    const bool ok = fd >= 0 && detail::connect_by(fd, found->ai_addr, found->ai_addrlen, deadline);
     last_error = std::strerror(errno);
     ::freeaddrinfo(found);
     if (ok) return fd;

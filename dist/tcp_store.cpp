@@ -214,7 +214,7 @@ TcpStore::TcpStore(const std::string& host, int port, int world_size, bool is_se
     for (addrinfo* a = addresses; a != nullptr && fd_ < 0; a = a->ai_next) {
       const int fd = ::socket(a->ai_family, a->ai_socktype, a->ai_protocol);
       if (fd < 0) continue;
-      if (::connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
+      if (detail::connect_by(fd, a->ai_addr, a->ai_addrlen, deadline)) {
         fd_ = fd;
       } else {
         last_error = std::strerror(errno);

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <thread>
+#include <vector>
 
 #include <ember/dist/tcp_store.h>
 
@@ -120,6 +121,31 @@ TEST(TcpStore, ConnectGivesUpAfterTheTimeout) {
   const int port = free_port();
   EXPECT_EMBER_ERROR(TcpStore("127.0.0.1", port, 2, false, 300ms),
                      "could not connect to 127.0.0.1:" + std::to_string(port) + " within 300 ms");
+}
+
+TEST(TcpStore, ConnectToAHostThatNeverAnswersGivesUpAtTheTimeout) {
+  // A listener that never accepts, its queue filled: further connection attempts get no
+  // answer at all (the kernel drops their SYNs), like a host behind a firewall.
+  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(::listen(listener, 0), 0);
+  socklen_t length = sizeof(addr);
+  ::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &length);
+  std::vector<int> queued;
+  for (int i = 0; i < 2; ++i) {
+    queued.push_back(::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0));
+    ::connect(queued.back(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  }
+  std::this_thread::sleep_for(50ms);
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EMBER_ERROR(TcpStore("127.0.0.1", ntohs(addr.sin_port), 2, false, 500ms),
+                     "could not connect to 127.0.0.1:");
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 10s);  // not the kernel's minutes
+  for (const int fd : queued) ::close(fd);
+  ::close(listener);
 }
 
 TEST(TcpStore, ArgumentErrors) {
