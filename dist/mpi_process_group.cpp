@@ -44,7 +44,9 @@ struct MpiProcessGroup::State {
   int in_flight = 0;        // ops the communication thread has taken from the queue
   Op* inline_op = nullptr;  // the collective a waiter is running on its own thread
   std::chrono::milliseconds inline_limit{0};
-  Clock::time_point inline_deadline;  // inline start + limit + grace: the watchdog's
+  int64_t inline_runs = 0;            // inline collectives so far
+  int64_t watched_inline_run = 0;     // the one inline_deadline belongs to
+  Clock::time_point inline_deadline;  // when the watchdog first saw it + limit + grace
   bool stop = false;
   detail::OpCounters counters;
   std::atomic<bool> broken{false};
@@ -89,13 +91,17 @@ struct Op final : detail::QueuedOp {
 
   void wait(std::chrono::milliseconds timeout) override {
     const auto limit = detail::wait_limit(timeout, state->options.timeout);
-    if (claim_for_inline_run(limit)) run_inline(limit);
+    if (claim_for_inline_run(limit)) {
+      const std::string failure = run_inline(limit);
+      if (failure.empty()) return;
+      throw Error(failure);
+    }
     wait_completed(limit, state->rank, state->size, "mpi",
                    [this](const std::string& message) { state->break_group(message); });
   }
 
   bool claim_for_inline_run(std::chrono::milliseconds limit);
-  void run_inline(std::chrono::milliseconds limit);
+  std::string run_inline(std::chrono::milliseconds limit);  // its failure, or ""
 };
 
 // The message is built only on failure: these checks sit on every collective's fast path.
@@ -362,11 +368,11 @@ bool Op::claim_for_inline_run(std::chrono::milliseconds limit) {
   claimed.store(true, std::memory_order_relaxed);
   state->inline_op = this;
   state->inline_limit = limit;
-  state->inline_deadline = Clock::now() + limit + kWatchdogGrace;
+  ++state->inline_runs;  // the watchdog sets the deadline: no clock read on this path
   return true;
 }
 
-void Op::run_inline(std::chrono::milliseconds limit) {
+std::string Op::run_inline(std::chrono::milliseconds limit) {
   std::string failure;
   try {
     NoGradGuard no_grad;  // staging copies are not part of any graph
@@ -392,6 +398,7 @@ void Op::run_inline(std::chrono::milliseconds limit) {
   // The communication thread held later ops back until now; with none, its watchdog wait
   // ends by itself (a wake-up here would cost the next collective a context switch).
   if (held_back) state->cv.notify_all();
+  return failure;
 }
 
 // A blocking MPI call run inline cannot be interrupted: when it outlives its deadline, the
@@ -420,6 +427,10 @@ void MpiProcessGroup::State::run() {
         // Idle: sleep until work arrives, or watch a waiter's inline collective meanwhile.
         for (;;) {
           if (inline_op != nullptr) {
+            if (watched_inline_run != inline_runs) {  // a new one: its deadline starts now
+              watched_inline_run = inline_runs;
+              inline_deadline = Clock::now() + inline_limit + kWatchdogGrace;
+            }
             if (cv.wait_until(lock, inline_deadline) == std::cv_status::timeout &&
                 inline_op != nullptr && Clock::now() >= inline_deadline) {
               abort_hung_inline_op();
