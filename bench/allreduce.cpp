@@ -4,12 +4,23 @@
 // MPI_Iallreduce + MPI_Wait), the bus bandwidth (bytes * 2 (n - 1) / n / time, as nccl-tests
 // reports it) and ember / raw. Above 24 MiB Open MPI's single call slows down about tenfold
 // on one node, which ember avoids by issuing pieces of 16 MiB: ratios there exceed 1.
+//
+// With --tcp, ember's TCP process group is also built over the same ranks (rank 0's address
+// 127.0.0.1 and a free port shared through MPI_Bcast: one node) and, after the lines above,
+// one JSON line per size ("bench": "allreduce_tcp") compares it with raw MPI_Allreduce, the two
+// taking turns as above. For a fair "MPI over TCP" reference, keep MPI off shared memory:
+//   mpirun --mca btl tcp,self -np 2 build/bench/allreduce --tcp
 #include <mpi.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include <ember/dist/dist.h>
@@ -37,6 +48,60 @@ double median(std::vector<double> times) {
   return times[times.size() / 2];
 }
 
+// A TCP port of 127.0.0.1 that nothing uses now (the kernel picks it).
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(address);
+  int port = 0;
+  if (fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0) {
+    port = ntohs(address.sin_port);
+  }
+  if (fd >= 0) ::close(fd);
+  return port;
+}
+
+// ember's TCP group against raw MPI_Allreduce, taking turns; one JSON line per size.
+void bench_tcp(int rank, int size) {
+  int port = rank == 0 ? free_port() : 0;
+  MPI_Bcast(&port, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  ember::dist::TcpProcessGroup pg("127.0.0.1", port, rank, size, rank);
+  for (size_t bytes = 4 << 10; bytes <= (64u << 20); bytes *= 4) {
+    const auto n = static_cast<int64_t>(bytes / sizeof(float));
+    ember::Tensor b = ember::full({n}, 1.0 / size, ember::kF32);
+    const int reps = static_cast<int>(std::clamp<size_t>((256u << 20) / bytes, 10, 200));
+    const int n_int = static_cast<int>(n);
+    const std::function<void()> methods[2] = {
+        [&] {
+          MPI_Allreduce(MPI_IN_PLACE, b.data_ptr(), n_int, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+        },
+        [&] { pg.allreduce(b)->wait(); },
+    };
+    std::vector<double> times[2];
+    for (int i = 0; i < reps + 2; ++i) {
+      for (int k = 0; k < 2; ++k) {
+        const int m = (i + k) % 2;
+        const double t = timed(methods[m]);
+        if (i >= 2) times[m].push_back(t);
+      }
+    }
+    const double raw = median(times[0]), tcp = median(times[1]);
+    const double factor = size > 1 ? 2.0 * (size - 1) / size : 1.0;
+    const double raw_bw = bytes * factor / raw / 1e9, tcp_bw = bytes * factor / tcp / 1e9;
+    if (rank == 0) {
+      std::printf(
+          "{\"bench\": \"allreduce_tcp\", \"ranks\": %d, \"bytes\": %zu, \"dtype\": \"f32\", "
+          "\"tcp_us\": %.2f, \"mpi_us\": %.2f, \"tcp_busbw_gbs\": %.3f, "
+          "\"mpi_busbw_gbs\": %.3f, \"ratio\": %.3f}\n",
+          size, bytes, tcp * 1e6, raw * 1e6, tcp_bw, raw_bw, tcp_bw / raw_bw);
+      std::fflush(stdout);
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -45,6 +110,8 @@ int main(int argc, char** argv) {
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
+  bool tcp = false;
+  for (int i = 1; i < argc; ++i) tcp = tcp || std::strcmp(argv[i], "--tcp") == 0;
   {
     ember::dist::MpiProcessGroup pg;
     for (size_t bytes = 4 << 10; bytes <= (64u << 20); bytes *= 4) {
@@ -96,6 +163,7 @@ int main(int argc, char** argv) {
       }
     }
   }
+  if (tcp) bench_tcp(rank, size);
   MPI_Finalize();
   return 0;
 }

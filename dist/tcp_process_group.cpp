@@ -40,6 +40,7 @@ constexpr uint32_t kMagic = 0x454d4252;  // "EMBR"
 constexpr int32_t kDebugKind = 100;      // the fingerprint exchange of debug mode
 constexpr int64_t kChunkBytes = int64_t{1} << 20;
 constexpr auto kPollSlice = std::chrono::milliseconds(200);
+constexpr auto kSpin = std::chrono::microseconds(30);  // transfer() polls without sleeping
 enum Channel : int32_t { kCollectives = 0, kPointToPoint = 1 };
 
 // Leads every message; the receiver checks it against what it expects.
@@ -239,6 +240,8 @@ struct TcpProcessGroup::State {
   std::deque<std::shared_ptr<Op>> collectives, p2p;  // issued, not started
   detail::OpCounters counters;                       // ops issued
   int64_t finished = 0;                              // collectives finished
+  bool running = false;                              // the collective thread has taken a collective
+  Op* inline_op = nullptr;  // the collective a waiter runs on its own thread
   bool stop = false;
   std::atomic<bool> broken{false};
   std::string broken_message;
@@ -281,6 +284,8 @@ struct TcpProcessGroup::State {
   }
 
   void connect_mesh(const std::string& host, int port);
+  // Counts a collective finished; wakes what waits on that (under no lock).
+  void collective_finished();
   void run_collectives();
   void run_p2p();
 };
@@ -293,13 +298,24 @@ struct Op final : detail::QueuedOp {
   std::shared_ptr<State> state;
   int64_t after = 0;  // send/recv: starts once this many collectives have finished
   Clock::time_point started;
+  bool offered = false;              // left a moment for a waiter to run it inline
+  std::atomic<bool> claimed{false};  // a waiter took it to run inline
 
   Op(std::shared_ptr<State> s, OpKind k) : QueuedOp(k), state(std::move(s)) {}
 
   void wait(std::chrono::milliseconds timeout) override {
-    wait_completed(detail::wait_limit(timeout, state->options.timeout), state->rank, state->size,
-                   "tcp", [this](const std::string& message) { state->break_group(message); });
+    const auto limit = detail::wait_limit(timeout, state->options.timeout);
+    if (claim_for_inline_run()) {
+      const std::string failure = run_inline(limit);
+      if (!failure.empty()) throw Error(failure);
+      return;
+    }
+    wait_completed(limit, state->rank, state->size, "tcp",
+                   [this](const std::string& message) { state->break_group(message); });
   }
+
+  bool claim_for_inline_run();
+  std::string run_inline(std::chrono::milliseconds limit);  // its failure, or ""
 };
 
 std::string peer_failure(const std::string& op, int rank, int peer, int error) {
@@ -316,6 +332,7 @@ struct Ctx {
   const Op& op;
   int32_t kind;  // in the headers: the op's kind, or kDebugKind
   Clock::time_point deadline;
+  std::chrono::milliseconds limit;  // what the timeout message names
 
   Header header(int32_t step, DType dtype, int64_t bytes) const {
     Header h;
@@ -397,6 +414,7 @@ void check_header(const Ctx& c, int peer, const Header& got, const Header& expec
 // Moves `out` and `in` (either may be null) at once, polling until both are done.
 void transfer(const Ctx& c, Out* out, In* in) {
   State& s = c.s;
+  const auto spin_until = Clock::now() + kSpin;
   for (;;) {
     int error = -1;
     if (out != nullptr && !out->finished()) {
@@ -423,7 +441,7 @@ void transfer(const Ctx& c, Out* out, In* in) {
     if (out_done && in_done) return;
     if (s.broken.load()) throw Error(s.broken_reason());
     if (Clock::now() >= c.deadline) {
-      throw Error(detail::timeout_message(c.op.name, s.rank, s.options.timeout, "tcp", s.size));
+      throw Error(detail::timeout_message(c.op.name, s.rank, c.limit, "tcp", s.size));
     }
     pollfd fds[2];
     nfds_t count = 0;
@@ -436,7 +454,10 @@ void transfer(const Ctx& c, Out* out, In* in) {
         fds[count++] = {fd, POLLIN, 0};
       }
     }
-    ::poll(fds, count, remaining_ms(c.deadline));
+    // A peer that answers within kSpin is met without the wake-up a sleeping poll costs.
+    const bool spin = Clock::now() < spin_until;
+    if (spin) std::this_thread::yield();
+    ::poll(fds, count, spin ? 0 : remaining_ms(c.deadline));
   }
 }
 
@@ -520,10 +541,10 @@ void ring_allreduce(const Ctx& c, char* data, int64_t numel, DType dtype, Reduce
 
 Region whole(const Tensor& t) { return {static_cast<char*>(t.data_ptr()), t.numel()}; }
 
-void run_collective(State& s, Op& op) {
-  const auto deadline = op.started + s.options.timeout;
+void run_collective(State& s, Op& op, std::chrono::milliseconds limit) {
+  const auto deadline = op.started + limit;
   if (s.debug) {
-    const Ctx debug{s, op, kDebugKind, deadline};
+    const Ctx debug{s, op, kDebugKind, deadline, limit};
     std::vector<Fingerprint> all(static_cast<size_t>(s.size));
     all[static_cast<size_t>(s.rank)] = op.fingerprint;
     std::vector<Region> regions;
@@ -532,7 +553,7 @@ void run_collective(State& s, Op& op) {
     const std::string mismatch = detail::compare_fingerprints(all, s.rank);
     if (!mismatch.empty()) throw Mismatch(op.name + ": " + mismatch);
   }
-  const Ctx c{s, op, static_cast<int32_t>(op.kind), deadline};
+  const Ctx c{s, op, static_cast<int32_t>(op.kind), deadline, limit};
   const DType dtype = op.tensor.defined() ? op.tensor.dtype() : kI32;
   const bool avg = op.reduce == ReduceOp::kAvg;
   switch (op.kind) {
@@ -592,38 +613,99 @@ void run_collective(State& s, Op& op) {
   }
 }
 
+// Runs `op` on this thread; its failure, or "". The group breaks unless every rank skips it.
+std::string run_guarded(State& s, Op& op, std::chrono::milliseconds limit) {
+  if (s.broken.load()) return s.broken_reason();
+  op.started = Clock::now();
+  try {
+    run_collective(s, op, limit);
+  } catch (const Mismatch& e) {
+    return e.what();  // every rank skips it: the group is still in step
+  } catch (const std::exception& e) {
+    s.break_group(e.what());
+    return e.what();
+  }
+  return {};
+}
+
+// A waiter whose collective has not started, with no other collective queued or running,
+// takes it off the queue and runs it on its own thread: that saves the two thread hand-offs
+// (caller to collective thread and back) that dominate small collectives. Issue order holds:
+// no other collective can start meanwhile, and sends and recvs issued after it still wait
+// for `finished` to count it.
+// How long the collective thread leaves a lone new collective for its waiter to claim; one
+// nobody waits on yet starts this much later.
+constexpr auto kClaimWindow = std::chrono::microseconds(50);
+
 }  // namespace
+
+bool Op::claim_for_inline_run() {
+  if (!detail::is_collective(kind)) return false;
+  std::lock_guard<std::mutex> lock(state->mutex);
+  if (state->broken.load() || state->running || state->inline_op != nullptr ||
+      state->collectives.size() != 1 || state->collectives.front().get() != this) {
+    return false;
+  }
+  state->collectives.pop_front();
+  claimed.store(true, std::memory_order_relaxed);
+  state->inline_op = this;
+  return true;
+}
+
+std::string Op::run_inline(std::chrono::milliseconds limit) {
+  const std::string failure = run_guarded(*state, *this, limit);
+  complete(failure);
+  state->collective_finished();
+  return failure;
+}
+
+void TcpProcessGroup::State::collective_finished() {
+  bool held_back = false, p2p_waiting = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    ++finished;
+    running = false;
+    held_back = inline_op != nullptr && !collectives.empty();
+    inline_op = nullptr;
+    p2p_waiting = !p2p.empty();
+  }
+  // Only what waits on this collective is woken: a wake-up nobody needs costs the next
+  // collective a context switch.
+  if (held_back) cv.notify_all();
+  if (p2p_waiting) wake();
+}
 
 void TcpProcessGroup::State::run_collectives() {
   for (;;) {
     std::shared_ptr<Op> op;
     {
       std::unique_lock<std::mutex> lock(mutex);
-      cv.wait(lock, [&] { return stop || !collectives.empty(); });
+      for (;;) {
+        if (inline_op == nullptr && !collectives.empty()) {
+          if (stop || collectives.size() != 1 || collectives.front()->offered) break;
+          // A caller that waits at once runs it faster itself (Op::claim_for_inline_run).
+          // Spinning, not a timed sleep: a timer waking this thread in the middle of the
+          // waiter's collective costs more than the spin.
+          const std::shared_ptr<Op> offered = collectives.front();
+          offered->offered = true;
+          const auto until = Clock::now() + kClaimWindow;
+          lock.unlock();
+          while (!offered->claimed.load(std::memory_order_relaxed) && Clock::now() < until) {
+            std::this_thread::yield();
+          }
+          lock.lock();
+          continue;
+        }
+        if (stop && collectives.empty()) break;
+        cv.wait(lock);
+      }
       if (collectives.empty()) break;  // stopping, everything drained
       op = collectives.front();
       collectives.pop_front();
+      running = true;
     }
-    std::string failure;
-    if (broken.load()) {
-      failure = broken_reason();
-    } else {
-      op->started = Clock::now();
-      try {
-        run_collective(*this, *op);
-      } catch (const Mismatch& e) {
-        failure = e.what();  // every rank skips it: the group is still in step
-      } catch (const std::exception& e) {
-        failure = e.what();
-        break_group(failure);
-      }
-    }
-    op->complete(failure);
-    {
-      std::lock_guard<std::mutex> lock(mutex);
-      ++finished;
-    }
-    wake();
+    op->complete(run_guarded(*this, *op, options.timeout));
+    collective_finished();
   }
 }
 
@@ -1014,8 +1096,11 @@ WorkHandle enqueue(const std::shared_ptr<State>& s, const std::shared_ptr<Op>& o
       s->p2p.push_back(op);
     }
   }
-  s->cv.notify_all();
-  s->wake();
+  if (detail::is_collective(op->kind)) {
+    s->cv.notify_all();
+  } else {
+    s->wake();
+  }
   return op;
 }
 

@@ -344,6 +344,33 @@ TEST(WorldGroup, SendRecvRingWithTags) {
   }
 }
 
+TEST(WorldGroup, WaitedCollectivesBesideSendsAndRecvsInFlight) {
+  auto group = make_group(test_options());
+  ProcessGroup& pg = *group;
+  if (pg.size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  // A recv in flight while lone collectives are waited on (which the TCP backend runs on the
+  // waiting thread): neither holds the other up, and the send issued after them is matched.
+  const int next = (pg.rank() + 1) % pg.size();
+  const int prev = (pg.rank() + pg.size() - 1) % pg.size();
+  for (int round = 0; round < 20; ++round) {
+    SCOPED_TRACE(round);
+    Tensor got = zeros({5});
+    auto r = pg.recv(got, prev, round);
+    for (int k = 0; k < 3; ++k) {
+      Tensor t = rank_tensor(pg.rank(), {3 + round}, kF32);
+      pg.allreduce(t)->wait();
+      expect_close(t, expected_reduction(pg.size(), {3 + round}, kF32, ReduceOp::kSum));
+    }
+    auto s = pg.send(rank_tensor(pg.rank(), {5}, kF32, round), next, round);
+    Tensor b = rank_tensor(pg.rank(), {4}, kF64);
+    pg.broadcast(b, round % pg.size())->wait();
+    expect_close(b, rank_tensor(round % pg.size(), {4}, kF64));
+    r->wait();
+    s->wait();
+    expect_close(got, rank_tensor(prev, {5}, kF32, round));
+  }
+}
+
 TEST(WorldGroup, DebugModeNamesTheRankThatDiffers) {
   auto group = make_group(test_options(/*debug=*/true));
   ProcessGroup& pg = *group;
