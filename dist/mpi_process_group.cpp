@@ -210,7 +210,8 @@ void unpack(Op& op) {
 // MPI's blocking algorithms are markedly faster than its non-blocking ones, and a rank must
 // never pick one kind while a peer picks the other (MPI does not match a blocking collective
 // with a non-blocking one), so the choice cannot depend on what else is in flight here. MPI's
-// progress engine still moves this rank's pending sends and receives meanwhile. A peer that
+// progress engine still moves this rank's pending sends and receives meanwhile (their Works
+// complete once the call returns: see the header's NOTE). A peer that
 // never joins leaves the thread blocked, but a waiter on another thread still times out and
 // breaks the group, which then aborts the job on destruction rather than joining that thread.
 // Every other collective is non-blocking and polled.
@@ -368,7 +369,7 @@ bool Op::claim_for_inline_run(std::chrono::milliseconds limit) {
   claimed.store(true, std::memory_order_relaxed);
   state->inline_op = this;
   state->inline_limit = limit;
-  ++state->inline_runs;  // the watchdog sets the deadline: no clock read on this path
+  ++state->inline_runs;  // the watchdog dates it, off the waiter's path
   return true;
 }
 
@@ -431,8 +432,10 @@ void MpiProcessGroup::State::run() {
               watched_inline_run = inline_runs;
               inline_deadline = Clock::now() + inline_limit + kWatchdogGrace;
             }
+            // Woken at an earlier run's deadline, a new run is dated on the next pass instead.
             if (cv.wait_until(lock, inline_deadline) == std::cv_status::timeout &&
-                inline_op != nullptr && Clock::now() >= inline_deadline) {
+                inline_op != nullptr && watched_inline_run == inline_runs &&
+                Clock::now() >= inline_deadline) {
               abort_hung_inline_op();
             }
             continue;

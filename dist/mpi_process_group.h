@@ -7,6 +7,15 @@
 // operations start as soon as every collective issued before them has finished and run
 // concurrently with later ones, so matched send/recv pairs never deadlock.
 //
+// NOTE (send/recv beside a blocking all-reduce): while the thread is inside an all-reduce,
+// sends and receives it started earlier still move inside MPI, but their Works are seen to
+// complete only once that all-reduce returns. A program whose peers need such a send or recv
+// to finish before they join the all-reduce (waiting for it through another group, say) must
+// wait on the send or recv before issuing the all-reduce, or keep point-to-point traffic on a
+// group of its own. Under MPI_THREAD_SERIALIZED (a program that initialised MPI itself at that
+// level) every MPI call holds one lock, so there the same holds across groups: a blocking
+// all-reduce of one group holds up every other group's MPI calls on that rank.
+//
 // NOTE (inline collectives): waiting on a collective the thread has not started yet, with
 // nothing else queued or in flight, runs it on the waiter's own thread instead: a lone
 // all-reduce then costs what a blocking MPI_Allreduce costs, without two thread hand-offs.
@@ -20,7 +29,8 @@
 // throws, and the process must end: left uncaught the error terminates it (non-zero exit,
 // and mpirun then stops the other ranks); if the program catches it, destroying the broken
 // group calls MPI_Abort(MPI_COMM_WORLD, 1), since MPI_Finalize would wait forever on the
-// abandoned collective. That and the watchdog above are the only places ember ends the job.
+// abandoned collective (and at exit, a job holding such a collective aborts rather than
+// finalises: see detail::mark_mpi_job_broken).
 #pragma once
 
 #include <memory>

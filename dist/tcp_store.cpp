@@ -17,6 +17,7 @@
 
 #include <ember/tensor/error.h>
 
+#include "detail/common.h"
 #include "detail/socket.h"
 
 namespace ember::dist {
@@ -198,7 +199,11 @@ struct TcpStore::Server {
 
 TcpStore::TcpStore(const std::string& host, int port, int world_size, bool is_server,
                    std::chrono::milliseconds timeout)
-    : host_(host), port_(port), world_size_(world_size), timeout_(timeout) {
+    : host_(host),
+      port_(port),
+      world_size_(world_size),
+      timeout_(detail::checked_timeout("tcp_store", timeout)) {
+  timeout = timeout_;
   EMBER_CHECK(world_size >= 1, "tcp_store", "world size must be at least 1, got ", world_size);
   EMBER_CHECK(port >= 0 && port <= 65535, "tcp_store", "port ", port, " is out of range");
   EMBER_CHECK(is_server || port > 0, "tcp_store", "a client needs the server's port");

@@ -1,6 +1,7 @@
-// A small key/value rendezvous over TCP, for bootstrapping (the NCCL unique id) when the job
-// was not launched by mpirun: rank 0 serves on MASTER_ADDR:MASTER_PORT, and every rank (rank 0
-// included) connects as a client, retrying until the timeout.
+// A small key/value rendezvous over TCP, for bootstrapping when the job was not launched by
+// mpirun (the NCCL unique id, the TCP group's listening addresses; one store per process and
+// MASTER_PORT, see detail/shared_store.h): rank 0 serves on MASTER_ADDR:MASTER_PORT, and every
+// rank (rank 0 included) connects as a client, retrying until the timeout (capped at 30 days).
 #pragma once
 
 #include <chrono>

@@ -161,10 +161,13 @@ std::chrono::milliseconds wait_limit(std::chrono::milliseconds requested,
 std::string timeout_message(const std::string& what, int rank, std::chrono::milliseconds limit,
                             const std::string& backend, int size) {
   std::ostringstream out;
+  const bool point_to_point = what.starts_with("send") || what.starts_with("recv");
   out << what << " on rank " << rank << " timed out after " << limit.count() << " ms (" << backend
-      << " group of " << size
-      << " ranks): another rank died, skipped this collective or issued a different one "
-         "(EMBER_DIST_DEBUG=1 checks); the group cannot be used any more";
+      << " group of " << size << " ranks): "
+      << (point_to_point ? "the peer died or never issued the matching send or recv"
+                         : "another rank died, skipped this collective or issued a different one "
+                           "(EMBER_DIST_DEBUG=1 checks)")
+      << "; the group cannot be used any more";
   return out.str();
 }
 

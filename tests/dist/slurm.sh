@@ -125,14 +125,15 @@ daemon_logs() {
     "$work"/log/slurmd.log 2>/dev/null || true
 }
 state=""
-for _ in $(seq 60); do
+node_wait_until=$((SECONDS + 30 < deadline ? SECONDS + 30 : deadline))
+while ((SECONDS < node_wait_until)); do
   for pid in "${pids[@]}"; do
     if ! kill -0 "$pid" 2>/dev/null; then
       daemon_logs
       skip "a Slurm daemon exited at start (logs above)"
     fi
   done
-  state="$(timeout 5 sinfo -h -N -n "$host" -o %T 2>/dev/null || true)"
+  state="$(timeout 2 sinfo -h -N -n "$host" -o %T 2>/dev/null || true)"
   [[ "$state" == idle ]] && break
   sleep 0.5
 done

@@ -103,6 +103,14 @@ TEST(TcpStore, AddRefusesAValueThatIsNotACounter) {
   EXPECT_EQ(server.add("count", 3), 5);
 }
 
+TEST(TcpStore, NeverTimingOutIsAllowed) {
+  // milliseconds::max() is capped, not overflowed into an instant timeout.
+  TcpStore server("127.0.0.1", 0, 1, true, std::chrono::milliseconds::max());
+  server.set("k", "v");
+  EXPECT_EQ(server.get("k"), "v");
+  EXPECT_EMBER_ERROR(TcpStore("127.0.0.1", 0, 1, true, 0ms), "timeout must be positive");
+}
+
 TEST(TcpStore, ClientRetriesUntilTheServerComesUp) {
   const int port = free_port();
   std::string got;

@@ -2,8 +2,8 @@
 # Starts N copies of a command torchrun-style on this host, without mpirun: each gets RANK,
 # WORLD_SIZE, LOCAL_RANK, MASTER_ADDR=127.0.0.1 and MASTER_PORT (a port nothing uses now).
 # Exits 0 when every copy does. As soon as one fails the others are stopped and its status is
-# returned; every copy is also stopped after TORCHRUN_STYLE_TIMEOUT seconds (default 300), so
-# the launch never hangs.
+# returned; every copy is also stopped after TORCHRUN_STYLE_TIMEOUT seconds (default 240, inside
+# ctest's 300, so the script's own message shows), so the launch never hangs.
 #   torchrun_style.sh N command [args...]
 set -u
 if [ $# -lt 2 ] || ! [[ $1 =~ ^[1-9][0-9]*$ ]]; then
@@ -12,7 +12,7 @@ if [ $# -lt 2 ] || ! [[ $1 =~ ^[1-9][0-9]*$ ]]; then
 fi
 n=$1
 shift
-limit=${TORCHRUN_STYLE_TIMEOUT:-300}
+limit=${TORCHRUN_STYLE_TIMEOUT:-240}
 
 # A port no socket on this host uses (listening or connected), from /proc/net/tcp{,6}.
 port_in_use() {
