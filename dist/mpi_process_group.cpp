@@ -39,9 +39,12 @@ struct MpiProcessGroup::State {
   bool debug = false;
 
   std::mutex mutex;
-  std::condition_variable cv;
-  std::deque<std::shared_ptr<Op>> queue;
-  int in_flight = 0;        // ops the communication thread has taken from the queue
+  std::condition_variable cv;                 // wakes the collective thread
+  std::condition_variable p2p_cv;             // wakes the send/recv thread
+  std::deque<std::shared_ptr<Op>> queue;      // collectives, in issue order
+  std::deque<std::shared_ptr<Op>> p2p_queue;  // sends and receives, in issue order
+  int64_t collectives_finished = 0;           // they finish in issue order, one at a time
+  int in_flight = 0;        // collectives the communication thread has taken from the queue
   Op* inline_op = nullptr;  // the collective a waiter is running on its own thread
   std::chrono::milliseconds inline_limit{0};
   int64_t inline_runs = 0;            // inline collectives so far
@@ -51,7 +54,8 @@ struct MpiProcessGroup::State {
   detail::OpCounters counters;
   std::atomic<bool> broken{false};
   std::string broken_message;
-  std::thread thread;
+  std::thread thread;      // collectives
+  std::thread p2p_thread;  // sends and receives
 
   void break_group(const std::string& message) {
     {
@@ -63,8 +67,15 @@ struct MpiProcessGroup::State {
       }
     }
     cv.notify_all();
+    p2p_cv.notify_all();
   }
   void run();
+  void run_p2p();
+  // Counts a finished collective (under `mutex`); true when sends or receives may wait on it.
+  bool collective_finished() {
+    ++collectives_finished;
+    return !p2p_queue.empty();
+  }
   [[noreturn]] void abort_hung_inline_op();
 };
 
@@ -82,6 +93,7 @@ struct Op final : detail::QueuedOp {
   MPI_Request request = MPI_REQUEST_NULL;
   Tensor host;           // what MPI reads and writes for `tensor`
   Tensor packed;         // allgather / reduce_scatter: [size * numel], unless `list` is one block
+  int64_t after = 0;     // send/recv: starts once this many collectives have finished
   bool offered = false;  // left a moment for a waiter to run it inline (State::run)
   std::atomic<bool> claimed{false};  // a waiter took it to run inline
   void* packed_data = nullptr;
@@ -210,8 +222,8 @@ void unpack(Op& op) {
 // MPI's blocking algorithms are markedly faster than its non-blocking ones, and a rank must
 // never pick one kind while a peer picks the other (MPI does not match a blocking collective
 // with a non-blocking one), so the choice cannot depend on what else is in flight here. MPI's
-// progress engine still moves this rank's pending sends and receives meanwhile (their Works
-// complete once the call returns: see the header's NOTE). A peer that
+// progress engine still moves this rank's pending sends and receives meanwhile, and the
+// send/recv thread sees them complete. A peer that
 // never joins leaves the thread blocked, but a waiter on another thread still times out and
 // breaks the group, which then aborts the job on destruction rather than joining that thread.
 // Every other collective is non-blocking and polled.
@@ -390,15 +402,17 @@ std::string Op::run_inline(std::chrono::milliseconds limit) {
     failure = e.what();
   }
   complete(failure);
-  bool held_back = false;
+  bool held_back = false, wake_p2p = false;
   {
     std::lock_guard<std::mutex> lock(state->mutex);
     state->inline_op = nullptr;
+    wake_p2p = state->collective_finished();
     held_back = !state->queue.empty();
   }
   // The communication thread held later ops back until now; with none, its watchdog wait
   // ends by itself (a wake-up here would cost the next collective a context switch).
   if (held_back) state->cv.notify_all();
+  if (wake_p2p) state->p2p_cv.notify_all();
   return failure;
 }
 
@@ -419,12 +433,11 @@ void MpiProcessGroup::State::abort_hung_inline_op() {
 void MpiProcessGroup::State::run() {
   GradMode::set_enabled(false);  // staging copies are not part of any graph
   std::shared_ptr<Op> current;
-  std::vector<std::shared_ptr<Op>> p2p_ops;
+  bool fresh = false;  // `current` is still to be started
   for (;;) {
-    std::vector<std::shared_ptr<Op>> fresh;
     {
       std::unique_lock<std::mutex> lock(mutex);
-      if (!current && p2p_ops.empty()) {
+      if (!current) {
         // Idle: sleep until work arrives, or watch a waiter's inline collective meanwhile.
         for (;;) {
           if (inline_op != nullptr) {
@@ -440,8 +453,7 @@ void MpiProcessGroup::State::run() {
             }
             continue;
           }
-          if (!stop && queue.size() == 1 && detail::is_collective(queue.front()->kind) &&
-              !queue.front()->offered) {
+          if (!stop && queue.size() == 1 && !queue.front()->offered) {
             // A caller that waits at once runs it faster itself (claim_for_inline_run).
             // Spinning, not a timed sleep: a timer waking this thread in the middle of the
             // waiter's collective costs more than the spin.
@@ -464,68 +476,109 @@ void MpiProcessGroup::State::run() {
         // NOTE: abandoned requests stay with MPI: a broken group never calls MPI again.
         const std::string message = broken_message;
         if (current) current->complete(message);
-        for (auto& op : p2p_ops) op->complete(message);
         for (auto& op : queue) op->complete(message);
         current.reset();
-        p2p_ops.clear();
         queue.clear();
         in_flight = 0;
         continue;
       }
-      while (!queue.empty() && inline_op == nullptr) {
-        if (detail::is_collective(queue.front()->kind)) {
-          if (current) break;
-          current = queue.front();
-          fresh.push_back(current);
-        } else {
-          p2p_ops.push_back(queue.front());
-          fresh.push_back(queue.front());
-        }
+      if (!current && !queue.empty()) {
+        current = queue.front();
         queue.pop_front();
+        ++in_flight;
+        fresh = true;
       }
-      in_flight += static_cast<int>(fresh.size());
     }
-    auto drop = [&](const std::shared_ptr<Op>& op) {
-      {
-        std::lock_guard<std::mutex> lock(mutex);
-        --in_flight;
+    bool finished = false;
+    std::string failure;
+    try {
+      if (fresh) {
+        fresh = false;
+        start(*this, *current);  // unlocked: an all-reduce blocks in here
       }
-      if (op == current) {
-        current.reset();
-      } else {
-        std::erase(p2p_ops, op);
+      finished = advance(*this, *current);
+    } catch (const std::exception& e) {
+      failure = e.what();
+      finished = true;
+    }
+    if (!finished && Clock::now() - current->started > options.timeout) {
+      failure = detail::timeout_message(current->name, rank, options.timeout, "mpi", size);
+      break_group(failure);
+      finished = true;
+    }
+    if (!finished) {
+      std::this_thread::yield();
+      continue;
+    }
+    current->complete(failure);
+    std::lock_guard<std::mutex> lock(mutex);
+    --in_flight;
+    if (collective_finished()) p2p_cv.notify_all();  // a send or receive may start now
+    current.reset();
+  }
+}
+
+// Sends and receives on a thread of their own, so their completion is seen even while the
+// communication thread sits in a blocking all-reduce.
+void MpiProcessGroup::State::run_p2p() {
+  GradMode::set_enabled(false);
+  std::vector<std::shared_ptr<Op>> active;
+  for (;;) {
+    std::vector<std::shared_ptr<Op>> fresh;
+    {
+      std::unique_lock<std::mutex> lock(mutex);
+      auto startable = [&] {
+        return !p2p_queue.empty() && p2p_queue.front()->after <= collectives_finished;
+      };
+      if (active.empty()) {
+        p2p_cv.wait(lock,
+                    [&] { return stop || startable() || (broken.load() && !p2p_queue.empty()); });
+        if (stop && p2p_queue.empty()) break;
       }
-    };
+      if (broken.load()) {
+        const std::string message = broken_message;
+        for (auto& op : active) op->complete(message);
+        for (auto& op : p2p_queue) op->complete(message);
+        active.clear();
+        p2p_queue.clear();
+        continue;
+      }
+      while (startable()) {
+        fresh.push_back(p2p_queue.front());
+        p2p_queue.pop_front();
+      }
+    }
     for (auto& op : fresh) {
       try {
         start(*this, *op);
+        active.push_back(op);
       } catch (const std::exception& e) {
         op->complete(e.what());
-        drop(op);
       }
     }
-    std::vector<std::shared_ptr<Op>> active = p2p_ops;
-    if (current) active.push_back(current);
-    for (auto& op : active) {
+    for (auto it = active.begin(); it != active.end();) {
+      Op& op = **it;
       bool finished = false;
       std::string failure;
       try {
-        finished = advance(*this, *op);
+        finished = advance(*this, op);
       } catch (const std::exception& e) {
         failure = e.what();
         finished = true;
       }
-      if (!finished && Clock::now() - op->started > options.timeout) {
-        failure = detail::timeout_message(op->name, rank, options.timeout, "mpi", size);
+      if (!finished && Clock::now() - op.started > options.timeout) {
+        failure = detail::timeout_message(op.name, rank, options.timeout, "mpi", size);
         break_group(failure);
         finished = true;
       }
       if (finished) {
-        op->complete(failure);
-        drop(op);
+        op.complete(failure);
+        it = active.erase(it);
+      } else {
+        ++it;
       }
     }
-    if (current || !p2p_ops.empty()) std::this_thread::yield();
+    if (!active.empty()) std::this_thread::yield();
   }
 }
 
@@ -562,6 +615,7 @@ MpiProcessGroup::MpiProcessGroup(ProcessGroupOptions options, int local_rank)
 MpiProcessGroup::MpiProcessGroup(std::shared_ptr<State> state)
     : ProcessGroup(state->rank, state->size, state->local_rank), state_(std::move(state)) {
   state_->thread = std::thread([s = state_.get()] { s->run(); });
+  state_->p2p_thread = std::thread([s = state_.get()] { s->run_p2p(); });
 }
 
 MpiProcessGroup::~MpiProcessGroup() {
@@ -577,7 +631,9 @@ MpiProcessGroup::~MpiProcessGroup() {
     state_->stop = true;
   }
   state_->cv.notify_all();
+  state_->p2p_cv.notify_all();
   state_->thread.join();
+  state_->p2p_thread.join();
   if (finalized) return;
   MpiLock lock;
   MPI_Comm_free(&state_->comm);  // a failure here cannot be reported from a destructor
@@ -596,9 +652,14 @@ WorkHandle enqueue(const std::shared_ptr<State>& s, const std::shared_ptr<Op>& o
     std::lock_guard<std::mutex> lock(s->mutex);
     detail::stamp_op(*op, s->counters, s->rank, s->broken.load(), s->broken_message, s->debug,
                      uses_reduce);
-    s->queue.push_back(op);
+    if (detail::is_collective(op->kind)) {
+      s->queue.push_back(op);
+    } else {
+      op->after = s->counters.collectives;  // issued before it: they finish first
+      s->p2p_queue.push_back(op);
+    }
   }
-  s->cv.notify_all();
+  (detail::is_collective(op->kind) ? s->cv : s->p2p_cv).notify_all();
   return op;
 }
 

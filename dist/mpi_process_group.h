@@ -3,18 +3,13 @@
 // Each group duplicates MPI_COMM_WORLD and owns one communication thread that runs its
 // collectives one after another in issue order, so they overlap the caller's computation:
 // all-reduces as blocking MPI_Allreduce calls (in pieces of at most 16 MiB), the others with
-// non-blocking MPI (MPI_Ibcast, ...) polled with MPI_Test, so they can time out. Point-to-point
-// operations start as soon as every collective issued before them has finished and run
-// concurrently with later ones, so matched send/recv pairs never deadlock.
-//
-// NOTE (send/recv beside a blocking all-reduce): while the thread is inside an all-reduce,
-// sends and receives it started earlier still move inside MPI, but their Works are seen to
-// complete only once that all-reduce returns. A program whose peers need such a send or recv
-// to finish before they join the all-reduce (waiting for it through another group, say) must
-// wait on the send or recv before issuing the all-reduce, or keep point-to-point traffic on a
-// group of its own. Under MPI_THREAD_SERIALIZED (a program that initialised MPI itself at that
-// level) every MPI call holds one lock, so there the same holds across groups: a blocking
-// all-reduce of one group holds up every other group's MPI calls on that rank.
+// non-blocking MPI (MPI_Ibcast, ...) polled with MPI_Test, so they can time out. Sends and
+// receives run on a second thread: each starts as soon as every collective issued before it
+// has finished, and they run concurrently with later ones (and complete while the first
+// thread sits in a blocking all-reduce), so matched send/recv pairs never deadlock. Under
+// MPI_THREAD_SERIALIZED (a program that initialised MPI itself at that level) every MPI call
+// holds one lock, so there a blocking all-reduce holds up the rank's other MPI calls, every
+// group's, until it returns.
 //
 // NOTE (inline collectives): waiting on a collective the thread has not started yet, with
 // nothing else queued or in flight, runs it on the waiter's own thread instead: a lone

@@ -90,6 +90,32 @@ TEST_F(MpiPaths, LargeAllreduceWhileSomeRanksHaveAReceiveInFlight) {
   expect_equal(incoming, full({4}, peer + 10.0));
 }
 
+TEST_F(MpiPaths, ReceiveCompletesWhileALaterAllreduceBlocks) {
+  // Rank 0 waits for a receive issued before an all-reduce that rank 1 joins only after a
+  // barrier on another group, which rank 0 reaches only once the receive completed: the
+  // receive's completion must be seen while the all-reduce blocks the collective thread.
+  auto pg = mpi_world();
+  auto other = mpi_world();
+  if (pg->size() < 2) GTEST_SKIP() << "needs a peer";
+  Tensor message = zeros({16});
+  Tensor summed = full({1024}, 1.0);
+  if (pg->rank() == 0) {
+    WorkHandle receive = pg->recv(message, 1, 3);
+    WorkHandle reduce = pg->allreduce(summed);
+    std::this_thread::sleep_for(5ms);  // the collective thread has entered the all-reduce
+    receive->wait();
+    other->barrier()->wait();
+    reduce->wait();
+    expect_equal(message, full({16}, 7.0));
+  } else {
+    std::this_thread::sleep_for(200ms);
+    if (pg->rank() == 1) pg->send(full({16}, 7.0), 0, 3)->wait();
+    other->barrier()->wait();
+    pg->allreduce(summed)->wait();
+  }
+  expect_equal(summed, full({1024}, static_cast<double>(pg->size())));
+}
+
 TEST_F(MpiPaths, InlineAndThreadedAllreducesInterleave) {
   auto pg = mpi_world();
   for (int round = 0; round < 20; ++round) {
