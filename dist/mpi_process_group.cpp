@@ -91,11 +91,9 @@ struct Op final : detail::QueuedOp {
   enum class Stage { kFingerprint, kMain } stage = Stage::kMain;
   std::vector<Fingerprint> gathered;
   MPI_Request request = MPI_REQUEST_NULL;
-  Tensor host;           // what MPI reads and writes for `tensor`
-  Tensor packed;         // allgather / reduce_scatter: [size * numel], unless `list` is one block
-  int64_t after = 0;     // send/recv: starts once this many collectives have finished
-  bool offered = false;  // left a moment for a waiter to run it inline (State::run)
-  std::atomic<bool> claimed{false};  // a waiter took it to run inline
+  Tensor host;        // what MPI reads and writes for `tensor`
+  Tensor packed;      // allgather / reduce_scatter: [size * numel], unless `list` is one block
+  int64_t after = 0;  // send/recv: starts once this many collectives have finished
   void* packed_data = nullptr;
   Clock::time_point started;
 
@@ -364,9 +362,6 @@ bool advance(State& s, Op& op) {
 // takes it off the queue and runs it on its own thread (see the NOTE in the header): that
 // saves two thread hand-offs, which dominate small collectives.
 constexpr auto kWatchdogGrace = std::chrono::seconds(1);
-// How long the communication thread leaves a lone new collective for its waiter to claim;
-// an op nobody waits on yet starts this much later.
-constexpr auto kClaimWindow = std::chrono::microseconds(50);
 
 }  // namespace
 
@@ -455,16 +450,8 @@ void MpiProcessGroup::State::run() {
           }
           if (!stop && queue.size() == 1 && !queue.front()->offered) {
             // A caller that waits at once runs it faster itself (claim_for_inline_run).
-            // Spinning, not a timed sleep: a timer waking this thread in the middle of the
-            // waiter's collective costs more than the spin.
             const std::shared_ptr<Op> offered = queue.front();
-            offered->offered = true;
-            const auto until = Clock::now() + kClaimWindow;
-            lock.unlock();
-            while (!offered->claimed.load(std::memory_order_relaxed) && Clock::now() < until) {
-              std::this_thread::yield();
-            }
-            lock.lock();
+            detail::offer_to_waiter(lock, *offered);
             continue;
           }
           if (stop || !queue.empty()) break;

@@ -298,8 +298,6 @@ struct Op final : detail::QueuedOp {
   std::shared_ptr<State> state;
   int64_t after = 0;  // send/recv: starts once this many collectives have finished
   Clock::time_point started;
-  bool offered = false;              // left a moment for a waiter to run it inline
-  std::atomic<bool> claimed{false};  // a waiter took it to run inline
 
   Op(std::shared_ptr<State> s, OpKind k) : QueuedOp(k), state(std::move(s)) {}
 
@@ -633,9 +631,6 @@ std::string run_guarded(State& s, Op& op, std::chrono::milliseconds limit) {
 // (caller to collective thread and back) that dominate small collectives. Issue order holds:
 // no other collective can start meanwhile, and sends and recvs issued after it still wait
 // for `finished` to count it.
-// How long the collective thread leaves a lone new collective for its waiter to claim; one
-// nobody waits on yet starts this much later.
-constexpr auto kClaimWindow = std::chrono::microseconds(50);
 
 }  // namespace
 
@@ -684,16 +679,8 @@ void TcpProcessGroup::State::run_collectives() {
         if (inline_op == nullptr && !collectives.empty()) {
           if (stop || collectives.size() != 1 || collectives.front()->offered) break;
           // A caller that waits at once runs it faster itself (Op::claim_for_inline_run).
-          // Spinning, not a timed sleep: a timer waking this thread in the middle of the
-          // waiter's collective costs more than the spin.
           const std::shared_ptr<Op> offered = collectives.front();
-          offered->offered = true;
-          const auto until = Clock::now() + kClaimWindow;
-          lock.unlock();
-          while (!offered->claimed.load(std::memory_order_relaxed) && Clock::now() < until) {
-            std::this_thread::yield();
-          }
-          lock.lock();
+          detail::offer_to_waiter(lock, *offered);
           continue;
         }
         if (stop && collectives.empty()) break;

@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
+#include <thread>
 
 namespace ember::dist::detail {
 
@@ -156,6 +157,16 @@ std::chrono::milliseconds checked_timeout(const char* group, std::chrono::millis
 std::chrono::milliseconds wait_limit(std::chrono::milliseconds requested,
                                      std::chrono::milliseconds group_timeout) {
   return requested.count() > 0 ? std::min(requested, kLongestTimeout) : group_timeout;
+}
+
+void offer_to_waiter(std::unique_lock<std::mutex>& lock, QueuedOp& op) {
+  op.offered = true;
+  const auto until = std::chrono::steady_clock::now() + kClaimWindow;
+  lock.unlock();
+  while (!op.claimed.load(std::memory_order_relaxed) && std::chrono::steady_clock::now() < until) {
+    std::this_thread::yield();
+  }
+  lock.lock();
 }
 
 std::string timeout_message(const std::string& what, int rank, std::chrono::milliseconds limit,

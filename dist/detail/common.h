@@ -4,6 +4,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -131,7 +132,21 @@ struct QueuedOp : CompletionWork {
   Tensor tensor;             // the one tensor (allgather: input; reduce_scatter: output)
   std::vector<Tensor> list;  // allgather outputs, reduce_scatter inputs
   Fingerprint fingerprint;   // debug mode only
+
+  // A waiter may run a lone collective itself (the backends' claim_for_inline_run): its
+  // communication thread offers it once, and the waiter that takes it marks it claimed.
+  bool offered = false;              // guarded by the group's mutex
+  std::atomic<bool> claimed{false};  // read by the offering thread without the lock
 };
+
+// How long a communication thread leaves a lone new collective for its waiter to claim; one
+// nobody waits on yet starts this much later.
+inline constexpr auto kClaimWindow = std::chrono::microseconds(50);
+
+// Offers `op` to its waiter: unlocks `lock`, spins (yielding) until the waiter claims it or
+// kClaimWindow passes, then locks again. Spinning, not a timed sleep: a timer waking the
+// thread in the middle of the waiter's collective costs more than the spin.
+void offer_to_waiter(std::unique_lock<std::mutex>& lock, QueuedOp& op);
 
 // A new op of `kind` on `state`'s group, with its arguments (`t` may be null).
 template <typename Op, typename State>
