@@ -48,6 +48,29 @@ double median(std::vector<double> times) {
   return times[times.size() / 2];
 }
 
+struct Medians {
+  double raw, group;  // seconds per all-reduce: raw MPI_Allreduce, then `group`'s
+};
+
+// Raw MPI and the group's allreduce(b)->wait() take turns, each first in half of the rounds,
+// so neither a slow spell of the machine nor the call that ran just before favours one.
+Medians alternate_with_raw_mpi(ember::dist::ProcessGroup& group, const ember::Tensor& b, int reps) {
+  const int n = static_cast<int>(b.numel());
+  const std::function<void()> methods[2] = {
+      [&] { MPI_Allreduce(MPI_IN_PLACE, b.data_ptr(), n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); },
+      [&] { group.allreduce(b)->wait(); },
+  };
+  std::vector<double> times[2];
+  for (int i = 0; i < reps + 2; ++i) {
+    for (int k = 0; k < 2; ++k) {
+      const int m = (i + k) % 2;
+      const double t = timed(methods[m]);
+      if (i >= 2) times[m].push_back(t);  // the first round of each order warms up
+    }
+  }
+  return {median(times[0]), median(times[1])};
+}
+
 // A TCP port of 127.0.0.1 that nothing uses now (the kernel picks it).
 int free_port() {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -73,22 +96,7 @@ void bench_tcp(int rank, int size) {
     const auto n = static_cast<int64_t>(bytes / sizeof(float));
     ember::Tensor b = ember::full({n}, 1.0 / size, ember::kF32);
     const int reps = static_cast<int>(std::clamp<size_t>((256u << 20) / bytes, 10, 200));
-    const int n_int = static_cast<int>(n);
-    const std::function<void()> methods[2] = {
-        [&] {
-          MPI_Allreduce(MPI_IN_PLACE, b.data_ptr(), n_int, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-        },
-        [&] { pg.allreduce(b)->wait(); },
-    };
-    std::vector<double> times[2];
-    for (int i = 0; i < reps + 2; ++i) {
-      for (int k = 0; k < 2; ++k) {
-        const int m = (i + k) % 2;
-        const double t = timed(methods[m]);
-        if (i >= 2) times[m].push_back(t);
-      }
-    }
-    const double raw = median(times[0]), tcp = median(times[1]);
+    const auto [raw, tcp] = alternate_with_raw_mpi(pg, b, reps);
     const double factor = size > 1 ? 2.0 * (size - 1) / size : 1.0;
     const double raw_bw = bytes * factor / raw / 1e9, tcp_bw = bytes * factor / tcp / 1e9;
     if (rank == 0) {
@@ -120,24 +128,10 @@ int main(int argc, char** argv) {
       // rounds, which costs an add nothing).
       ember::Tensor b = ember::full({n}, 1.0 / size, ember::kF32);
       const int reps = static_cast<int>(std::clamp<size_t>((256u << 20) / bytes, 10, 200));
-      // Raw MPI and ember take turns, each first in half of the rounds, so neither a slow
-      // spell of the machine nor the call that ran just before favours one of them.
-      const int n_int = static_cast<int>(n);
-      const std::function<void()> methods[2] = {
-          [&] {
-            MPI_Allreduce(MPI_IN_PLACE, b.data_ptr(), n_int, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-          },
-          [&] { pg.allreduce(b)->wait(); },
-      };
-      std::vector<double> times[2], nonblocking_times;
-      for (int i = 0; i < reps + 2; ++i) {
-        for (int k = 0; k < 2; ++k) {
-          const int m = (i + k) % 2;
-          const double t = timed(methods[m]);
-          if (i >= 2) times[m].push_back(t);  // the first round of each order warms up
-        }
-      }
+      const auto [raw, ours] = alternate_with_raw_mpi(pg, b, reps);
       // Non-blocking MPI, for reference.
+      const int n_int = static_cast<int>(n);
+      std::vector<double> nonblocking_times;
       for (int i = 0; i < reps + 2; ++i) {
         const double t = timed([&] {
           MPI_Request request;
@@ -147,8 +141,7 @@ int main(int argc, char** argv) {
         });
         if (i >= 2) nonblocking_times.push_back(t);
       }
-      const double raw = median(times[0]), ours = median(times[1]),
-                   nonblocking = median(nonblocking_times);
+      const double nonblocking = median(nonblocking_times);
       const double factor = size > 1 ? 2.0 * (size - 1) / size : 1.0;
       const double raw_bw = bytes * factor / raw / 1e9, ours_bw = bytes * factor / ours / 1e9;
       if (rank == 0) {
