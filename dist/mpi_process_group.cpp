@@ -9,6 +9,7 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include <ember/tensor/cuda.h>
@@ -95,7 +96,7 @@ struct Op final : detail::QueuedOp {
   Tensor packed;      // allgather / reduce_scatter: [size * numel], unless `list` is one block
   int64_t after = 0;  // send/recv: starts once this many collectives have finished
   void* packed_data = nullptr;
-  Clock::time_point started;
+  Clock::time_point started;  // set by whichever thread runs it, for its timeout
 
   Op(std::shared_ptr<State> s, OpKind k) : QueuedOp(k), state(std::move(s)) {}
 
@@ -116,11 +117,11 @@ struct Op final : detail::QueuedOp {
 
 // The message is built only on failure: these checks sit on every collective's fast path.
 void check_op(const State& s, const Op& op, int code) {
-  if (code != MPI_SUCCESS) check_mpi(code, op.name + " on rank " + std::to_string(s.rank));
+  if (code != MPI_SUCCESS) check_mpi(code, op.name() + " on rank " + std::to_string(s.rank));
 }
 
 int checked_count(const Op& op, int64_t count) {
-  EMBER_CHECK(count <= INT_MAX, op.name, "the MPI backend moves at most ", INT_MAX,
+  EMBER_CHECK(count <= INT_MAX, op.name(), "the MPI backend moves at most ", INT_MAX,
               " elements per call, got ", count);
   return static_cast<int>(count);
 }
@@ -276,7 +277,6 @@ void start_main(State& s, Op& op) {
 }
 
 void start(State& s, Op& op) {
-  op.started = Clock::now();
   switch (op.kind) {
     case OpKind::kAllreduce:
     case OpKind::kReduce:
@@ -306,7 +306,7 @@ void start(State& s, Op& op) {
     MpiLock lock;
     check_mpi(MPI_Iallgather(&op.fingerprint, sizeof(Fingerprint), MPI_BYTE, op.gathered.data(),
                              sizeof(Fingerprint), MPI_BYTE, s.comm, &op.request),
-              op.name + " (debug check) on rank " + std::to_string(s.rank));
+              op.name() + " (debug check) on rank " + std::to_string(s.rank));
     return;
   }
   start_main(s, op);
@@ -342,15 +342,16 @@ void finish(State& s, Op& op) {
 
 // One step of progress; true once the op is finished.
 bool advance(State& s, Op& op) {
-  int flag = 0;
-  {
+  // A blocking all-reduce leaves no request: MPI_Test would only report it complete.
+  int flag = op.request == MPI_REQUEST_NULL ? 1 : 0;
+  if (!flag) {
     MpiLock lock;
     check_op(s, op, MPI_Test(&op.request, &flag, MPI_STATUS_IGNORE));
   }
   if (!flag) return false;
   if (op.stage == Op::Stage::kFingerprint) {
     const std::string mismatch = detail::compare_fingerprints(op.gathered, s.rank);
-    EMBER_CHECK(mismatch.empty(), op.name, mismatch);
+    EMBER_CHECK(mismatch.empty(), op.name(), mismatch);
     start_main(s, op);
     return false;
   }
@@ -383,11 +384,18 @@ bool Op::claim_for_inline_run(std::chrono::milliseconds limit) {
 std::string Op::run_inline(std::chrono::milliseconds limit) {
   std::string failure;
   try {
-    NoGradGuard no_grad;  // staging copies are not part of any graph
+    // Staging copies are not part of any graph; a CPU tensor needs none.
+    std::optional<NoGradGuard> no_grad;
+    if (!tensor.defined() || !tensor.is_cpu() || !list.empty()) no_grad.emplace();
     start(*state, *this);
+    // A blocking all-reduce is done on the first test: the clock is read only for the others.
+    bool timing = false;
     while (!advance(*state, *this)) {
-      if (Clock::now() - started > limit) {
-        failure = detail::timeout_message(name, state->rank, limit, "mpi", state->size);
+      if (!timing) {
+        started = Clock::now();
+        timing = true;
+      } else if (Clock::now() - started > limit) {
+        failure = detail::timeout_message(name(), state->rank, limit, "mpi", state->size);
         state->break_group(failure);
         break;
       }
@@ -415,7 +423,7 @@ std::string Op::run_inline(std::chrono::milliseconds limit) {
 // communication thread reports it and ends the job, as an uncaught timeout would.
 void MpiProcessGroup::State::abort_hung_inline_op() {
   const std::string message =
-      detail::timeout_message(inline_op->name, rank, inline_limit, "mpi", size);
+      detail::timeout_message(inline_op->name(), rank, inline_limit, "mpi", size);
   broken_message = message;
   broken.store(true);
   detail::mark_mpi_job_broken();
@@ -481,6 +489,7 @@ void MpiProcessGroup::State::run() {
     try {
       if (fresh) {
         fresh = false;
+        current->started = Clock::now();
         start(*this, *current);  // unlocked: an all-reduce blocks in here
       }
       finished = advance(*this, *current);
@@ -489,7 +498,7 @@ void MpiProcessGroup::State::run() {
       finished = true;
     }
     if (!finished && Clock::now() - current->started > options.timeout) {
-      failure = detail::timeout_message(current->name, rank, options.timeout, "mpi", size);
+      failure = detail::timeout_message(current->name(), rank, options.timeout, "mpi", size);
       break_group(failure);
       finished = true;
     }
@@ -537,6 +546,7 @@ void MpiProcessGroup::State::run_p2p() {
     }
     for (auto& op : fresh) {
       try {
+        op->started = Clock::now();
         start(*this, *op);
         active.push_back(op);
       } catch (const std::exception& e) {
@@ -554,7 +564,7 @@ void MpiProcessGroup::State::run_p2p() {
         finished = true;
       }
       if (!finished && Clock::now() - op.started > options.timeout) {
-        failure = detail::timeout_message(op.name, rank, options.timeout, "mpi", size);
+        failure = detail::timeout_message(op.name(), rank, options.timeout, "mpi", size);
         break_group(failure);
         finished = true;
       }
@@ -628,8 +638,7 @@ MpiProcessGroup::~MpiProcessGroup() {
 
 namespace {
 
-WorkHandle enqueue(const std::shared_ptr<State>& s, const std::shared_ptr<Op>& op,
-                   bool uses_reduce) {
+WorkHandle enqueue(const std::shared_ptr<State>& s, std::shared_ptr<Op> op, bool uses_reduce) {
   const Device device = op->tensor.defined() ? op->tensor.device() : kCPU;
   if (device.is_cuda()) {
     op->ready = std::make_unique<cuda::Event>();
@@ -647,7 +656,7 @@ WorkHandle enqueue(const std::shared_ptr<State>& s, const std::shared_ptr<Op>& o
     }
   }
   (detail::is_collective(op->kind) ? s->cv : s->p2p_cv).notify_all();
-  return op;
+  return WorkHandle(std::move(op));
 }
 
 }  // namespace

@@ -403,7 +403,7 @@ ssize_t read_some(int fd, char* data, size_t n, int& error) {
 void check_header(const Ctx& c, int peer, const Header& got, const Header& expect) {
   EMBER_CHECK(got.magic == expect.magic && got.kind == expect.kind && got.seq == expect.seq &&
                   got.step == expect.step && got.dtype == expect.dtype && got.bytes == expect.bytes,
-              c.op.name, "rank ", c.s.rank, " expected ", describe(expect), " from rank ", peer,
+              c.op.name(), "rank ", c.s.rank, " expected ", describe(expect), " from rank ", peer,
               " but received ", describe(got),
               "; every rank must issue the same collectives, in the same order, with the same "
               "shapes and dtypes (EMBER_DIST_DEBUG=1 names the rank that differs)");
@@ -418,7 +418,7 @@ void transfer(const Ctx& c, Out* out, In* in) {
     if (out != nullptr && !out->finished()) {
       write_some(s.coll_fd[static_cast<size_t>(out->peer)], out->header, out->data, out->done,
                  error);
-      if (error >= 0) throw Error(peer_failure(c.op.name, s.rank, out->peer, error));
+      if (error >= 0) throw Error(peer_failure(c.op.name(), s.rank, out->peer, error));
     }
     while (in != nullptr && !in->finished()) {
       const int fd = s.coll_fd[static_cast<size_t>(in->peer)];
@@ -429,7 +429,7 @@ void transfer(const Ctx& c, Out* out, In* in) {
                               ? sizeof(Header) - in->done
                               : static_cast<size_t>(in->expect.bytes) - (in->done - sizeof(Header));
       const ssize_t got = read_some(fd, target, want, error);
-      if (got < 0) throw Error(peer_failure(c.op.name, s.rank, in->peer, error));
+      if (got < 0) throw Error(peer_failure(c.op.name(), s.rank, in->peer, error));
       if (got == 0) break;
       in->done += static_cast<size_t>(got);
       if (header && in->done == sizeof(Header)) check_header(c, in->peer, in->got, in->expect);
@@ -439,7 +439,7 @@ void transfer(const Ctx& c, Out* out, In* in) {
     if (out_done && in_done) return;
     if (s.broken.load()) throw Error(s.broken_reason());
     if (Clock::now() >= c.deadline) {
-      throw Error(detail::timeout_message(c.op.name, s.rank, c.limit, "tcp", s.size));
+      throw Error(detail::timeout_message(c.op.name(), s.rank, c.limit, "tcp", s.size));
     }
     pollfd fds[2];
     nfds_t count = 0;
@@ -549,7 +549,7 @@ void run_collective(State& s, Op& op, std::chrono::milliseconds limit) {
     for (auto& f : all) regions.push_back({reinterpret_cast<char*>(&f), sizeof(Fingerprint)});
     ring_allgather(debug, regions, kU8, 0);
     const std::string mismatch = detail::compare_fingerprints(all, s.rank);
-    if (!mismatch.empty()) throw Mismatch(op.name + ": " + mismatch);
+    if (!mismatch.empty()) throw Mismatch(op.name() + ": " + mismatch);
   }
   const Ctx c{s, op, static_cast<int32_t>(op.kind), deadline, limit};
   const DType dtype = op.tensor.defined() ? op.tensor.dtype() : kI32;
@@ -607,7 +607,7 @@ void run_collective(State& s, Op& op, std::chrono::milliseconds limit) {
     }
     case OpKind::kSend:
     case OpKind::kRecv:
-      EMBER_ASSERT(false, "run_collective: ", op.name, " is not a collective");
+      EMBER_ASSERT(false, "run_collective: ", op.name(), " is not a collective");
   }
 }
 
@@ -740,7 +740,7 @@ struct Peer {
 void check_match(const State& s, const Op& recv, int peer, const Header& h) {
   EMBER_CHECK(h.bytes == static_cast<int64_t>(recv.tensor.nbytes()) &&
                   h.dtype == static_cast<int32_t>(recv.tensor.dtype()),
-              recv.name, "rank ", s.rank, " receives ", recv.tensor.dtype(), " ",
+              recv.name(), "rank ", s.rank, " receives ", recv.tensor.dtype(), " ",
               shape_str(recv.tensor.sizes()), " (", recv.tensor.nbytes(), " bytes) with tag ",
               recv.tag, " but rank ", peer, " sent ", describe(h));
 }
@@ -776,7 +776,7 @@ struct P2p {
     active.push_back(op);
     Peer& p = peers[static_cast<size_t>(op->peer)];
     if (op->kind == OpKind::kSend) {
-      if (p.closed) throw Error(peer_failure(op->name, s.rank, op->peer, 0));
+      if (p.closed) throw Error(peer_failure(op->name(), s.rank, op->peer, 0));
       p.sends.push_back(op);
       return;
     }
@@ -793,7 +793,7 @@ struct P2p {
       finish(op);
       return;
     }
-    if (p.closed) throw Error(peer_failure(op->name, s.rank, op->peer, 0));
+    if (p.closed) throw Error(peer_failure(op->name(), s.rank, op->peer, 0));
     p.recvs.push_back(op);
   }
 
@@ -813,7 +813,7 @@ struct P2p {
       int error = -1;
       const bool done = write_some(
           p.fd, p.out_header, static_cast<const char*>(op->tensor.data_ptr()), p.out_done, error);
-      if (error >= 0) throw Error(peer_failure(op->name, s.rank, peer, error));
+      if (error >= 0) throw Error(peer_failure(op->name(), s.rank, peer, error));
       if (!done) return;
       p.sends.pop_front();
       p.out_started = false;
@@ -891,7 +891,8 @@ struct P2p {
           p.closed = true;
           return;
         }
-        throw Error(peer_failure(waiting != nullptr ? waiting->name : "recv", s.rank, peer, error));
+        throw Error(
+            peer_failure(waiting != nullptr ? waiting->name() : "recv", s.rank, peer, error));
       }
       if (got == 0) return;
     }
@@ -946,7 +947,7 @@ struct P2p {
         for (const auto& op : active) {
           if (now - op->started > s.options.timeout) {
             throw Error(
-                detail::timeout_message(op->name, s.rank, s.options.timeout, "tcp", s.size));
+                detail::timeout_message(op->name(), s.rank, s.options.timeout, "tcp", s.size));
           }
         }
       } catch (const std::exception& e) {

@@ -182,11 +182,14 @@ std::string timeout_message(const std::string& what, int rank, std::chrono::mill
   return out.str();
 }
 
+std::string QueuedOp::name() const {
+  return std::string(op_kind_name(kind)) + " #" + std::to_string(seq);
+}
+
 void stamp_op(QueuedOp& op, OpCounters& counters, int rank, bool broken,
               const std::string& broken_message, bool debug, bool uses_reduce) {
   op.seq = is_collective(op.kind) ? ++counters.collectives : ++counters.p2p;
-  op.name = std::string(op_kind_name(op.kind)) + " #" + std::to_string(op.seq);
-  EMBER_CHECK(!broken, op.name, "rank ", rank,
+  EMBER_CHECK(!broken, op.name(), "rank ", rank,
               ": the process group cannot be used after an earlier failure: ", broken_message);
   if (!debug) return;
   const bool rooted = op.kind == OpKind::kBroadcast || op.kind == OpKind::kReduce;

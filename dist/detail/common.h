@@ -77,25 +77,25 @@ std::string timeout_message(const std::string& what, int rank, std::chrono::mill
                             const std::string& backend, int size);
 
 // The completion a queued operation's Work shares across backends: the thread that runs it
-// calls complete() once, with its failure or nothing; waiters block until then.
+// calls complete() once, with its failure or nothing; waiters block until then. Completion
+// takes no lock unless somebody sleeps on it: a waiter that runs its op itself never does.
 class CompletionWork : public Work {
  public:
-  std::string name;  // "allreduce #17": what errors call it
+  // "allreduce #17": what errors call it. Built on demand, off the fast path.
+  virtual std::string name() const = 0;
 
   void complete(std::string error = {}) {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (done_) return;
-      done_ = true;
-      error_ = std::move(error);
-    }
+    if (completing_.exchange(true)) return;  // the first outcome stands
+    error_ = std::move(error);
+    done_.store(true);  // publishes error_; ordered before the load of sleepers_ below
+    if (sleepers_.load() == 0) return;
+    // A sleeper holds the mutex from its check of done_ until it sleeps: taking it here
+    // means the notification cannot fall between the two.
+    { std::lock_guard<std::mutex> lock(mutex_); }
     cv_.notify_all();
   }
 
-  bool is_completed() override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return done_;
-  }
+  bool is_completed() override { return done_.load(std::memory_order_acquire); }
 
  protected:
   // Blocks until complete() and throws the failure it recorded. After `limit` it throws
@@ -104,12 +104,17 @@ class CompletionWork : public Work {
   template <typename BreakGroup>
   void wait_completed(std::chrono::milliseconds limit, int rank, int size, const char* backend,
                       BreakGroup&& break_group) {
-    std::unique_lock<std::mutex> lock(mutex_);
-    if (!cv_.wait_for(lock, limit, [&] { return done_; })) {
-      lock.unlock();
-      const std::string message = timeout_message(name, rank, limit, backend, size);
-      break_group(message);
-      throw Error(message);
+    if (!done_.load()) {
+      std::unique_lock<std::mutex> lock(mutex_);
+      sleepers_.fetch_add(1);  // ordered before the check of done_ in the wait
+      const bool done = cv_.wait_for(lock, limit, [&] { return done_.load(); });
+      sleepers_.fetch_sub(1);
+      if (!done) {
+        lock.unlock();
+        const std::string message = timeout_message(name(), rank, limit, backend, size);
+        break_group(message);
+        throw Error(message);
+      }
     }
     if (!error_.empty()) throw Error(error_);
   }
@@ -117,13 +122,16 @@ class CompletionWork : public Work {
  private:
   std::mutex mutex_;
   std::condition_variable cv_;
-  bool done_ = false;
+  std::atomic<bool> completing_{false};
+  std::atomic<bool> done_{false};  // error_ is final once this is set
+  std::atomic<int> sleepers_{0};
   std::string error_;
 };
 
 // What the MPI and TCP backends queue for their communication threads.
 struct QueuedOp : CompletionWork {
   explicit QueuedOp(OpKind k) : kind(k) {}
+  std::string name() const override;
   OpKind kind;
   int64_t seq = 0;  // among the group's collectives, or among its sends and recvs
   ReduceOp reduce = ReduceOp::kSum;
@@ -165,9 +173,9 @@ struct OpCounters {
   int64_t collectives = 0, p2p = 0;
 };
 
-// Under the group's lock, before `op` is queued: numbers and names it, refuses it (ember::Error)
-// when the group broke earlier (`broken_message`), and in debug mode fills its fingerprint
-// (with the reduce op when `uses_reduce`).
+// Under the group's lock, before `op` is queued: numbers it (which names it), refuses it
+// (ember::Error) when the group broke earlier (`broken_message`), and in debug mode fills its
+// fingerprint (with the reduce op when `uses_reduce`).
 void stamp_op(QueuedOp& op, OpCounters& counters, int rank, bool broken,
               const std::string& broken_message, bool debug, bool uses_reduce);
 
