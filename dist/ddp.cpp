@@ -45,6 +45,57 @@ std::vector<Tensor> gather(ProcessGroup& group, const Tensor& input) {
   return outputs;
 }
 
+// Rank `root`'s values into `tensors` on every rank, as few broadcasts as possible: tensors
+// of one dtype and device travel packed together, in pieces of at most kCoalescedBytes.
+// A model's buffers take one collective per forward instead of one per buffer.
+constexpr int64_t kCoalescedBytes = int64_t{256} << 20;
+
+void broadcast_coalesced(ProcessGroup& group, const std::vector<Tensor>& tensors, int root) {
+  NoGradGuard no_grad;
+  std::map<std::pair<int, std::string>, std::vector<Tensor>> by_kind;
+  for (const Tensor& t : tensors) {
+    by_kind[{static_cast<int>(t.dtype()), t.device().str()}].push_back(t.detach());
+  }
+  struct Piece {
+    Tensor flat;
+    std::vector<Tensor> members;
+    WorkHandle work;
+  };
+  std::vector<Piece> pieces;
+  for (auto& [kind, members] : by_kind) {
+    size_t first = 0;
+    while (first < members.size()) {
+      size_t last = first;
+      int64_t numel = 0;
+      do {
+        numel += members[last].numel();
+        ++last;
+      } while (last < members.size() &&
+               (numel + members[last].numel()) * members[last].element_size() <= kCoalescedBytes);
+      Piece piece{empty({numel}, members[first].options()), {}, nullptr};
+      int64_t at = 0;
+      for (size_t i = first; i < last; ++i) {
+        const Tensor& t = members[i];
+        if (group.rank() == root) piece.flat.narrow(0, at, t.numel()).view(t.sizes()).copy_(t);
+        at += t.numel();
+        piece.members.push_back(t);
+      }
+      piece.work = group.broadcast(piece.flat, root);
+      pieces.push_back(std::move(piece));
+      first = last;
+    }
+  }
+  for (Piece& piece : pieces) {
+    piece.work->wait();
+    if (group.rank() == root) continue;
+    int64_t at = 0;
+    for (Tensor& t : piece.members) {
+      t.copy_(piece.flat.narrow(0, at, t.numel()).view(t.sizes()));
+      at += t.numel();
+    }
+  }
+}
+
 }  // namespace
 
 struct DistributedDataParallel::Reducer {
@@ -301,18 +352,9 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
       }
     }
     // Everyone starts from rank 0's values.
-    NoGradGuard no_grad;
-    std::vector<std::pair<Tensor, Tensor>> sent;  // (tensor, its contiguous copy in flight)
-    std::vector<WorkHandle> works;
-    for (auto& [name, t] : module_->state_dict()) {
-      Tensor c = t.contiguous();
-      works.push_back(pg.broadcast(c, 0));
-      sent.emplace_back(t, c);
-    }
-    for (auto& w : works) w->wait();
-    for (auto& [t, c] : sent) {
-      if (!c.is_same(t)) t.detach().copy_(c);
-    }
+    std::vector<Tensor> state;
+    for (auto& [name, t] : module_->state_dict()) state.push_back(t);
+    broadcast_coalesced(pg, state, 0);
   }
 
   std::vector<size_t> order;
@@ -332,18 +374,9 @@ DistributedDataParallel::~DistributedDataParallel() = default;
 Tensor DistributedDataParallel::forward(const Tensor& input) {
   Reducer& r = *reducer_;
   if (options_.broadcast_buffers && group_->size() > 1) {
-    NoGradGuard no_grad;
-    std::vector<std::pair<Tensor, Tensor>> sent;
-    std::vector<WorkHandle> works;
-    for (auto& [name, t] : module_->named_buffers()) {
-      Tensor c = t.contiguous();
-      works.push_back(group_->broadcast(c, 0));
-      sent.emplace_back(t, c);
-    }
-    for (auto& w : works) w->wait();
-    for (auto& [t, c] : sent) {
-      if (!c.is_same(t)) t.copy_(c);
-    }
+    std::vector<Tensor> buffers;
+    for (auto& [name, t] : module_->named_buffers()) buffers.push_back(t);
+    broadcast_coalesced(*group_, buffers, 0);
   }
   const bool sync = sync_enabled_ && GradMode::is_enabled() && is_training();
   if (sync) r.arm();
