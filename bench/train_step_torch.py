@@ -10,6 +10,7 @@ import statistics
 import time
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -73,7 +74,6 @@ def main():
     model = ResNet(*CONFIGS[args.model]).to(device)
     trained = model
     if args.ddp:
-        import torch.distributed as dist
         rank, world = int(os.environ["OMPI_COMM_WORLD_RANK"]), int(os.environ["OMPI_COMM_WORLD_SIZE"])
         dist.init_process_group("gloo", init_method="tcp://127.0.0.1:29517", rank=rank, world_size=world)
         trained = nn.parallel.DistributedDataParallel(model)
@@ -93,27 +93,34 @@ def main():
     def sync():
         if device.type == "cuda":
             torch.cuda.synchronize()
+        if args.ddp:
+            dist.barrier()  # as bench/train_step: a common start, and the slowest rank's finish
 
-    def median_time(fn):
+    def median_times(fns):
+        """Median seconds per call of each function, the functions taking turns."""
         for _ in range(2):
-            fn()
+            for fn in fns:
+                fn()
         sync()
-        times = []
+        times = [[] for _ in fns]
         for _ in range(args.steps):
-            start = time.perf_counter()
-            fn()
-            sync()
-            times.append(time.perf_counter() - start)
-        return statistics.median(times)
+            for fn, fn_times in zip(fns, times):
+                sync()
+                start = time.perf_counter()
+                fn()
+                sync()
+                fn_times.append(time.perf_counter() - start)
+        return [statistics.median(t) for t in times]
 
-    step_s = median_time(step)
     extra = {}
     if args.ddp:
-        no_sync_s = median_time(local_step)
+        step_s, no_sync_s = median_times([step, local_step])
         extra = {"ranks": int(os.environ["OMPI_COMM_WORLD_SIZE"]), "no_sync_step_s": round(no_sync_s, 4),
                  "ddp_over_no_sync": round(step_s / no_sync_s, 3)}
         if int(os.environ["OMPI_COMM_WORLD_RANK"]) != 0:
             return
+    else:
+        (step_s,) = median_times([step])
     print(json.dumps({
         "framework": "torch-" + torch.__version__, "model": args.model, "batch": args.batch, "device": args.device,
         "threads": args.threads, "step_s": round(step_s, 4), "images_per_s": round(args.batch / step_s, 1),
