@@ -79,6 +79,8 @@ std::string timeout_message(const std::string& what, int rank, std::chrono::mill
 // The completion a queued operation's Work shares across backends: the thread that runs it
 // calls complete() once, with its failure or nothing; waiters block until then. Completion
 // takes no lock unless somebody sleeps on it: a waiter that runs its op itself never does.
+// complete() still touches the op after waiters may return, so its caller must hold a
+// reference to the op (a queue entry or a WorkHandle), never a bare pointer.
 class CompletionWork : public Work {
  public:
   // "allreduce #17": what errors call it. Built on demand, off the fast path.
