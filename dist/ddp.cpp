@@ -46,52 +46,53 @@ std::vector<Tensor> gather(ProcessGroup& group, const Tensor& input) {
 }
 
 // Rank `root`'s values into `tensors` on every rank, as few broadcasts as possible: tensors
-// of one dtype and device travel packed together, in pieces of at most kCoalescedBytes.
-// A model's buffers take one collective per forward instead of one per buffer.
+// of one dtype and device travel packed together, in pieces of at most kCoalescedBytes, one
+// piece in flight at a time (so the extra memory is one piece). A model's buffers take one
+// collective per forward instead of one per buffer.
 constexpr int64_t kCoalescedBytes = int64_t{256} << 20;
 
 void broadcast_coalesced(ProcessGroup& group, const std::vector<Tensor>& tensors, int root) {
   NoGradGuard no_grad;
-  std::map<std::pair<int, std::string>, std::vector<Tensor>> by_kind;
+  // Kinds in order of first appearance: every rank issues the pieces in the same order.
+  std::vector<std::vector<Tensor>> by_kind;
   for (const Tensor& t : tensors) {
-    by_kind[{static_cast<int>(t.dtype()), t.device().str()}].push_back(t.detach());
+    auto same_kind = [&](const std::vector<Tensor>& kind) {
+      return kind.front().dtype() == t.dtype() && kind.front().device() == t.device();
+    };
+    auto it = std::find_if(by_kind.begin(), by_kind.end(), same_kind);
+    if (it == by_kind.end()) it = by_kind.insert(by_kind.end(), std::vector<Tensor>{});
+    it->push_back(t.detach());
   }
-  struct Piece {
-    Tensor flat;
-    std::vector<Tensor> members;
-    WorkHandle work;
-  };
-  std::vector<Piece> pieces;
-  for (auto& [kind, members] : by_kind) {
-    size_t first = 0;
-    while (first < members.size()) {
+  for (const std::vector<Tensor>& members : by_kind) {
+    for (size_t first = 0; first < members.size();) {
       size_t last = first;
       int64_t numel = 0;
       do {
-        numel += members[last].numel();
-        ++last;
+        numel += members[last++].numel();
       } while (last < members.size() &&
                (numel + members[last].numel()) * members[last].element_size() <= kCoalescedBytes);
-      Piece piece{empty({numel}, members[first].options()), {}, nullptr};
-      int64_t at = 0;
-      for (size_t i = first; i < last; ++i) {
-        const Tensor& t = members[i];
-        if (group.rank() == root) piece.flat.narrow(0, at, t.numel()).view(t.sizes()).copy_(t);
-        at += t.numel();
-        piece.members.push_back(t);
-      }
-      piece.work = group.broadcast(piece.flat, root);
-      pieces.push_back(std::move(piece));
+      Tensor flat = empty({numel}, members[first].options());
+      auto slot = [&](int64_t at, const Tensor& t) {
+        return flat.narrow(0, at, t.numel()).view(t.sizes());
+      };
+      const bool sending = group.rank() == root;
+      // Copies between each member and its place in `flat`: into it on the root, else out.
+      auto exchange = [&](bool into_flat) {
+        int64_t at = 0;
+        for (size_t i = first; i < last; ++i) {
+          Tensor place = slot(at, members[i]);
+          if (into_flat) {
+            place.copy_(members[i]);
+          } else {
+            Tensor(members[i]).copy_(place);
+          }
+          at += members[i].numel();
+        }
+      };
+      if (sending) exchange(true);
+      group.broadcast(flat, root)->wait();
+      if (!sending) exchange(false);
       first = last;
-    }
-  }
-  for (Piece& piece : pieces) {
-    piece.work->wait();
-    if (group.rank() == root) continue;
-    int64_t at = 0;
-    for (Tensor& t : piece.members) {
-      t.copy_(piece.flat.narrow(0, at, t.numel()).view(t.sizes()));
-      at += t.numel();
     }
   }
 }
