@@ -113,6 +113,8 @@ struct Op final : detail::QueuedOp {
 
   bool claim_for_inline_run(std::chrono::milliseconds limit);
   std::string run_inline(std::chrono::milliseconds limit);  // its failure, or ""
+  void run_inline_staged(std::chrono::milliseconds limit);  // throws its failure
+  std::string finish_inline_run(std::string failure);       // completes it; returns `failure`
 };
 
 // The message is built only on failure: these checks sit on every collective's fast path.
@@ -226,6 +228,20 @@ void unpack(Op& op) {
 // never joins leaves the thread blocked, but a waiter on another thread still times out and
 // breaks the group, which then aborts the job on destruction rather than joining that thread.
 // Every other collective is non-blocking and polled.
+// The blocking all-reduce of `op.tensor`'s elements at `buf`, in pieces of at most
+// kAllreducePieceBytes; the caller holds MpiLock.
+int allreduce_in_pieces(const State& s, const Op& op, void* buf, detail::MpiTypeOp tp) {
+  const auto esize = static_cast<int64_t>(op.tensor.element_size());
+  const int64_t total = op.tensor.numel();
+  const int64_t piece = std::max<int64_t>(1, kAllreducePieceBytes / esize);
+  int rc = MPI_SUCCESS;
+  for (int64_t at = 0; at < total && rc == MPI_SUCCESS; at += piece) {
+    rc = MPI_Allreduce(MPI_IN_PLACE, static_cast<char*>(buf) + at * esize,
+                       static_cast<int>(std::min(piece, total - at)), tp.type, tp.op, s.comm);
+  }
+  return rc;
+}
+
 void start_main(State& s, Op& op) {
   op.stage = Op::Stage::kMain;
   const DType dtype = op.tensor.defined() ? op.tensor.dtype() : kU8;
@@ -238,17 +254,10 @@ void start_main(State& s, Op& op) {
   MpiLock lock;
   int rc = MPI_SUCCESS;
   switch (op.kind) {
-    case OpKind::kAllreduce: {
-      const auto esize = static_cast<int64_t>(element_size(dtype));
-      const int64_t total = op.tensor.numel();
-      const int64_t piece = std::max<int64_t>(1, kAllreducePieceBytes / esize);
-      for (int64_t at = 0; at < total && rc == MPI_SUCCESS; at += piece) {
-        rc = MPI_Allreduce(MPI_IN_PLACE, static_cast<char*>(buf) + at * esize,
-                           static_cast<int>(std::min(piece, total - at)), type, tp.op, s.comm);
-      }
+    case OpKind::kAllreduce:
+      rc = allreduce_in_pieces(s, op, buf, tp);
       op.request = MPI_REQUEST_NULL;  // MPI_Test reports it complete at once
       break;
-    }
     case OpKind::kBroadcast:
       rc = MPI_Ibcast(buf, count, type, op.peer, s.comm, &op.request);
       break;
@@ -384,28 +393,52 @@ bool Op::claim_for_inline_run(std::chrono::milliseconds limit) {
 std::string Op::run_inline(std::chrono::milliseconds limit) {
   std::string failure;
   try {
-    // Staging copies are not part of any graph; a CPU tensor needs none.
-    std::optional<NoGradGuard> no_grad;
-    if (!tensor.defined() || !tensor.is_cpu() || !list.empty()) no_grad.emplace();
-    // A blocking all-reduce is done once start() returns (its hang is the watchdog's), so
-    // only the others read the clock, before staging as the watchdog does.
-    bool blocking = kind == OpKind::kAllreduce && !state->debug;
-    if (!blocking) started = Clock::now();
-    start(*state, *this);
-    while (!advance(*state, *this)) {
-      if (blocking) {  // not expected: then time it from here
-        started = Clock::now();
-        blocking = false;
-      } else if (Clock::now() - started > limit) {
-        failure = detail::timeout_message(name(), state->rank, limit, "mpi", state->size);
-        state->break_group(failure);
-        break;
+    if (kind == OpKind::kAllreduce && !state->debug && tensor.is_cpu()) {
+      // The commonest collective, kept short (a waiter's small all-reduce is all overhead):
+      // in place in the caller's tensor, with neither staging nor polling.
+      void* data = tensor.data_ptr();
+      {
+        MpiLock lock;
+        check_op(
+            *state, *this,
+            allreduce_in_pieces(*state, *this, data, detail::mpi_type_op(tensor.dtype(), reduce)));
       }
-      std::this_thread::yield();
+      if (reduce == ReduceOp::kAvg) {
+        detail::divide_in_place(data, tensor.numel(), tensor.dtype(), state->size);
+      }
+    } else {
+      run_inline_staged(limit);
     }
   } catch (const std::exception& e) {
     failure = e.what();
   }
+  return finish_inline_run(failure);
+}
+
+void Op::run_inline_staged(std::chrono::milliseconds limit) {
+  // Staging copies are not part of any graph; a CPU tensor needs none.
+  std::optional<NoGradGuard> no_grad;
+  if (!tensor.defined() || !tensor.is_cpu() || !list.empty()) no_grad.emplace();
+  // A blocking all-reduce is done once start() returns (its hang is the watchdog's), so
+  // only the others read the clock, before staging as the watchdog does.
+  bool blocking = kind == OpKind::kAllreduce && !state->debug;
+  if (!blocking) started = Clock::now();
+  start(*state, *this);
+  while (!advance(*state, *this)) {
+    if (blocking) {  // not expected: then time it from here
+      started = Clock::now();
+      blocking = false;
+    } else if (Clock::now() - started > limit) {
+      const std::string failure =
+          detail::timeout_message(name(), state->rank, limit, "mpi", state->size);
+      state->break_group(failure);
+      throw Error(failure);
+    }
+    std::this_thread::yield();
+  }
+}
+
+std::string Op::finish_inline_run(std::string failure) {
   complete(failure);
   bool held_back = false, wake_p2p = false;
   {
