@@ -71,6 +71,12 @@ Medians alternate_with_raw_mpi(ember::dist::ProcessGroup& group, const ember::Te
   return {median(times[0]), median(times[1])};
 }
 
+// Timed calls per method at `bytes`: about 256 MiB moved, from 2000 calls (small sizes, whose
+// microsecond medians need many samples) down to 10.
+int reps_for(size_t bytes) {
+  return static_cast<int>(std::clamp<size_t>((256u << 20) / bytes, 10, 2000));
+}
+
 // A TCP port of 127.0.0.1 that nothing uses now (the kernel picks it).
 int free_port() {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -95,7 +101,7 @@ void bench_tcp(int rank, int size) {
   for (size_t bytes = 4 << 10; bytes <= (64u << 20); bytes *= 4) {
     const auto n = static_cast<int64_t>(bytes / sizeof(float));
     ember::Tensor b = ember::full({n}, 1.0 / size, ember::kF32);
-    const int reps = static_cast<int>(std::clamp<size_t>((256u << 20) / bytes, 10, 200));
+    const int reps = reps_for(bytes);
     const auto [raw, tcp] = alternate_with_raw_mpi(pg, b, reps);
     const double factor = size > 1 ? 2.0 * (size - 1) / size : 1.0;
     const double raw_bw = bytes * factor / raw / 1e9, tcp_bw = bytes * factor / tcp / 1e9;
@@ -127,7 +133,7 @@ int main(int argc, char** argv) {
       // One buffer for all: 1/size, so sums stay put (they reach inf only after many
       // rounds, which costs an add nothing).
       ember::Tensor b = ember::full({n}, 1.0 / size, ember::kF32);
-      const int reps = static_cast<int>(std::clamp<size_t>((256u << 20) / bytes, 10, 200));
+      const int reps = reps_for(bytes);
       const auto [raw, ours] = alternate_with_raw_mpi(pg, b, reps);
       // Non-blocking MPI, for reference.
       const int n_int = static_cast<int>(n);
