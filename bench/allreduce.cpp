@@ -61,11 +61,12 @@ Medians alternate_with_raw_mpi(ember::dist::ProcessGroup& group, const ember::Te
       [&] { group.allreduce(b)->wait(); },
   };
   std::vector<double> times[2];
-  for (int i = 0; i < reps + 2; ++i) {
+  const int warmup = std::max(2, reps / 10);  // untimed rounds first, in both orders
+  for (int i = 0; i < reps + warmup; ++i) {
     for (int k = 0; k < 2; ++k) {
       const int m = (i + k) % 2;
       const double t = timed(methods[m]);
-      if (i >= 2) times[m].push_back(t);  // the first round of each order warms up
+      if (i >= warmup) times[m].push_back(t);
     }
   }
   return {median(times[0]), median(times[1])};
