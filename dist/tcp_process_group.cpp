@@ -106,7 +106,7 @@ std::string local_address_towards(const std::string& host, int port) {
   const int rc = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found);
   EMBER_CHECK(rc == 0, "TcpProcessGroup", "cannot resolve MASTER_ADDR ", host, ": ",
               ::gai_strerror(rc));
-  FdGuard fd{::socket(found->ai_family, SOCK_DGRAM, 0)};
+  FdGuard fd{::socket(found->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0)};
   const bool routed = fd.fd >= 0 && ::connect(fd.fd, found->ai_addr, found->ai_addrlen) == 0;
   ::freeaddrinfo(found);
   EMBER_CHECK(routed, "TcpProcessGroup", "no route to MASTER_ADDR ", host, ": ",
@@ -137,7 +137,7 @@ addrinfo* resolve_numeric(const std::string& address, int port, bool passive) {
 // Listens on an ephemeral port of `address`; returns the socket and sets `port`.
 int listen_on(const std::string& address, int& port) {
   addrinfo* found = resolve_numeric(address, 0, true);
-  const int fd = ::socket(found->ai_family, SOCK_STREAM, 0);
+  const int fd = ::socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
   const bool ok =
       fd >= 0 && ::bind(fd, found->ai_addr, found->ai_addrlen) == 0 && ::listen(fd, 256) == 0;
   const int error = errno;
@@ -154,7 +154,7 @@ int connect_to(const std::string& address, int port, int peer, Clock::time_point
   for (auto pause = std::chrono::milliseconds(5);;
        pause = std::min(pause * 2, std::chrono::milliseconds(200))) {
     addrinfo* found = resolve_numeric(address, port, false);
-    const int fd = ::socket(found->ai_family, SOCK_STREAM, 0);
+    const int fd = ::socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
     const bool ok = fd >= 0 && detail::connect_by(fd, found->ai_addr, found->ai_addrlen, deadline);
     last_error = std::strerror(errno);
     ::freeaddrinfo(found);
@@ -1009,7 +1009,7 @@ void TcpProcessGroup::State::connect_mesh(const std::string& host, int port) {
     EMBER_CHECK(detail::wait_readable(listener.fd, deadline), "TcpProcessGroup", "rank ", rank,
                 " waited ", options.timeout.count(), " ms for ", pending,
                 " connections from higher ranks; did every rank start?");
-    FdGuard accepted{::accept(listener.fd, nullptr, nullptr)};
+    FdGuard accepted{::accept4(listener.fd, nullptr, nullptr, SOCK_CLOEXEC)};
     if (accepted.fd < 0) {
       ++pending;  // interrupted or aborted by the peer: wait again
       continue;

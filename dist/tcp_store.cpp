@@ -93,7 +93,7 @@ struct TcpStore::Server {
     addrinfo* addresses = resolve(host, requested_port, true);
     std::string last_error = "no address";
     for (addrinfo* a = addresses; a != nullptr && listen_fd < 0; a = a->ai_next) {
-      const int fd = ::socket(a->ai_family, a->ai_socktype, a->ai_protocol);
+      const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
       if (fd < 0) continue;
       const int one = 1;
       ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
@@ -113,7 +113,7 @@ struct TcpStore::Server {
 
   void accept_loop() {
     for (;;) {
-      const int fd = ::accept(listen_fd, nullptr, nullptr);
+      const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
       std::lock_guard<std::mutex> lock(mutex);
       if (stopping) {
         if (fd >= 0) ::close(fd);
@@ -217,7 +217,7 @@ TcpStore::TcpStore(const std::string& host, int port, int world_size, bool is_se
        pause = std::min(pause * 2, std::chrono::milliseconds(500))) {
     addrinfo* addresses = resolve(host, port_, false);
     for (addrinfo* a = addresses; a != nullptr && fd_ < 0; a = a->ai_next) {
-      const int fd = ::socket(a->ai_family, a->ai_socktype, a->ai_protocol);
+      const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
       if (fd < 0) continue;
       if (detail::connect_by(fd, a->ai_addr, a->ai_addrlen, deadline)) {
         fd_ = fd;

@@ -1,9 +1,11 @@
 // The TCP rendezvous over loopback, with threads standing in for ranks.
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <filesystem>
 #include <thread>
 #include <vector>
 
@@ -28,6 +30,31 @@ int free_port() {
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &length);
   ::close(fd);
   return ntohs(addr.sin_port);
+}
+
+// The sockets open in this process that a child started with exec would inherit.
+std::vector<std::string> inheritable_sockets() {
+  std::vector<std::string> found;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code error;
+    const std::string target = std::filesystem::read_symlink(entry.path(), error).string();
+    if (error || !target.starts_with("socket:")) continue;
+    const int fd = std::stoi(entry.path().filename().string());
+    const int flags = ::fcntl(fd, F_GETFD);
+    if (flags >= 0 && (flags & FD_CLOEXEC) == 0) found.push_back(target);
+  }
+  return found;
+}
+
+TEST(TcpStore, SocketsAreClosedOnExec) {
+  // A training script that starts a subprocess must not hand it the rendezvous sockets.
+  // (The launcher's own sockets, under mpirun or srun, are not ember's to change.)
+  const std::vector<std::string> before = inheritable_sockets();
+  TcpStore server("127.0.0.1", 0, 2, true, 10s);
+  TcpStore client("127.0.0.1", server.port(), 2, false, 10s);
+  client.set("ready", "1");
+  EXPECT_EQ(server.get("ready"), "1");
+  EXPECT_EQ(inheritable_sockets(), before);
 }
 
 TEST(TcpStore, SetGetAddAndBarrierAcrossRanks) {
