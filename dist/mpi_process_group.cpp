@@ -44,13 +44,13 @@ struct MpiProcessGroup::State {
   std::condition_variable p2p_cv;             // wakes the send/recv thread
   std::deque<std::shared_ptr<Op>> queue;      // collectives, in issue order
   std::deque<std::shared_ptr<Op>> p2p_queue;  // sends and receives, in issue order
-  int64_t collectives_finished = 0;           // they finish in issue order, one at a time
-  int in_flight = 0;        // collectives the communication thread has taken from the queue
-  Op* inline_op = nullptr;  // the collective a waiter is running on its own thread
-  std::chrono::milliseconds inline_limit{0};
-  int64_t inline_runs = 0;            // inline collectives so far
-  int64_t watched_inline_run = 0;     // the one inline_deadline belongs to
-  Clock::time_point inline_deadline;  // when the watchdog first saw it + limit + grace
+  // Collectives finished so far. They finish in issue order, one at a time, on the collective
+  // thread or on a waiter's (inline, see the header), which counts its own without the lock.
+  // A thread that sleeps until this count grows raises its flag first (under the lock), and
+  // collective_finished() wakes it: each side writes its own variable, then reads the other's.
+  std::atomic<int64_t> collectives_finished{0};
+  std::atomic<bool> thread_awaits_collective{false};  // later collectives are held back
+  std::atomic<bool> p2p_awaits_collective{false};     // a send or receive waits for one
   bool stop = false;
   detail::OpCounters counters;
   std::atomic<bool> broken{false};
@@ -72,12 +72,20 @@ struct MpiProcessGroup::State {
   }
   void run();
   void run_p2p();
-  // Counts a finished collective (under `mutex`); true when sends or receives may wait on it.
-  bool collective_finished() {
-    ++collectives_finished;
-    return !p2p_queue.empty();
+  // Counts a finished collective; called without the lock.
+  void collective_finished() {
+    collectives_finished.fetch_add(1);
+    const bool wake_thread = thread_awaits_collective.load();
+    const bool wake_p2p = p2p_awaits_collective.load();
+    if (!wake_thread && !wake_p2p) return;
+    // A sleeper holds the lock from raising its flag until it sleeps: taking it here means
+    // the notification cannot fall in between.
+    { std::lock_guard<std::mutex> lock(mutex); }
+    if (wake_thread) cv.notify_all();
+    if (wake_p2p) p2p_cv.notify_all();
   }
-  [[noreturn]] void abort_hung_inline_op();
+  void fail_queued();
+  [[noreturn]] void abort_hung_inline_op(OpKind kind, int64_t seq, std::chrono::milliseconds limit);
 };
 
 namespace {
@@ -97,6 +105,11 @@ struct Op final : detail::QueuedOp {
   int64_t after = 0;  // send/recv: starts once this many collectives have finished
   void* packed_data = nullptr;
   Clock::time_point started;  // set by whichever thread runs it, for its timeout
+
+  // Who runs a collective: the collective thread, or its waiter (claim_for_inline_run).
+  enum Runner : int { kUnclaimed, kThread, kWaiter };
+  std::atomic<int> runner{kUnclaimed};
+  std::atomic<int64_t> inline_limit_ms{0};  // a waiter's limit, for the watchdog
 
   Op(std::shared_ptr<State> s, OpKind k) : QueuedOp(k), state(std::move(s)) {}
 
@@ -368,25 +381,24 @@ bool advance(State& s, Op& op) {
   return true;
 }
 
-// A waiter whose collective has not started yet, with nothing else queued or in flight,
-// takes it off the queue and runs it on its own thread (see the NOTE in the header): that
-// saves two thread hand-offs, which dominate small collectives.
+// A waiter runs its collective itself when every earlier one has finished and the collective
+// thread has not started it (see the NOTE in the header): that saves two thread hand-offs,
+// which dominate small collectives. The collective thread watches such a run and ends the job
+// when it outlives the waiter's limit by this much.
 constexpr auto kWatchdogGrace = std::chrono::seconds(1);
 
 }  // namespace
 
 bool Op::claim_for_inline_run(std::chrono::milliseconds limit) {
   if (!detail::is_collective(kind)) return false;  // a later send/recv may be its partner
-  std::lock_guard<std::mutex> lock(state->mutex);
-  if (state->broken.load() || state->in_flight != 0 || state->inline_op != nullptr ||
-      state->queue.size() != 1 || state->queue.front().get() != this) {
-    return false;
-  }
-  state->queue.pop_front();
-  claimed.store(true, std::memory_order_relaxed);
-  state->inline_op = this;
-  state->inline_limit = limit;
-  ++state->inline_runs;  // the watchdog dates it, off the waiter's path
+  if (runner.load(std::memory_order_relaxed) != kUnclaimed || state->broken.load()) return false;
+  // With every earlier collective finished none is in flight, and no later one starts before
+  // this one finishes: the collective thread takes them in order.
+  if (state->collectives_finished.load() != seq - 1) return false;
+  inline_limit_ms.store(limit.count(), std::memory_order_relaxed);
+  int unclaimed = kUnclaimed;
+  if (!runner.compare_exchange_strong(unclaimed, kWaiter)) return false;
+  claimed.store(true, std::memory_order_relaxed);  // ends the thread's offer_to_waiter
   return true;
 }
 
@@ -439,26 +451,20 @@ void Op::run_inline_staged(std::chrono::milliseconds limit) {
 }
 
 std::string Op::finish_inline_run(std::string failure) {
+  // The queue may keep this op a while (see enqueue): not the caller's tensors.
+  tensor = host = packed = Tensor();
+  list.clear();
   complete(failure);
-  bool held_back = false, wake_p2p = false;
-  {
-    std::lock_guard<std::mutex> lock(state->mutex);
-    state->inline_op = nullptr;
-    wake_p2p = state->collective_finished();
-    held_back = !state->queue.empty();
-  }
-  // The communication thread held later ops back until now; with none, its watchdog wait
-  // ends by itself (a wake-up here would cost the next collective a context switch).
-  if (held_back) state->cv.notify_all();
-  if (wake_p2p) state->p2p_cv.notify_all();
+  state->collective_finished();
   return failure;
 }
 
 // A blocking MPI call run inline cannot be interrupted: when it outlives its deadline, the
-// communication thread reports it and ends the job, as an uncaught timeout would.
-void MpiProcessGroup::State::abort_hung_inline_op() {
+// collective thread reports it and ends the job, as an uncaught timeout would.
+void MpiProcessGroup::State::abort_hung_inline_op(OpKind kind, int64_t seq,
+                                                  std::chrono::milliseconds limit) {
   const std::string message =
-      detail::timeout_message(inline_op->name(), rank, inline_limit, "mpi", size);
+      detail::timeout_message(detail::op_name(kind, seq), rank, limit, "mpi", size);
   broken_message = message;
   broken.store(true);
   detail::mark_mpi_job_broken();
@@ -468,85 +474,91 @@ void MpiProcessGroup::State::abort_hung_inline_op() {
   std::abort();
 }
 
+// Under the lock, once the group broke: queued collectives fail with its message, except those
+// their waiters already run.
+void MpiProcessGroup::State::fail_queued() {
+  // NOTE: abandoned requests stay with MPI: a broken group never calls MPI again.
+  for (auto& op : queue) {
+    int unclaimed = Op::kUnclaimed;
+    if (op->runner.compare_exchange_strong(unclaimed, Op::kThread)) op->complete(broken_message);
+  }
+  queue.clear();
+}
+
 void MpiProcessGroup::State::run() {
   GradMode::set_enabled(false);  // staging copies are not part of any graph
-  std::shared_ptr<Op> current;
-  bool fresh = false;  // `current` is still to be started
+  struct Watch {                 // the collective a waiter runs, as the watchdog dates it
+    int64_t seq = 0;
+    OpKind kind = OpKind::kAllreduce;
+    std::chrono::milliseconds limit{0};
+    Clock::time_point deadline;
+  } watch;
+  std::unique_lock<std::mutex> lock(mutex);
   for (;;) {
-    {
-      std::unique_lock<std::mutex> lock(mutex);
-      if (!current) {
-        // Idle: sleep until work arrives, or watch a waiter's inline collective meanwhile.
-        for (;;) {
-          if (inline_op != nullptr) {
-            if (watched_inline_run != inline_runs) {  // a new one: its deadline starts now
-              watched_inline_run = inline_runs;
-              inline_deadline = Clock::now() + inline_limit + kWatchdogGrace;
-            }
-            // Woken at an earlier run's deadline, a new run is dated on the next pass instead.
-            if (cv.wait_until(lock, inline_deadline) == std::cv_status::timeout &&
-                inline_op != nullptr && watched_inline_run == inline_runs &&
-                Clock::now() >= inline_deadline) {
-              abort_hung_inline_op();
-            }
-            continue;
-          }
-          if (!stop && queue.size() == 1 && !queue.front()->offered) {
-            // A caller that waits at once runs it faster itself (claim_for_inline_run).
-            const std::shared_ptr<Op> offered = queue.front();
-            detail::offer_to_waiter(lock, *offered);
-            continue;
-          }
-          if (stop || !queue.empty()) break;
-          cv.wait(lock);
-        }
-        if (queue.empty()) break;  // stopping, everything drained
-      }
-      if (broken.load()) {
-        // NOTE: abandoned requests stay with MPI: a broken group never calls MPI again.
-        const std::string message = broken_message;
-        if (current) current->complete(message);
-        for (auto& op : queue) op->complete(message);
-        current.reset();
-        queue.clear();
-        in_flight = 0;
-        continue;
-      }
-      if (!current && !queue.empty()) {
-        current = queue.front();
-        queue.pop_front();
-        ++in_flight;
-        fresh = true;
-      }
-    }
-    bool finished = false;
-    std::string failure;
-    try {
-      if (fresh) {
-        fresh = false;
-        current->started = Clock::now();
-        start(*this, *current);  // unlocked: an all-reduce blocks in here
-      }
-      finished = advance(*this, *current);
-    } catch (const std::exception& e) {
-      failure = e.what();
-      finished = true;
-    }
-    if (!finished && Clock::now() - current->started > options.timeout) {
-      failure = detail::timeout_message(current->name(), rank, options.timeout, "mpi", size);
-      break_group(failure);
-      finished = true;
-    }
-    if (!finished) {
-      std::this_thread::yield();
+    if (broken.load()) fail_queued();
+    // Collectives finish in order: those up to collectives_finished are done (their waiters ran
+    // them; enqueue drops them), the first one after it is next.
+    const int64_t finished = collectives_finished.load();
+    size_t next = 0;
+    while (next < queue.size() && queue[next]->seq <= finished) ++next;
+    if (next == queue.size()) {
+      if (stop) break;
+      cv.wait(lock);
       continue;
     }
-    current->complete(failure);
-    std::lock_guard<std::mutex> lock(mutex);
-    --in_flight;
-    if (collective_finished()) p2p_cv.notify_all();  // a send or receive may start now
-    current.reset();
+    const std::shared_ptr<Op> op = queue[next];
+    if (op->runner.load() == Op::kWaiter) {
+      // Its waiter runs it: watch it, and hold later collectives back until it finishes.
+      if (watch.seq != op->seq) {
+        const std::chrono::milliseconds limit(op->inline_limit_ms.load());
+        watch = {op->seq, op->kind, limit, Clock::now() + limit + kWatchdogGrace};
+      }
+      if (next + 1 < queue.size()) {
+        thread_awaits_collective.store(true);  // see collectives_finished
+        cv.wait_until(lock, watch.deadline,
+                      [&] { return collectives_finished.load() >= op->seq || broken.load(); });
+        thread_awaits_collective.store(false);
+      } else {
+        cv.wait_until(lock, watch.deadline);  // new work wakes it, not the run's end
+      }
+      if (collectives_finished.load() < watch.seq && Clock::now() >= watch.deadline) {
+        abort_hung_inline_op(watch.kind, watch.seq, watch.limit);
+      }
+      continue;
+    }
+    if (!stop && next + 1 == queue.size() && !op->offered) {
+      // A caller that waits at once runs it faster itself (claim_for_inline_run).
+      detail::offer_to_waiter(lock, *op);
+      continue;
+    }
+    int unclaimed = Op::kUnclaimed;
+    if (!op->runner.compare_exchange_strong(unclaimed, Op::kThread)) continue;  // its waiter's
+    queue.erase(queue.begin(), queue.begin() + static_cast<std::ptrdiff_t>(next) + 1);
+    lock.unlock();
+    std::string failure;
+    try {
+      op->started = Clock::now();
+      start(*this, *op);  // an all-reduce blocks in here
+      while (!advance(*this, *op)) {
+        if (broken.load()) {         // another collective timed out: this one is abandoned too
+          failure = broken_message;  // written before `broken` was set
+          break;
+        }
+        if (Clock::now() - op->started > options.timeout) {
+          failure = detail::timeout_message(op->name(), rank, options.timeout, "mpi", size);
+          break_group(failure);
+          break;
+        }
+        std::this_thread::yield();
+      }
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+    op->complete(failure);
+    collective_finished();
+    lock.lock();
   }
+  queue.clear();
 }
 
 // Sends and receives on a thread of their own, so their completion is seen even while the
@@ -559,11 +571,13 @@ void MpiProcessGroup::State::run_p2p() {
     {
       std::unique_lock<std::mutex> lock(mutex);
       auto startable = [&] {
-        return !p2p_queue.empty() && p2p_queue.front()->after <= collectives_finished;
+        return !p2p_queue.empty() && p2p_queue.front()->after <= collectives_finished.load();
       };
       if (active.empty()) {
+        p2p_awaits_collective.store(!p2p_queue.empty());  // see collectives_finished
         p2p_cv.wait(lock,
                     [&] { return stop || startable() || (broken.load() && !p2p_queue.empty()); });
+        p2p_awaits_collective.store(false);
         if (stop && p2p_queue.empty()) break;
       }
       if (broken.load()) {
@@ -684,6 +698,9 @@ WorkHandle enqueue(const std::shared_ptr<State>& s, std::shared_ptr<Op> op, bool
     detail::stamp_op(*op, s->counters, s->rank, s->broken.load(), s->broken_message, s->debug,
                      uses_reduce);
     if (detail::is_collective(op->kind)) {
+      // Collectives their waiters ran to the end leave the queue here, on the issuing thread.
+      const int64_t finished = s->collectives_finished.load();
+      while (!s->queue.empty() && s->queue.front()->seq <= finished) s->queue.pop_front();
       s->queue.push_back(op);
     } else {
       op->after = s->counters.collectives;  // issued before it: they finish first

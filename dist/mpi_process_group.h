@@ -11,12 +11,13 @@
 // holds one lock, so there a blocking all-reduce holds up the rank's other MPI calls, every
 // group's, until it returns.
 //
-// NOTE (inline collectives): waiting on a collective the thread has not started yet, with
-// nothing else queued or in flight, runs it on the waiter's own thread instead: a lone
-// all-reduce then costs what a blocking MPI_Allreduce costs, without two thread hand-offs.
-// Such a blocking call cannot time out by itself; the idle communication thread watches it,
-// and one still running a second after the timeout is reported on stderr ("allreduce #17
-// on rank 1 timed out after ...") before MPI_Abort ends the job.
+// NOTE (inline collectives): waiting on a collective the thread has not started yet, once
+// every collective issued before it has finished, runs it on the waiter's own thread instead
+// (later ones wait for it, as they would on the thread): a small all-reduce then costs about
+// what a blocking MPI_Allreduce costs, without two thread hand-offs or a lock. Such a
+// blocking call cannot time out by itself; the communication thread watches it, and one
+// still running a second after the timeout is reported on stderr ("allreduce #17 on rank 1
+// timed out after ...") before MPI_Abort ends the job.
 //
 // NOTE (failure): a collective that does not finish within the group's timeout (a peer died,
 // skipped it or issued another) cannot be cancelled in MPI. The waiter gets ember::Error

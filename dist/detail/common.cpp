@@ -182,9 +182,11 @@ std::string timeout_message(const std::string& what, int rank, std::chrono::mill
   return out.str();
 }
 
-std::string QueuedOp::name() const {
+std::string op_name(OpKind kind, int64_t seq) {
   return std::string(op_kind_name(kind)) + " #" + std::to_string(seq);
 }
+
+std::string QueuedOp::name() const { return op_name(kind, seq); }
 
 void stamp_op(QueuedOp& op, OpCounters& counters, int rank, bool broken,
               const std::string& broken_message, bool debug, bool uses_reduce) {

@@ -28,6 +28,7 @@ enum class OpKind : int32_t {
   kRecv
 };
 const char* op_kind_name(OpKind kind);
+std::string op_name(OpKind kind, int64_t seq);  // "allreduce #17"
 const char* reduce_op_name(ReduceOp op);
 bool is_collective(OpKind kind);
 
