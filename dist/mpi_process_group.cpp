@@ -107,7 +107,8 @@ struct Op final : detail::QueuedOp {
   Clock::time_point started;  // set by whichever thread runs it, for its timeout
 
   // Who runs a collective: the collective thread, or its waiter (claim_for_inline_run).
-  enum Runner : int { kUnclaimed, kThread, kWaiter };
+  // kClaiming: a waiter won it and is about to publish its limit (a few instructions).
+  enum Runner : int { kUnclaimed, kThread, kClaiming, kWaiter };
   std::atomic<int> runner{kUnclaimed};
   std::atomic<int64_t> inline_limit_ms{0};  // a waiter's limit, for the watchdog
 
@@ -391,13 +392,15 @@ constexpr auto kWatchdogGrace = std::chrono::seconds(1);
 
 bool Op::claim_for_inline_run(std::chrono::milliseconds limit) {
   if (!detail::is_collective(kind)) return false;  // a later send/recv may be its partner
-  if (runner.load(std::memory_order_relaxed) != kUnclaimed || state->broken.load()) return false;
+  if (runner.load(std::memory_order_relaxed) != kUnclaimed) return false;
   // With every earlier collective finished none is in flight, and no later one starts before
-  // this one finishes: the collective thread takes them in order.
-  if (state->collectives_finished.load() != seq - 1) return false;
-  inline_limit_ms.store(limit.count(), std::memory_order_relaxed);
+  // this one finishes: the collective thread takes them in order. `broken` is read after the
+  // count: a group breaks before the collective that broke it is counted.
+  if (state->collectives_finished.load() != seq - 1 || state->broken.load()) return false;
   int unclaimed = kUnclaimed;
-  if (!runner.compare_exchange_strong(unclaimed, kWaiter)) return false;
+  if (!runner.compare_exchange_strong(unclaimed, kClaiming)) return false;
+  inline_limit_ms.store(limit.count(), std::memory_order_relaxed);
+  runner.store(kWaiter);                           // publishes the limit to the watchdog
   claimed.store(true, std::memory_order_relaxed);  // ends the thread's offer_to_waiter
   return true;
 }
@@ -474,15 +477,21 @@ void MpiProcessGroup::State::abort_hung_inline_op(OpKind kind, int64_t seq,
   std::abort();
 }
 
-// Under the lock, once the group broke: queued collectives fail with its message, except those
-// their waiters already run.
+// Under the lock, once the group broke: queued collectives fail with its message. One its
+// waiter runs stays, for the watchdog.
 void MpiProcessGroup::State::fail_queued() {
   // NOTE: abandoned requests stay with MPI: a broken group never calls MPI again.
+  const int64_t finished = collectives_finished.load();
+  std::deque<std::shared_ptr<Op>> running;
   for (auto& op : queue) {
     int unclaimed = Op::kUnclaimed;
-    if (op->runner.compare_exchange_strong(unclaimed, Op::kThread)) op->complete(broken_message);
+    if (op->runner.compare_exchange_strong(unclaimed, Op::kThread)) {
+      op->complete(broken_message);
+    } else if (op->seq > finished) {
+      running.push_back(op);
+    }
   }
-  queue.clear();
+  queue.swap(running);
 }
 
 void MpiProcessGroup::State::run() {
@@ -507,16 +516,25 @@ void MpiProcessGroup::State::run() {
       continue;
     }
     const std::shared_ptr<Op> op = queue[next];
-    if (op->runner.load() == Op::kWaiter) {
+    const int runner = op->runner.load();
+    if (runner == Op::kClaiming) {  // its limit is a few instructions away
+      lock.unlock();
+      std::this_thread::yield();
+      lock.lock();
+      continue;
+    }
+    if (runner == Op::kWaiter) {
       // Its waiter runs it: watch it, and hold later collectives back until it finishes.
       if (watch.seq != op->seq) {
         const std::chrono::milliseconds limit(op->inline_limit_ms.load());
         watch = {op->seq, op->kind, limit, Clock::now() + limit + kWatchdogGrace};
       }
-      if (next + 1 < queue.size()) {
+      const bool held_back = next + 1 < queue.size();
+      if (held_back || stop) {  // woken when it finishes (or, holding others back, on a break)
         thread_awaits_collective.store(true);  // see collectives_finished
-        cv.wait_until(lock, watch.deadline,
-                      [&] { return collectives_finished.load() >= op->seq || broken.load(); });
+        cv.wait_until(lock, watch.deadline, [&] {
+          return collectives_finished.load() >= op->seq || (held_back && broken.load());
+        });
         thread_awaits_collective.store(false);
       } else {
         cv.wait_until(lock, watch.deadline);  // new work wakes it, not the run's end
@@ -574,9 +592,10 @@ void MpiProcessGroup::State::run_p2p() {
         return !p2p_queue.empty() && p2p_queue.front()->after <= collectives_finished.load();
       };
       if (active.empty()) {
-        p2p_awaits_collective.store(!p2p_queue.empty());  // see collectives_finished
-        p2p_cv.wait(lock,
-                    [&] { return stop || startable() || (broken.load() && !p2p_queue.empty()); });
+        p2p_cv.wait(lock, [&] {
+          p2p_awaits_collective.store(!p2p_queue.empty());  // see collectives_finished
+          return stop || startable() || (broken.load() && !p2p_queue.empty());
+        });
         p2p_awaits_collective.store(false);
         if (stop && p2p_queue.empty()) break;
       }

@@ -116,6 +116,28 @@ TEST_F(MpiPaths, ReceiveCompletesWhileALaterAllreduceBlocks) {
   expect_equal(summed, full({1024}, static_cast<double>(pg->size())));
 }
 
+TEST_F(MpiPaths, SendIssuedBehindAPendingAllreduceStartsOnceItFinishes) {
+  // Rank 0's send waits for its all-reduce, which rank 1 joins late: the send/recv thread,
+  // asleep meanwhile, must be woken when the all-reduce is counted finished.
+  auto pg = mpi_world();
+  if (pg->size() < 2) GTEST_SKIP() << "needs a peer";
+  Tensor summed = full({256}, 1.0);
+  Tensor message = zeros({8});
+  if (pg->rank() == 0) {
+    std::this_thread::sleep_for(20ms);  // the send/recv thread sleeps, nothing queued
+    WorkHandle reduce = pg->allreduce(summed);
+    WorkHandle send = pg->send(full({8}, 5.0), 1, 9);
+    send->wait(10s);
+    reduce->wait();
+  } else {
+    std::this_thread::sleep_for(100ms);
+    pg->allreduce(summed)->wait();
+    if (pg->rank() == 1) pg->recv(message, 0, 9)->wait(10s);
+  }
+  expect_equal(summed, full({256}, static_cast<double>(pg->size())));
+  if (pg->rank() == 1) expect_equal(message, full({8}, 5.0));
+}
+
 TEST_F(MpiPaths, InlineAndThreadedAllreducesInterleave) {
   auto pg = mpi_world();
   for (int round = 0; round < 20; ++round) {
