@@ -51,6 +51,9 @@ struct MpiProcessGroup::State {
   std::atomic<int64_t> collectives_finished{0};
   std::atomic<bool> thread_awaits_collective{false};  // later collectives are held back
   std::atomic<bool> p2p_awaits_collective{false};     // a send or receive waits for one
+  // The op issued last, reused for the next one once nobody else holds it: making a new one
+  // (allocation, construction, reference counts) is much of a small collective's cost.
+  std::shared_ptr<Op> spare;
   bool stop = false;
   detail::OpCounters counters;
   std::atomic<bool> broken{false};
@@ -113,6 +116,35 @@ struct Op final : detail::QueuedOp {
   std::atomic<int64_t> inline_limit_ms{0};  // a waiter's limit, for the watchdog
 
   Op(std::shared_ptr<State> s, OpKind k) : QueuedOp(k), state(std::move(s)) {}
+
+  // Every field back to its initial value but the group, for reuse as a new `k` (see
+  // State::spare). A field added to Op or QueuedOp must be reset here too.
+  void recycle(OpKind k) {
+    reset_completion();
+    kind = k;
+    seq = 0;
+    reduce = ReduceOp::kSum;
+    peer = -1;
+    tag = 0;
+    fingerprint = Fingerprint{};
+    offered = false;
+    claimed.store(false, std::memory_order_relaxed);
+    ready.reset();
+    stage = Stage::kMain;
+    gathered.clear();
+    request = MPI_REQUEST_NULL;
+    release_tensors();
+    after = 0;
+    packed_data = nullptr;
+    started = {};
+    runner.store(kUnclaimed, std::memory_order_relaxed);
+    inline_limit_ms.store(0, std::memory_order_relaxed);
+  }
+  // Once it ran: the op may outlive its run (queued, or kept as the spare), not the tensors.
+  void release_tensors() {
+    tensor = host = packed = Tensor();
+    list.clear();
+  }
 
   void wait(std::chrono::milliseconds timeout) override {
     const auto limit = detail::wait_limit(timeout, state->options.timeout);
@@ -400,8 +432,8 @@ bool Op::claim_for_inline_run(std::chrono::milliseconds limit) {
   int unclaimed = kUnclaimed;
   if (!runner.compare_exchange_strong(unclaimed, kClaiming)) return false;
   inline_limit_ms.store(limit.count(), std::memory_order_relaxed);
-  runner.store(kWaiter);                           // publishes the limit to the watchdog
-  claimed.store(true, std::memory_order_relaxed);  // ends the thread's offer_to_waiter
+  runner.store(kWaiter, std::memory_order_release);  // publishes the limit to the watchdog
+  claimed.store(true, std::memory_order_relaxed);    // ends the thread's offer_to_waiter
   return true;
 }
 
@@ -454,9 +486,7 @@ void Op::run_inline_staged(std::chrono::milliseconds limit) {
 }
 
 std::string Op::finish_inline_run(std::string failure) {
-  // The queue may keep this op a while (see enqueue): not the caller's tensors.
-  tensor = host = packed = Tensor();
-  list.clear();
+  release_tensors();
   complete(failure);
   state->collective_finished();
   return failure;
@@ -572,6 +602,7 @@ void MpiProcessGroup::State::run() {
     } catch (const std::exception& e) {
       failure = e.what();
     }
+    op->release_tensors();
     op->complete(failure);
     collective_finished();
     lock.lock();
@@ -637,6 +668,7 @@ void MpiProcessGroup::State::run_p2p() {
         finished = true;
       }
       if (finished) {
+        op.release_tensors();
         op.complete(failure);
         it = active.erase(it);
       } else {
@@ -694,6 +726,7 @@ MpiProcessGroup::~MpiProcessGroup() {
   {
     std::lock_guard<std::mutex> lock(state_->mutex);
     state_->stop = true;
+    state_->spare.reset();  // it holds the state: a cycle otherwise
   }
   state_->cv.notify_all();
   state_->p2p_cv.notify_all();
@@ -706,20 +739,50 @@ MpiProcessGroup::~MpiProcessGroup() {
 
 namespace {
 
-WorkHandle enqueue(const std::shared_ptr<State>& s, std::shared_ptr<Op> op, bool uses_reduce) {
-  const Device device = op->tensor.defined() ? op->tensor.device() : kCPU;
-  if (device.is_cuda()) {
-    op->ready = std::make_unique<cuda::Event>();
-    op->ready->record(cuda::current_stream(device.index));
-  }
+// What an operation is given.
+struct OpArgs {
+  OpKind kind;
+  const Tensor* tensor = nullptr;
+  ReduceOp reduce = ReduceOp::kSum;
+  int peer = -1;  // root, destination or source
+  int tag = 0;
+  const std::vector<Tensor>* list = nullptr;
+  bool uses_reduce = false;  // debug mode compares the reduce op too
+};
+
+WorkHandle enqueue(const std::shared_ptr<State>& s, const OpArgs& args) {
+  std::shared_ptr<Op> op;
   {
     std::lock_guard<std::mutex> lock(s->mutex);
-    detail::stamp_op(*op, s->counters, s->rank, s->broken.load(), s->broken_message, s->debug,
-                     uses_reduce);
+    // Collectives their waiters ran to the end leave the queue here, on the issuing thread.
+    const int64_t finished = s->collectives_finished.load();
+    while (!s->queue.empty() && s->queue.front()->seq <= finished) s->queue.pop_front();
+    if (s->spare && s->spare.use_count() == 1) {
+      // Only `spare` holds it: whoever dropped it last is done with it.
+      std::atomic_thread_fence(std::memory_order_acquire);
+      op = s->spare;
+      op->recycle(args.kind);
+    } else {
+      op = std::make_shared<Op>(s, args.kind);
+      s->spare = op;
+    }
+    if (args.tensor != nullptr) op->tensor = *args.tensor;
+    op->reduce = args.reduce;
+    op->peer = args.peer;
+    op->tag = args.tag;
+    if (args.list != nullptr) op->list = *args.list;
+    if (op->tensor.defined() && op->tensor.is_cuda()) {
+      op->ready = std::make_unique<cuda::Event>();
+      op->ready->record(cuda::current_stream(op->tensor.device().index));
+    }
+    try {
+      detail::stamp_op(*op, s->counters, s->rank, s->broken.load(), s->broken_message, s->debug,
+                       args.uses_reduce);
+    } catch (...) {
+      op->release_tensors();  // refused: the spare keeps no tensor of the caller's
+      throw;
+    }
     if (detail::is_collective(op->kind)) {
-      // Collectives their waiters ran to the end leave the queue here, on the issuing thread.
-      const int64_t finished = s->collectives_finished.load();
-      while (!s->queue.empty() && s->queue.front()->seq <= finished) s->queue.pop_front();
       s->queue.push_back(op);
     } else {
       op->after = s->counters.collectives;  // issued before it: they finish first
@@ -735,29 +798,31 @@ WorkHandle enqueue(const std::shared_ptr<State>& s, std::shared_ptr<Op> op, bool
 WorkHandle MpiProcessGroup::allreduce(const Tensor& tensor, ReduceOp op) {
   detail::check_tensor("allreduce", tensor);
   detail::check_reduce_op("allreduce", tensor, op);
-  return enqueue(state_, detail::new_op<Op>(state_, OpKind::kAllreduce, &tensor, op, -1), true);
+  return enqueue(
+      state_, {.kind = OpKind::kAllreduce, .tensor = &tensor, .reduce = op, .uses_reduce = true});
 }
 
 WorkHandle MpiProcessGroup::broadcast(const Tensor& tensor, int root) {
   detail::check_tensor("broadcast", tensor);
   detail::check_root("broadcast", root, size());
-  return enqueue(
-      state_, detail::new_op<Op>(state_, OpKind::kBroadcast, &tensor, ReduceOp::kSum, root), false);
+  return enqueue(state_, {.kind = OpKind::kBroadcast, .tensor = &tensor, .peer = root});
 }
 
 WorkHandle MpiProcessGroup::allgather(const std::vector<Tensor>& outputs, const Tensor& input) {
   detail::check_tensor("allgather", input);
   detail::check_list("allgather", "outputs", outputs, input, size());
-  auto op = detail::new_op<Op>(state_, OpKind::kAllgather, &input, ReduceOp::kSum, -1);
-  op->list = outputs;
-  return enqueue(state_, op, false);
+  return enqueue(state_, {.kind = OpKind::kAllgather, .tensor = &input, .list = &outputs});
 }
 
 WorkHandle MpiProcessGroup::reduce(const Tensor& tensor, int root, ReduceOp op) {
   detail::check_tensor("reduce", tensor);
   detail::check_root("reduce", root, size());
   detail::check_reduce_op("reduce", tensor, op);
-  return enqueue(state_, detail::new_op<Op>(state_, OpKind::kReduce, &tensor, op, root), true);
+  return enqueue(state_, {.kind = OpKind::kReduce,
+                          .tensor = &tensor,
+                          .reduce = op,
+                          .peer = root,
+                          .uses_reduce = true});
 }
 
 WorkHandle MpiProcessGroup::reduce_scatter(const Tensor& output, const std::vector<Tensor>& inputs,
@@ -765,30 +830,27 @@ WorkHandle MpiProcessGroup::reduce_scatter(const Tensor& output, const std::vect
   detail::check_tensor("reduce_scatter", output);
   detail::check_list("reduce_scatter", "inputs", inputs, output, size());
   detail::check_reduce_op("reduce_scatter", output, op);
-  auto work = detail::new_op<Op>(state_, OpKind::kReduceScatter, &output, op, -1);
-  work->list = inputs;
-  return enqueue(state_, work, true);
+  return enqueue(state_, {.kind = OpKind::kReduceScatter,
+                          .tensor = &output,
+                          .reduce = op,
+                          .list = &inputs,
+                          .uses_reduce = true});
 }
 
-WorkHandle MpiProcessGroup::barrier() {
-  return enqueue(state_, detail::new_op<Op>(state_, OpKind::kBarrier, nullptr, ReduceOp::kSum, -1),
-                 false);
-}
+WorkHandle MpiProcessGroup::barrier() { return enqueue(state_, {.kind = OpKind::kBarrier}); }
 
 WorkHandle MpiProcessGroup::send(const Tensor& tensor, int dst, int tag) {
   detail::check_tensor("send", tensor);
   detail::check_peer("send", dst, rank(), size());
   EMBER_CHECK(tag >= 0, "send", "tag must be non-negative, got ", tag);
-  return enqueue(
-      state_, detail::new_op<Op>(state_, OpKind::kSend, &tensor, ReduceOp::kSum, dst, tag), false);
+  return enqueue(state_, {.kind = OpKind::kSend, .tensor = &tensor, .peer = dst, .tag = tag});
 }
 
 WorkHandle MpiProcessGroup::recv(const Tensor& tensor, int src, int tag) {
   detail::check_tensor("recv", tensor);
   detail::check_peer("recv", src, rank(), size());
   EMBER_CHECK(tag >= 0, "recv", "tag must be non-negative, got ", tag);
-  return enqueue(
-      state_, detail::new_op<Op>(state_, OpKind::kRecv, &tensor, ReduceOp::kSum, src, tag), false);
+  return enqueue(state_, {.kind = OpKind::kRecv, .tensor = &tensor, .peer = src, .tag = tag});
 }
 
 }  // namespace ember::dist

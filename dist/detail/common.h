@@ -88,29 +88,42 @@ class CompletionWork : public Work {
   virtual std::string name() const = 0;
 
   void complete(std::string error = {}) {
-    if (completing_.exchange(true)) return;  // the first outcome stands
-    error_ = std::move(error);
-    done_.store(true);  // publishes error_; ordered before the load of sleepers_ below
+    // Pending -> done in one step on success; a failure is written under `kFailing` first.
+    int pending = kPending;
+    if (error.empty()) {
+      if (!state_.compare_exchange_strong(pending, kDone)) return;  // the first outcome stands
+    } else {
+      if (!state_.compare_exchange_strong(pending, kFailing)) return;
+      error_ = std::move(error);
+      state_.store(kDone);  // publishes error_
+    }
+    // Both stores above are ordered before this load, as a sleeper's count is before its check.
     if (sleepers_.load() == 0) return;
-    // A sleeper holds the mutex from its check of done_ until it sleeps: taking it here
+    // A sleeper holds the mutex from its check of the state until it sleeps: taking it here
     // means the notification cannot fall between the two.
     { std::lock_guard<std::mutex> lock(mutex_); }
     cv_.notify_all();
   }
 
-  bool is_completed() override { return done_.load(std::memory_order_acquire); }
+  bool is_completed() override { return state_.load(std::memory_order_acquire) == kDone; }
 
  protected:
+  // Back to pending, for an op being reused: only when nobody else holds it.
+  void reset_completion() {
+    state_.store(kPending, std::memory_order_relaxed);
+    error_.clear();
+  }
+
   // Blocks until complete() and throws the failure it recorded. After `limit` it throws
   // timeout_message(name, ...) instead, once `break_group(message)` has run: the group
   // cannot be trusted after a collective timed out.
   template <typename BreakGroup>
   void wait_completed(std::chrono::milliseconds limit, int rank, int size, const char* backend,
                       BreakGroup&& break_group) {
-    if (!done_.load()) {
+    if (state_.load() != kDone) {
       std::unique_lock<std::mutex> lock(mutex_);
-      sleepers_.fetch_add(1);  // ordered before the check of done_ in the wait
-      const bool done = cv_.wait_for(lock, limit, [&] { return done_.load(); });
+      sleepers_.fetch_add(1);  // ordered before the check of the state in the wait
+      const bool done = cv_.wait_for(lock, limit, [&] { return state_.load() == kDone; });
       sleepers_.fetch_sub(1);
       if (!done) {
         lock.unlock();
@@ -125,13 +138,14 @@ class CompletionWork : public Work {
  private:
   std::mutex mutex_;
   std::condition_variable cv_;
-  std::atomic<bool> completing_{false};
-  std::atomic<bool> done_{false};  // error_ is final once this is set
+  enum : int { kPending, kFailing, kDone };
+  std::atomic<int> state_{kPending};  // error_ is final once it is kDone
   std::atomic<int> sleepers_{0};
   std::string error_;
 };
 
 // What the MPI and TCP backends queue for their communication threads.
+// (A backend that reuses ops resets every field listed here: see MpiProcessGroup's recycle.)
 struct QueuedOp : CompletionWork {
   explicit QueuedOp(OpKind k) : kind(k) {}
   std::string name() const override;
