@@ -11,6 +11,7 @@
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <utility>
 
 #include <ember/tensor/cuda.h>
 #include <ember/tensor/grad_mode.h>
@@ -54,6 +55,10 @@ struct MpiProcessGroup::State {
   // The op issued last, reused for the next one once nobody else holds it: making a new one
   // (allocation, construction, reference counts) is much of a small collective's cost.
   std::shared_ptr<Op> spare;
+  // Buffers of operations abandoned after a failure: MPI may still hold requests on them, so
+  // they live as long as the group (whose job ends soon after). Under mutex.
+  std::vector<Tensor> abandoned;
+  std::vector<std::vector<Fingerprint>> abandoned_fingerprints;
   bool stop = false;
   detail::OpCounters counters;
   std::atomic<bool> broken{false};
@@ -88,6 +93,8 @@ struct MpiProcessGroup::State {
     if (wake_p2p) p2p_cv.notify_all();
   }
   void fail_queued();
+  void release_buffers(Op& op, bool failed);  // not under the lock
+  void keep_buffers(Op& op);                  // under the lock
   [[noreturn]] void abort_hung_inline_op(OpKind kind, int64_t seq, std::chrono::milliseconds limit);
 };
 
@@ -140,8 +147,7 @@ struct Op final : detail::QueuedOp {
     runner.store(kUnclaimed, std::memory_order_relaxed);
     inline_limit_ms.store(0, std::memory_order_relaxed);
   }
-  // Once it ran: the op may outlive its run (queued, or kept as the spare), not the tensors.
-  void release_tensors() {
+  void release_tensors() {  // see State::release_buffers
     tensor = host = packed = Tensor();
     list.clear();
   }
@@ -486,7 +492,7 @@ void Op::run_inline_staged(std::chrono::milliseconds limit) {
 }
 
 std::string Op::finish_inline_run(std::string failure) {
-  release_tensors();
+  state->release_buffers(*this, !failure.empty());
   complete(failure);
   state->collective_finished();
   return failure;
@@ -505,6 +511,27 @@ void MpiProcessGroup::State::abort_hung_inline_op(OpKind kind, int64_t seq,
   std::fflush(stderr);
   MPI_Abort(MPI_COMM_WORLD, 1);
   std::abort();
+}
+
+// Once `op` ran: its tensors go (the op may outlive its run, queued or as the spare), unless
+// it failed with an MPI request still pending on them, which keeps them with the group.
+void MpiProcessGroup::State::release_buffers(Op& op, bool failed) {
+  if (!failed || op.request == MPI_REQUEST_NULL) {
+    op.release_tensors();
+    return;
+  }
+  std::lock_guard<std::mutex> lock(mutex);
+  keep_buffers(op);
+}
+
+void MpiProcessGroup::State::keep_buffers(Op& op) {
+  for (Tensor* t : {&op.tensor, &op.host, &op.packed}) {
+    if (t->defined()) abandoned.push_back(std::exchange(*t, Tensor()));
+  }
+  for (Tensor& t : op.list) abandoned.push_back(std::move(t));
+  op.list.clear();
+  abandoned_fingerprints.push_back(std::move(op.gathered));  // debug mode's receive buffer
+  op.gathered.clear();
 }
 
 // Under the lock, once the group broke: queued collectives fail with its message. One its
@@ -545,8 +572,9 @@ void MpiProcessGroup::State::run() {
       cv.wait(lock);
       continue;
     }
-    const std::shared_ptr<Op> op = queue[next];
-    const int runner = op->runner.load();
+    // Not held across the waits below: a reference kept there would stop enqueue reusing it.
+    Op* const next_op = queue[next].get();
+    const int runner = next_op->runner.load();
     if (runner == Op::kClaiming) {  // its limit is a few instructions away
       lock.unlock();
       std::this_thread::yield();
@@ -555,15 +583,15 @@ void MpiProcessGroup::State::run() {
     }
     if (runner == Op::kWaiter) {
       // Its waiter runs it: watch it, and hold later collectives back until it finishes.
-      if (watch.seq != op->seq) {
-        const std::chrono::milliseconds limit(op->inline_limit_ms.load());
-        watch = {op->seq, op->kind, limit, Clock::now() + limit + kWatchdogGrace};
+      if (watch.seq != next_op->seq) {
+        const std::chrono::milliseconds limit(next_op->inline_limit_ms.load());
+        watch = {next_op->seq, next_op->kind, limit, Clock::now() + limit + kWatchdogGrace};
       }
       const bool held_back = next + 1 < queue.size();
       if (held_back || stop) {  // woken when it finishes (or, holding others back, on a break)
         thread_awaits_collective.store(true);  // see collectives_finished
         cv.wait_until(lock, watch.deadline, [&] {
-          return collectives_finished.load() >= op->seq || (held_back && broken.load());
+          return collectives_finished.load() >= watch.seq || (held_back && broken.load());
         });
         thread_awaits_collective.store(false);
       } else {
@@ -574,13 +602,15 @@ void MpiProcessGroup::State::run() {
       }
       continue;
     }
-    if (!stop && next + 1 == queue.size() && !op->offered) {
+    if (!stop && next + 1 == queue.size() && !next_op->offered) {
       // A caller that waits at once runs it faster itself (claim_for_inline_run).
-      detail::offer_to_waiter(lock, *op);
+      const std::shared_ptr<Op> offered = queue[next];  // kept through the unlocked offer
+      detail::offer_to_waiter(lock, *offered);
       continue;
     }
     int unclaimed = Op::kUnclaimed;
-    if (!op->runner.compare_exchange_strong(unclaimed, Op::kThread)) continue;  // its waiter's
+    if (!next_op->runner.compare_exchange_strong(unclaimed, Op::kThread)) continue;  // waiter's
+    const std::shared_ptr<Op> op = queue[next];
     queue.erase(queue.begin(), queue.begin() + static_cast<std::ptrdiff_t>(next) + 1);
     lock.unlock();
     std::string failure;
@@ -602,7 +632,7 @@ void MpiProcessGroup::State::run() {
     } catch (const std::exception& e) {
       failure = e.what();
     }
-    op->release_tensors();
+    release_buffers(*op, !failure.empty());
     op->complete(failure);
     collective_finished();
     lock.lock();
@@ -632,7 +662,10 @@ void MpiProcessGroup::State::run_p2p() {
       }
       if (broken.load()) {
         const std::string message = broken_message;
-        for (auto& op : active) op->complete(message);
+        for (auto& op : active) {  // abandoned with their requests pending
+          keep_buffers(*op);
+          op->complete(message);
+        }
         for (auto& op : p2p_queue) op->complete(message);
         active.clear();
         p2p_queue.clear();
@@ -668,7 +701,7 @@ void MpiProcessGroup::State::run_p2p() {
         finished = true;
       }
       if (finished) {
-        op.release_tensors();
+        release_buffers(op, !failure.empty());
         op.complete(failure);
         it = active.erase(it);
       } else {
@@ -757,8 +790,9 @@ WorkHandle enqueue(const std::shared_ptr<State>& s, const OpArgs& args) {
     // Collectives their waiters ran to the end leave the queue here, on the issuing thread.
     const int64_t finished = s->collectives_finished.load();
     while (!s->queue.empty() && s->queue.front()->seq <= finished) s->queue.pop_front();
-    if (s->spare && s->spare.use_count() == 1) {
-      // Only `spare` holds it: whoever dropped it last is done with it.
+    if (s->spare && s->spare.use_count() == 1 && !s->broken.load()) {
+      // Only `spare` holds it: whoever dropped it last is done with it. (In a broken group
+      // it may hold tensors MPI still uses, and stamp_op refuses the new op anyway.)
       std::atomic_thread_fence(std::memory_order_acquire);
       op = s->spare;
       op->recycle(args.kind);
@@ -766,16 +800,16 @@ WorkHandle enqueue(const std::shared_ptr<State>& s, const OpArgs& args) {
       op = std::make_shared<Op>(s, args.kind);
       s->spare = op;
     }
-    if (args.tensor != nullptr) op->tensor = *args.tensor;
-    op->reduce = args.reduce;
-    op->peer = args.peer;
-    op->tag = args.tag;
-    if (args.list != nullptr) op->list = *args.list;
-    if (op->tensor.defined() && op->tensor.is_cuda()) {
-      op->ready = std::make_unique<cuda::Event>();
-      op->ready->record(cuda::current_stream(op->tensor.device().index));
-    }
     try {
+      if (args.tensor != nullptr) op->tensor = *args.tensor;
+      op->reduce = args.reduce;
+      op->peer = args.peer;
+      op->tag = args.tag;
+      if (args.list != nullptr) op->list = *args.list;
+      if (op->tensor.defined() && op->tensor.is_cuda()) {
+        op->ready = std::make_unique<cuda::Event>();
+        op->ready->record(cuda::current_stream(op->tensor.device().index));
+      }
       detail::stamp_op(*op, s->counters, s->rank, s->broken.load(), s->broken_message, s->debug,
                        args.uses_reduce);
     } catch (...) {
