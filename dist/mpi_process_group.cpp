@@ -148,7 +148,9 @@ struct Op final : detail::QueuedOp {
     inline_limit_ms.store(0, std::memory_order_relaxed);
   }
   void release_tensors() {  // see State::release_buffers
-    tensor = host = packed = Tensor();
+    for (Tensor* t : {&tensor, &host, &packed}) {
+      if (t->defined()) *t = Tensor();
+    }
     list.clear();
   }
 
@@ -166,7 +168,7 @@ struct Op final : detail::QueuedOp {
   bool claim_for_inline_run(std::chrono::milliseconds limit);
   std::string run_inline(std::chrono::milliseconds limit);  // its failure, or ""
   void run_inline_staged(std::chrono::milliseconds limit);  // throws its failure
-  std::string finish_inline_run(std::string failure);       // completes it; returns `failure`
+  void finish_inline_run(const std::string& failure);       // completes it
 };
 
 // The message is built only on failure: these checks sit on every collective's fast path.
@@ -465,7 +467,8 @@ std::string Op::run_inline(std::chrono::milliseconds limit) {
   } catch (const std::exception& e) {
     failure = e.what();
   }
-  return finish_inline_run(failure);
+  finish_inline_run(failure);
+  return failure;
 }
 
 void Op::run_inline_staged(std::chrono::milliseconds limit) {
@@ -491,11 +494,10 @@ void Op::run_inline_staged(std::chrono::milliseconds limit) {
   }
 }
 
-std::string Op::finish_inline_run(std::string failure) {
+void Op::finish_inline_run(const std::string& failure) {
   state->release_buffers(*this, !failure.empty());
   complete(failure);
   state->collective_finished();
-  return failure;
 }
 
 // A blocking MPI call run inline cannot be interrupted: when it outlives its deadline, the

@@ -43,8 +43,6 @@ const char* reduce_op_name(ReduceOp op) {
   return "?";
 }
 
-bool is_collective(OpKind kind) { return kind != OpKind::kSend && kind != OpKind::kRecv; }
-
 bool debug_from_env() {
   const char* value = std::getenv("EMBER_DIST_DEBUG");
   return value != nullptr && value[0] != '\0' && std::strcmp(value, "0") != 0;

@@ -30,7 +30,7 @@ enum class OpKind : int32_t {
 const char* op_kind_name(OpKind kind);
 std::string op_name(OpKind kind, int64_t seq);  // "allreduce #17"
 const char* reduce_op_name(ReduceOp op);
-bool is_collective(OpKind kind);
+inline bool is_collective(OpKind kind) { return kind != OpKind::kSend && kind != OpKind::kRecv; }
 
 // True when EMBER_DIST_DEBUG is set to something other than "" or "0".
 bool debug_from_env();
@@ -87,14 +87,14 @@ class CompletionWork : public Work {
   // "allreduce #17": what errors call it. Built on demand, off the fast path.
   virtual std::string name() const = 0;
 
-  void complete(std::string error = {}) {
+  void complete(const std::string& error = {}) {
     // Pending -> done in one step on success; a failure is written under `kFailing` first.
     int pending = kPending;
     if (error.empty()) {
       if (!state_.compare_exchange_strong(pending, kDone)) return;  // the first outcome stands
     } else {
       if (!state_.compare_exchange_strong(pending, kFailing)) return;
-      error_ = std::move(error);
+      error_ = error;
       state_.store(kDone);  // publishes error_
     }
     // Both stores above are ordered before this load, as a sleeper's count is before its check.
