@@ -41,7 +41,8 @@ struct DDPOptions {
   // Off: a parameter whose gradient never arrives is an error at synchronize() or at the
   // next forward, naming it.
   bool find_unused_parameters = false;
-  // Every forward first copies rank 0's buffers (BatchNorm running statistics) to all ranks.
+  // Every forward first copies rank 0's buffers (BatchNorm running statistics) to all ranks,
+  // packed into one broadcast per dtype and device.
   bool broadcast_buffers = true;
   // kBF16 or kF16: buckets travel in this dtype (divided by the world size first, so the
   // sum cannot overflow) and are cast back. Unset: full precision.
