@@ -2,6 +2,8 @@
 // the communication thread (issued, then waited on later), and with or without a receive in
 // flight; ranks that differ in that must still meet in the same MPI call and agree. All-reduces
 // over 16 MiB go to MPI in pieces that must cover every element exactly once.
+#include <functional>
+#include <random>
 #include <thread>
 
 #include <ember/dist/mpi_process_group.h>
@@ -151,6 +153,69 @@ TEST_F(MpiPaths, InlineAndThreadedAllreducesInterleave) {
     expect_equal(waited, full({1000}, ranks_sum + pg->size() * round));
     expect_equal(later, full({3000}, 2.0 * (pg->size() - 1)));
   }
+}
+
+TEST_F(MpiPaths, RandomMixOfWaitedAndPendingOperationsAgrees) {
+  // The same pseudo-random program on every rank (the same seed): all-reduces waited on at
+  // once (inline) or later (the thread), broadcasts, barriers and ring sends/receives, waited
+  // on in a shuffled order after rank-dependent pauses. Issue order is all that must match.
+  auto pg = mpi_world();
+  const int rank = pg->rank(), size = pg->size();
+  std::mt19937 program(1234);
+  std::mt19937 pauses(static_cast<unsigned>(99 + rank));
+  struct Pending {
+    WorkHandle work;
+    std::function<void()> check;
+  };
+  std::vector<Pending> pending;
+  auto settle = [&](size_t keep) {
+    std::shuffle(pending.begin(), pending.end(), pauses);
+    while (pending.size() > keep) {
+      pending.back().work->wait();
+      pending.back().check();
+      pending.pop_back();
+    }
+  };
+  for (int round = 0; round < 300; ++round) {
+    const auto n = static_cast<int64_t>(1 + program() % 3000);
+    const unsigned kind = program() % (size > 1 ? 5 : 4);
+    const bool wait_now = program() % 2 == 0;
+    if (pauses() % 4 == 0) std::this_thread::sleep_for(std::chrono::microseconds(pauses() % 300));
+    Pending p;
+    if (kind <= 1) {  // all-reduce, sum or max
+      Tensor t = full({n}, rank + 1.0 + round);
+      const bool sum = kind == 0;
+      p.work = pg->allreduce(t, sum ? ReduceOp::kSum : ReduceOp::kMax);
+      const double expected = sum ? size * (size + 1) / 2.0 + size * round : size + round;
+      p.check = [t, n, expected] { expect_equal(t, full({n}, expected)); };
+    } else if (kind == 2) {
+      const int root = round % size;
+      Tensor t = full({n}, rank == root ? round : -1.0);
+      p.work = pg->broadcast(t, root);
+      p.check = [t, n, round] { expect_equal(t, full({n}, static_cast<double>(round))); };
+    } else if (kind == 3) {
+      p.work = pg->barrier();
+      p.check = [] {};
+    } else {  // a ring: send to the next rank, receive from the previous one
+      Tensor out = full({n}, 1000.0 * rank + round);
+      Tensor in = zeros({n});
+      const int from = (rank + size - 1) % size;
+      WorkHandle send = pg->send(out, (rank + 1) % size, round);
+      p.work = pg->recv(in, from, round);
+      p.check = [send, in, n, from, round] {
+        send->wait();
+        expect_equal(in, full({n}, 1000.0 * from + round));
+      };
+    }
+    if (wait_now) {
+      p.work->wait();
+      p.check();
+    } else {
+      pending.push_back(std::move(p));
+    }
+    if (pending.size() > 6 || program() % 10 == 0) settle(pending.size() / 2);
+  }
+  settle(0);
 }
 
 }  // namespace
