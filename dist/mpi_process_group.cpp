@@ -41,9 +41,11 @@ struct MpiProcessGroup::State {
   bool debug = false;
 
   std::mutex mutex;
-  std::condition_variable cv;                 // wakes the collective thread
-  std::condition_variable p2p_cv;             // wakes the send/recv thread
-  std::deque<std::shared_ptr<Op>> queue;      // collectives, in issue order
+  std::condition_variable cv;      // wakes the collective thread
+  std::condition_variable p2p_cv;  // wakes the send/recv thread
+  // Collectives the thread has not taken, in issue order; those their waiters ran stay until
+  // enqueue drops them (once finished) or a break fails the rest.
+  std::deque<std::shared_ptr<Op>> queue;
   std::deque<std::shared_ptr<Op>> p2p_queue;  // sends and receives, in issue order
   // Collectives finished so far. They finish in issue order, one at a time, on the collective
   // thread or on a waiter's (inline, see the header), which counts its own without the lock.
