@@ -57,10 +57,10 @@ struct MpiProcessGroup::State {
   // The op issued last, reused for the next one once nobody else holds it: making a new one
   // (allocation, construction, reference counts) is much of a small collective's cost.
   std::shared_ptr<Op> spare;
-  // Buffers of operations abandoned after a failure: MPI may still hold requests on them, so
-  // they live as long as the group (whose job ends soon after). Under mutex.
-  std::vector<Tensor> abandoned;
-  std::vector<std::vector<Fingerprint>> abandoned_fingerprints;
+  // Operations abandoned after a failure with an MPI request pending: MPI may still use their
+  // buffers (tensors, staging copies, the debug fingerprint), so they are never freed or
+  // reused; their job ends soon after. Under mutex.
+  std::vector<std::shared_ptr<Op>> abandoned;
   bool stop = false;
   detail::OpCounters counters;
   std::atomic<bool> broken{false};
@@ -75,6 +75,7 @@ struct MpiProcessGroup::State {
         broken_message = message;
         broken.store(true);
         detail::mark_mpi_job_broken();
+        fail_queued();  // now, even while the collective thread is stuck in MPI
       }
     }
     cv.notify_all();
@@ -104,7 +105,7 @@ namespace {
 
 using State = MpiProcessGroup::State;
 
-struct Op final : detail::QueuedOp {
+struct Op final : detail::QueuedOp, std::enable_shared_from_this<Op> {
   std::shared_ptr<State> state;
   std::unique_ptr<cuda::Event> ready;  // CUDA tensors: recorded on the caller's stream
 
@@ -528,15 +529,7 @@ void MpiProcessGroup::State::release_buffers(Op& op, bool failed) {
   keep_buffers(op);
 }
 
-void MpiProcessGroup::State::keep_buffers(Op& op) {
-  for (Tensor* t : {&op.tensor, &op.host, &op.packed}) {
-    if (t->defined()) abandoned.push_back(std::exchange(*t, Tensor()));
-  }
-  for (Tensor& t : op.list) abandoned.push_back(std::move(t));
-  op.list.clear();
-  abandoned_fingerprints.push_back(std::move(op.gathered));  // debug mode's receive buffer
-  op.gathered.clear();
-}
+void MpiProcessGroup::State::keep_buffers(Op& op) { abandoned.push_back(op.shared_from_this()); }
 
 // Under the lock, once the group broke: queued collectives fail with its message. One its
 // waiter runs stays, for the watchdog.
@@ -659,7 +652,8 @@ void MpiProcessGroup::State::run_p2p() {
       if (active.empty()) {
         p2p_cv.wait(lock, [&] {
           p2p_awaits_collective.store(!p2p_queue.empty());  // see collectives_finished
-          return stop || startable() || (broken.load() && !p2p_queue.empty());
+          return (stop && p2p_queue.empty()) || startable() ||
+                 (broken.load() && !p2p_queue.empty());
         });
         p2p_awaits_collective.store(false);
         if (stop && p2p_queue.empty()) break;
@@ -686,6 +680,7 @@ void MpiProcessGroup::State::run_p2p() {
         start(*this, *op);
         active.push_back(op);
       } catch (const std::exception& e) {
+        release_buffers(*op, true);
         op->complete(e.what());
       }
     }
@@ -770,6 +765,7 @@ MpiProcessGroup::~MpiProcessGroup() {
   state_->thread.join();
   state_->p2p_thread.join();
   if (finalized) return;
+  if (state_->broken.load()) MPI_Abort(MPI_COMM_WORLD, 1);  // it broke while the threads ended
   MpiLock lock;
   MPI_Comm_free(&state_->comm);  // a failure here cannot be reported from a destructor
 }

@@ -1,9 +1,13 @@
 // Not a gtest: a job that is meant to fail, run by expect_failure.sh with 2 ranks, under
 // mpirun (backend mpi, the default) or torchrun_style.sh (backend tcp).
-//   failure_main skip|exit [mpi|tcp]
+//   failure_main skip|exit|queued [mpi|tcp]
 //   skip: rank 1 skips the second allreduce; rank 0 must raise ember::Error within the
 //         group's 2 s timeout, and the job must end non-zero instead of hanging.
 //   exit: rank 1 dies after the first allreduce; the job must end non-zero, promptly.
+//   queued: as skip, but rank 0 has more collectives queued behind the one that hangs:
+//         once a wait times out and breaks the group, those fail at once ("failed at once"),
+//         although the communication thread is still stuck in MPI.
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <thread>
@@ -26,6 +30,28 @@ int main(int argc, char** argv) {
     if (mode == "exit") std::_Exit(3);
     std::this_thread::sleep_for(60s);  // skipped allreduce #2; the launcher ends us before this
     return 0;
+  }
+  if (mode == "queued") {
+    ember::Tensor u = ember::ones({16});
+    const ember::dist::WorkHandle stuck = pg->allreduce(t);  // rank 1 never joins it
+    const ember::dist::WorkHandle behind = pg->allreduce(u);
+    const ember::dist::WorkHandle last = pg->barrier();
+    try {
+      behind->wait();
+    } catch (const ember::Error& e) {
+      std::fprintf(stderr, "rank 0: %s\n", e.what());
+    }
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      last->wait();
+    } catch (const ember::Error& e) {
+      const double seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      std::fprintf(stderr, "rank 0: the queued barrier failed after %.2f s: %s\n", seconds,
+                   e.what());
+      if (seconds < 1.0) std::fprintf(stderr, "rank 0: failed at once\n");
+    }
+    return 0;  // destroying the broken group ends the job non-zero
   }
   pg->allreduce(t)->wait();  // throws; left uncaught it ends the process
   std::fprintf(stderr, "rank 0: allreduce #2 unexpectedly completed\n");

@@ -16,7 +16,10 @@ add_test(NAME dist_mpi_failure_skip
 add_test(NAME dist_mpi_failure_exit
   COMMAND ${EMBER_EXPECT_FAILURE} 60 "exit code|exited|timed out"
     ${EMBER_MPIRUN} ${MPIEXEC_NUMPROC_FLAG} 2 $<TARGET_FILE:ember_dist_failure> exit)
-set_tests_properties(dist_mpi_failure_skip dist_mpi_failure_exit PROPERTIES
+add_test(NAME dist_mpi_failure_queued
+  COMMAND ${EMBER_EXPECT_FAILURE} 60 "rank 0: failed at once"
+    ${EMBER_MPIRUN} ${MPIEXEC_NUMPROC_FLAG} 2 $<TARGET_FILE:ember_dist_failure> queued)
+set_tests_properties(dist_mpi_failure_skip dist_mpi_failure_exit dist_mpi_failure_queued PROPERTIES
   TIMEOUT 120 LABELS "dist;mpi" PROCESSORS 2)
 
 # The same suite and failures on the TCP backend, launched torchrun-style without mpirun.
