@@ -599,7 +599,7 @@ void MpiProcessGroup::State::run() {
       }
       continue;
     }
-    if (!stop && next + 1 == queue.size() && !next_op->offered) {
+    if (!stop && next + 1 == queue.size() && !next_op->offered && !next_op->has_sleepers()) {
       // A caller that waits at once runs it faster itself (claim_for_inline_run).
       const std::shared_ptr<Op> offered = queue[next];  // kept through the unlocked offer
       detail::offer_to_waiter(lock, *offered);

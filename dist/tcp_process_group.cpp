@@ -677,7 +677,8 @@ void TcpProcessGroup::State::run_collectives() {
       std::unique_lock<std::mutex> lock(mutex);
       for (;;) {
         if (inline_op == nullptr && !collectives.empty()) {
-          if (stop || collectives.size() != 1 || collectives.front()->offered) break;
+          const Op& lone = *collectives.front();
+          if (stop || collectives.size() != 1 || lone.offered || lone.has_sleepers()) break;
           // A caller that waits at once runs it faster itself (Op::claim_for_inline_run).
           const std::shared_ptr<Op> offered = collectives.front();
           detail::offer_to_waiter(lock, *offered);

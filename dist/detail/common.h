@@ -106,6 +106,8 @@ class CompletionWork : public Work {
   }
 
   bool is_completed() override { return state_.load(std::memory_order_acquire) == kDone; }
+  // Somebody already sleeps on it: offering it to a waiter (offer_to_waiter) would be wasted.
+  bool has_sleepers() const { return sleepers_.load(std::memory_order_relaxed) > 0; }
 
  protected:
   // Back to pending, for an op being reused: only when nobody else holds it.
