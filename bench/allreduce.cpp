@@ -72,6 +72,13 @@ Medians alternate_with_raw_mpi(ember::dist::ProcessGroup& group, const ember::Te
   return {median(times[0]), median(times[1])};
 }
 
+// Bus bandwidth in GB/s of an all-reduce of `bytes` over `size` ranks taking `seconds`, as
+// nccl-tests reports it.
+double busbw_gbs(size_t bytes, int size, double seconds) {
+  const double factor = size > 1 ? 2.0 * (size - 1) / size : 1.0;
+  return static_cast<double>(bytes) * factor / seconds / 1e9;
+}
+
 // Timed calls per method at `bytes`: about 256 MiB moved, from 2000 calls (small sizes, whose
 // microsecond medians need many samples) down to 10.
 int reps_for(size_t bytes) {
@@ -104,8 +111,7 @@ void bench_tcp(int rank, int size) {
     ember::Tensor b = ember::full({n}, 1.0 / size, ember::kF32);
     const int reps = reps_for(bytes);
     const auto [raw, tcp] = alternate_with_raw_mpi(pg, b, reps);
-    const double factor = size > 1 ? 2.0 * (size - 1) / size : 1.0;
-    const double raw_bw = bytes * factor / raw / 1e9, tcp_bw = bytes * factor / tcp / 1e9;
+    const double raw_bw = busbw_gbs(bytes, size, raw), tcp_bw = busbw_gbs(bytes, size, tcp);
     if (rank == 0) {
       std::printf(
           "{\"bench\": \"allreduce_tcp\", \"ranks\": %d, \"bytes\": %zu, \"dtype\": \"f32\", "
@@ -149,8 +155,7 @@ int main(int argc, char** argv) {
         if (i >= 2) nonblocking_times.push_back(t);
       }
       const double nonblocking = median(nonblocking_times);
-      const double factor = size > 1 ? 2.0 * (size - 1) / size : 1.0;
-      const double raw_bw = bytes * factor / raw / 1e9, ours_bw = bytes * factor / ours / 1e9;
+      const double raw_bw = busbw_gbs(bytes, size, raw), ours_bw = busbw_gbs(bytes, size, ours);
       if (rank == 0) {
         std::printf(
             "{\"bench\": \"allreduce\", \"ranks\": %d, \"bytes\": %zu, \"dtype\": \"f32\", "

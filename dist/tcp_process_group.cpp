@@ -23,6 +23,8 @@
 #include <thread>
 #include <type_traits>
 
+#include <ember/tensor/detail/dispatch.h>
+
 #include "detail/common.h"
 #include "detail/shared_store.h"
 #include "detail/socket.h"
@@ -199,24 +201,14 @@ void combine_typed(void* dst, const void* src, int64_t n, ReduceOp op) {
 }
 
 void combine(void* dst, const void* src, int64_t n, DType dtype, ReduceOp op) {
-  switch (dtype) {
-    case kF32:
-      return combine_typed<float>(dst, src, n, op);
-    case kF64:
-      return combine_typed<double>(dst, src, n, op);
-    case kF16:
-      return combine_typed<Half>(dst, src, n, op);
-    case kBF16:
-      return combine_typed<BFloat16>(dst, src, n, op);
-    case kI64:
-      return combine_typed<int64_t>(dst, src, n, op);
-    case kI32:
-      return combine_typed<int32_t>(dst, src, n, op);
-    case kU8:
-      return combine_typed<uint8_t>(dst, src, n, op);
-    case kBool:
-      return combine_typed<uint8_t>(dst, src, n, op == ReduceOp::kMin ? op : ReduceOp::kMax);
-  }
+  ember::detail::dispatch_all(dtype, "allreduce", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if constexpr (std::is_same_v<T, bool>) {  // bytes; a sum of bools is "any"
+      combine_typed<uint8_t>(dst, src, n, op == ReduceOp::kMin ? op : ReduceOp::kMax);
+    } else {
+      combine_typed<T>(dst, src, n, op);
+    }
+  });
 }
 
 struct Op;

@@ -4,6 +4,9 @@
 #include <cstring>
 #include <sstream>
 #include <thread>
+#include <type_traits>
+
+#include <ember/tensor/detail/dispatch.h>
 
 namespace ember::dist::detail {
 
@@ -198,40 +201,19 @@ void stamp_op(QueuedOp& op, OpCounters& counters, int rank, bool broken,
                       rooted ? op.peer : -1, uses_reduce ? static_cast<int>(op.reduce) : -1);
 }
 
-namespace {
-template <typename T>
-void divide_typed(void* data, int64_t count, int divisor) {
-  auto* p = static_cast<T*>(data);
-  for (int64_t i = 0; i < count; ++i) {
-    p[i] = static_cast<T>(static_cast<double>(static_cast<float>(p[i])) / divisor);
-  }
-}
-template <>
-void divide_typed<double>(void* data, int64_t count, int divisor) {
-  auto* p = static_cast<double*>(data);
-  for (int64_t i = 0; i < count; ++i) p[i] /= divisor;
-}
-template <>
-void divide_typed<float>(void* data, int64_t count, int divisor) {
-  auto* p = static_cast<float*>(data);
-  const auto d = static_cast<float>(divisor);
-  for (int64_t i = 0; i < count; ++i) p[i] /= d;
-}
-}  // namespace
-
 void divide_in_place(void* data, int64_t count, DType dtype, int divisor) {
-  switch (dtype) {
-    case kF32:
-      return divide_typed<float>(data, count, divisor);
-    case kF64:
-      return divide_typed<double>(data, count, divisor);
-    case kF16:
-      return divide_typed<Half>(data, count, divisor);
-    case kBF16:
-      return divide_typed<BFloat16>(data, count, divisor);
-    default:
-      EMBER_ASSERT(false, "divide_in_place: ", dtype, " is not a floating dtype");
-  }
+  ember::detail::dispatch_floating(dtype, "divide_in_place", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    // Elements widen to float (double stays double); float divides in float, the 16-bit
+    // floats and double in double.
+    using Wide = std::conditional_t<std::is_same_v<T, double>, double, float>;
+    using Math = std::conditional_t<std::is_same_v<T, float>, float, double>;
+    auto* p = static_cast<T*>(data);
+    const auto d = static_cast<Math>(divisor);
+    for (int64_t i = 0; i < count; ++i) {
+      p[i] = static_cast<T>(static_cast<Math>(static_cast<Wide>(p[i])) / d);
+    }
+  });
 }
 
 }  // namespace ember::dist::detail
