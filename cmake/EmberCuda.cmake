@@ -37,7 +37,8 @@ find_package(CUDAToolkit REQUIRED)
 function(ember_find_vendor_library prefix header libname soversion root)
   set(hints ${root} $ENV{${prefix}_ROOT} ${CUDAToolkit_LIBRARY_ROOT} /usr/local/cuda /usr)
   find_path(EMBER_${prefix}_INCLUDE_DIR ${header} HINTS ${hints} PATH_SUFFIXES include)
-  find_library(EMBER_${prefix}_LIBRARY NAMES ${libname} lib${libname}.so.${soversion}
+  # NAMES_PER_DIR: a root given (a wheel's versioned library) wins over a system lib<name>.so.
+  find_library(EMBER_${prefix}_LIBRARY NAMES ${libname} lib${libname}.so.${soversion} NAMES_PER_DIR
     HINTS ${hints} PATH_SUFFIXES lib lib64 lib/x86_64-linux-gnu)
   if(EMBER_${prefix}_INCLUDE_DIR AND EMBER_${prefix}_LIBRARY)
     string(TOLOWER ${prefix} lower)

@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# Builds and tests ember on a GPU machine that has CUDA, CMake and ninja but no package
+# registry and no Debian packages of ember's own dependencies: cuDNN and NCCL come from the
+# Python wheels (site-packages/nvidia/{cudnn,nccl}), everything else from Debian .deb files
+# fetched beforehand on a machine with apt and unpacked here with dpkg -x (no root install).
+#
+#   bash scripts/gpu_host.sh fetch DIR       on a Debian machine: download the .deb files into DIR
+#   source scripts/gpu_host.sh env DIR       on the GPU machine: unpack DIR and set the paths
+#   bash scripts/gpu_host.sh build DIR       on the GPU machine: env, then configure, build and
+#                                            run the whole test suite in build-gpu/
+#
+# Environment for build: EMBER_BUILD_DIR (default build-gpu), EMBER_JOBS (default nproc),
+# EMBER_CUDA_ARCHITECTURES (default 90, the H100/H200).
+
+# Runtime libraries of ember, its tests and Open MPI (with what Open MPI's plugins load), then
+# the headers, CMake packages and pkg-config the build needs.
+gpu_host_runtime_packages=(
+  openmpi-bin openmpi-common libopenmpi3 libpmix2 libhwloc15 libevent-core-2.1-7
+  libevent-pthreads-2.1-7 libfabric1 libucx0 libpsm2-2 libpsm-infinipath1 libnuma1
+  libibverbs1 ibverbs-providers librdmacm1 libnl-3-200 libnl-route-3-200 libmunge2
+  libatomic1 libuuid1 libudev1 zlib1g
+  libopenblas0-pthread libgfortran5 libquadmath0 libgomp1 libdnnl2 ocl-icd-libopencl1 libstb0
+)
+gpu_host_build_packages=(
+  libopenblas-dev libopenblas-pthread-dev libdnnl-dev libgtest-dev libgmock-dev
+  libopenmpi-dev libstb-dev nlohmann-json3-dev libcli11-dev zlib1g-dev
+  pkgconf pkgconf-bin libpkgconf3
+)
+
+gpu_host_fetch() {
+  local dir="$1"
+  mkdir -p "$dir"
+  (cd "$dir" && apt-get download "${gpu_host_runtime_packages[@]}" "${gpu_host_build_packages[@]}")
+}
+
+# Unpacks the .deb files into a private root and points the compiler, CMake, the loader and
+# Open MPI at it, and at the wheels' CUDA libraries.
+gpu_host_env() {
+  local dir="$1"
+  export EMBER_DEB_ROOT=/tmp/ember-debroot
+  if [ ! -d "$EMBER_DEB_ROOT/usr" ]; then
+    mkdir -p "$EMBER_DEB_ROOT"
+    for deb in "$dir"/*.deb; do dpkg -x "$deb" "$EMBER_DEB_ROOT"; done
+    # Absolute links (libz.so -> /lib/.../libz.so.1.2.13) point into the private root.
+    local link target
+    find "$EMBER_DEB_ROOT" -type l | while read -r link; do
+      target="$(readlink "$link")"
+      if [[ "$target" == /* ]]; then ln -sfn "$EMBER_DEB_ROOT$target" "$link"; fi
+    done
+  fi
+  local r="$EMBER_DEB_ROOT" multiarch=x86_64-linux-gnu
+  # The wheels' folder, when this python has them (else the toolkit's own cuDNN and NCCL).
+  local site wheel_libs=""
+  site="$(python3 -c 'import nvidia, os; print(os.path.dirname(list(nvidia.__path__)[0]))' 2>/dev/null || true)"
+  if [ -n "$site" ]; then
+    export EMBER_CUDNN_ROOT="$site/nvidia/cudnn" EMBER_NCCL_ROOT="$site/nvidia/nccl"
+    wheel_libs="$(find "$site/nvidia" -maxdepth 3 -type d -name lib | tr '\n' ':')"
+  fi
+  export LD_LIBRARY_PATH="$r/usr/lib/$multiarch:$r/lib/$multiarch:$r/usr/lib/$multiarch/openblas-pthread:$r/usr/lib/$multiarch/openmpi/lib:${wheel_libs}/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export LIBRARY_PATH="$r/usr/lib/$multiarch:$r/lib/$multiarch"
+  export CMAKE_PREFIX_PATH="$r/usr"
+  export PKG_CONFIG_PATH="$r/usr/lib/$multiarch/pkgconfig:$r/usr/share/pkgconfig"
+  export PKG_CONFIG_SYSROOT_DIR="$r"
+  # Open MPI finds its plugins, help texts and orted under OPAL_PREFIX; Debian installs it
+  # under the names mpirun/mpicxx through alternatives, which dpkg -x does not set up.
+  export OPAL_PREFIX="$r/usr" PMIX_INSTALL_PREFIX="$r/usr/lib/$multiarch/pmix2"
+  export PATH="$r/usr/bin:$PATH"
+  export OMPI_MCA_btl=self,vader OMPI_MCA_pml=ob1 PMIX_MCA_pcompress_base_silence_warning=1
+  ln -sf orterun "$r/usr/bin/mpirun"
+  ln -sf orterun "$r/usr/bin/mpiexec"
+  ln -sf opal_wrapper "$r/usr/bin/mpicxx"
+  ln -sf opal_wrapper "$r/usr/bin/mpicc"
+  ln -sf pkgconf "$r/usr/bin/pkg-config"
+}
+
+gpu_host_build() {
+  set -euo pipefail
+  gpu_host_env "$1"
+  local build="${EMBER_BUILD_DIR:-build-gpu}"
+  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DEMBER_CUDA=ON \
+    -DEMBER_CUDA_ARCHITECTURES="${EMBER_CUDA_ARCHITECTURES:-90}" \
+    -DEMBER_CUDNN_ROOT="${EMBER_CUDNN_ROOT:-}" -DEMBER_NCCL_ROOT="${EMBER_NCCL_ROOT:-}" \
+    -DMPI_CXX_COMPILER="$EMBER_DEB_ROOT/usr/bin/mpicxx" -DMPIEXEC_EXECUTABLE="$EMBER_DEB_ROOT/usr/bin/mpirun" \
+    -DPKG_CONFIG_EXECUTABLE="$EMBER_DEB_ROOT/usr/bin/pkg-config"
+  cmake --build "$build" -j "${EMBER_JOBS:-$(nproc)}"
+  (cd "$build" && ctest -j "${EMBER_JOBS:-$(nproc)}" --timeout 300 --output-on-failure)
+}
+
+case "${1:-}" in
+  fetch) gpu_host_fetch "${2:?folder for the .deb files}" ;;
+  env) gpu_host_env "${2:?folder of the .deb files}" ;;
+  build) gpu_host_build "${2:?folder of the .deb files}" ;;
+  *)
+    sed -n '2,13p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+    [ "${BASH_SOURCE[0]}" != "$0" ] && return 2
+    exit 2
+    ;;
+esac
