@@ -27,8 +27,15 @@ inline constexpr size_t kCpuAlignment = 64;
 // reused for requests of the same rounded size.
 Allocator& cpu_allocator();
 // Page-locked host memory for fast, asynchronous host<->GPU copies. Needs a CUDA device;
-// throws ember::Error otherwise.
+// throws ember::Error otherwise. Freed blocks are cached (up to 1 GiB) by power-of-two size.
 Allocator& pinned_allocator();
+
+namespace detail {
+// Work queued on CUDA stream `stream` (a cudaStream_t) reads or writes the pinned block at
+// `block` (a Storage's base pointer): once freed, the block is handed out again only after
+// that work has finished. Asynchronous copies call this.
+void record_pinned_use(const void* block, void* stream);
+}  // namespace detail
 // The allocator behind tensors on `device` (the caching allocator for CUDA devices).
 Allocator& allocator_for(Device device);
 

@@ -1,5 +1,7 @@
 #include "storage.h"
 
+#include <algorithm>
+#include <bit>
 #include <cstdlib>
 #include <mutex>
 #include <new>
@@ -70,25 +72,148 @@ class CpuAllocator final : public Allocator {
   size_t cached_bytes_ = 0;
 };
 
+#if EMBER_WITH_CUDA
+// NOTE: cudaHostAlloc and cudaFreeHost cost milliseconds at megabytes, and cudaFreeHost waits
+// for the whole device, so freed pinned blocks are kept by power-of-two size and handed out
+// again (a loader pinning every batch, a process group staging every collective). A block that
+// asynchronous copies used (record_pinned_use) goes out again only once the events recorded
+// after those copies have completed. At most kMaxCachedBytes stay cached.
 class PinnedAllocator final : public Allocator {
  public:
+  static constexpr size_t kMaxCachedBytes = size_t{1} << 30;
+
   DataPtr allocate(size_t nbytes) override {
     if (nbytes == 0) return nullptr;
-#if EMBER_WITH_CUDA
+    const size_t size = std::bit_ceil(std::max<size_t>(nbytes, 512));
+    void* ptr = take_cached(size);
+    if (ptr == nullptr) ptr = fresh(size, nbytes);
+    return DataPtr(ptr, [this, size](void* p) { give_back(p, size); });
+  }
+
+  void record_use(const void* block, cudaStream_t stream) {
+    cudaEvent_t event = nullptr;
+    cudaError_t status = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
+    if (status == cudaSuccess) status = cudaEventRecord(event, stream);
+    if (status != cudaSuccess) {
+      cudaGetLastError();
+      if (event != nullptr) cudaEventDestroy(event);
+      throw Error(detail::str_cat("pinned allocator: recording a copy's event failed: ",
+                                  cudaGetErrorString(status)));
+    }
+    std::lock_guard lock(mutex_);
+    uses_[block].push_back(event);
+  }
+
+ private:
+  struct Cached {
+    void* ptr;
+    std::vector<cudaEvent_t> pending;  // recorded after the copies that used the block
+  };
+
+  // True once every pending event has completed; the completed ones are destroyed.
+  static bool idle(std::vector<cudaEvent_t>& pending) {
+    while (!pending.empty()) {
+      const cudaError_t status = cudaEventQuery(pending.back());
+      if (status == cudaErrorNotReady) return false;
+      if (status != cudaSuccess) cudaGetLastError();  // a failed copy no longer uses the block
+      cudaEventDestroy(pending.back());
+      pending.pop_back();
+    }
+    return true;
+  }
+
+  static void wait_and_destroy(std::vector<cudaEvent_t>& pending) {
+    for (cudaEvent_t event : pending) {
+      cudaEventSynchronize(event);
+      cudaEventDestroy(event);
+    }
+    pending.clear();
+  }
+
+  void* take_cached(size_t size) {
+    std::lock_guard lock(mutex_);
+    auto it = free_.find(size);
+    if (it == free_.end()) return nullptr;
+    for (auto block = it->second.begin(); block != it->second.end(); ++block) {
+      if (!idle(block->pending)) continue;
+      void* ptr = block->ptr;
+      it->second.erase(block);
+      cached_bytes_ -= size;
+      return ptr;
+    }
+    return nullptr;
+  }
+
+  void* fresh(size_t size, size_t nbytes) {
     void* ptr = nullptr;
-    const cudaError_t status = cudaHostAlloc(&ptr, nbytes, cudaHostAllocDefault);
+    cudaError_t status = cudaHostAlloc(&ptr, size, cudaHostAllocDefault);
+    if (status != cudaSuccess) {  // out of page-locked memory: give the cache back, try again
+      cudaGetLastError();
+      release_cache();
+      status = cudaHostAlloc(&ptr, size, cudaHostAllocDefault);
+    }
     if (status != cudaSuccess) {
       cudaGetLastError();
       throw Error(detail::str_cat("pinned allocator: cudaHostAlloc of ", nbytes,
                                   " bytes failed: ", cudaGetErrorString(status)));
     }
-    return DataPtr(ptr, [](void* p) { cudaFreeHost(p); });
+    return ptr;
+  }
+
+  void give_back(void* ptr, size_t size) {
+    std::vector<cudaEvent_t> pending;
+    {
+      std::lock_guard lock(mutex_);
+      if (auto use = uses_.find(ptr); use != uses_.end()) {
+        pending = std::move(use->second);
+        uses_.erase(use);
+      }
+      if (cached_bytes_ + size <= kMaxCachedBytes) {
+        free_[size].push_back({ptr, std::move(pending)});
+        cached_bytes_ += size;
+        return;
+      }
+    }
+    wait_and_destroy(pending);
+    cudaFreeHost(ptr);
+  }
+
+  void release_cache() {
+    std::unordered_map<size_t, std::vector<Cached>> blocks;
+    {
+      std::lock_guard lock(mutex_);
+      blocks.swap(free_);
+      cached_bytes_ = 0;
+    }
+    for (auto& [size, list] : blocks) {
+      for (Cached& block : list) {
+        wait_and_destroy(block.pending);
+        cudaFreeHost(block.ptr);
+      }
+    }
+  }
+
+  std::mutex mutex_;
+  std::unordered_map<size_t, std::vector<Cached>> free_;
+  std::unordered_map<const void*, std::vector<cudaEvent_t>> uses_;  // blocks handed out
+  size_t cached_bytes_ = 0;
+};
 #else
+class PinnedAllocator final : public Allocator {
+ public:
+  DataPtr allocate(size_t nbytes) override {
+    if (nbytes == 0) return nullptr;
     throw Error(detail::str_cat("pinned allocator: pinned memory of ", nbytes,
                                 " bytes needs CUDA, and ember was built without CUDA"));
-#endif
   }
 };
+#endif
+
+// Never destroyed, like the CPU allocator: pinned tensors freed at exit still find it.
+PinnedAllocator& pinned() {
+  static PinnedAllocator* const allocator = new PinnedAllocator;
+  return *allocator;
+}
 
 }  // namespace
 
@@ -97,10 +222,18 @@ Allocator& cpu_allocator() {
   return *allocator;
 }
 
-Allocator& pinned_allocator() {
-  static PinnedAllocator allocator;
-  return allocator;
+Allocator& pinned_allocator() { return pinned(); }
+
+namespace detail {
+void record_pinned_use(const void* block, void* stream) {
+#if EMBER_WITH_CUDA
+  pinned().record_use(block, static_cast<cudaStream_t>(stream));
+#else
+  (void)block;
+  (void)stream;
+#endif
 }
+}  // namespace detail
 
 Allocator& allocator_for(Device device) {
   if (device.is_cpu()) return cpu_allocator();

@@ -144,7 +144,12 @@ void transfer(const Tensor& dst, const Tensor& src, bool non_blocking) {
                                    to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost,
                                    ctx.stream));
   // Pageable host memory, or a blocking copy: the host buffer must be safe to use on return.
-  if (!non_blocking || !host_side.is_pinned()) EMBER_CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
+  // Else the pinned block must not be handed out again before the copy is done.
+  if (!non_blocking || !host_side.is_pinned()) {
+    EMBER_CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
+  } else {
+    detail::record_pinned_use(host_side.storage().data(), ctx.stream);
+  }
 }
 
 }  // namespace

@@ -217,6 +217,40 @@ TEST(Cuda, RoundTripsBetweenHostAndDevice) {
   }
 }
 
+// Freed pinned blocks are handed out again, but not while an asynchronous copy still uses
+// them: a block freed right after a non-blocking copy from it, reused at once and
+// overwritten, would change what the copy delivers.
+TEST(Cuda, PinnedBlocksAreReusedOnlyAfterTheirCopies) {
+  EMBER_REQUIRE_CUDA();
+  const TensorOptions pinned = TensorOptions(kF32).with_pinned_memory();
+  const void* first = nullptr;
+  {
+    Tensor a = empty({1000}, pinned);
+    first = a.data_ptr();
+  }
+  Tensor again = empty({900}, pinned);  // the same power-of-two block
+  EXPECT_EQ(again.data_ptr(), first);
+
+  const int64_t n = int64_t{1} << 24;  // 64 MiB: the copy is still running below
+  const Device gpu = cuda_device();
+  Tensor on_gpu = empty({n}, gpu);
+  const void* source_block = nullptr;
+  {
+    Tensor source = full({n}, 1.0, pinned);
+    source_block = source.data_ptr();
+    on_gpu.copy_(source, /*non_blocking=*/true);
+  }
+  Tensor next = empty({n}, pinned);
+  next.fill_(2.0);  // if `next` took the source's block mid-copy, on_gpu would see 2s
+  cuda::current_stream().synchronize();
+  EXPECT_EQ(on_gpu.sum().item<double>(), static_cast<double>(n));
+  // Once the copy is done, its block is free to go out again.
+  next = Tensor();
+  Tensor later = empty({n}, pinned);
+  Tensor later2 = empty({n}, pinned);
+  EXPECT_TRUE(later.data_ptr() == source_block || later2.data_ptr() == source_block);
+}
+
 TEST(Cuda, RandomNumbersMatchTheCpuForTheSameSeed) {
   EMBER_REQUIRE_CUDA();
   const Device gpu = cuda_device();
