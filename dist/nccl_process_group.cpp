@@ -396,9 +396,9 @@ WorkHandle NcclProcessGroup::barrier() {
 
 WorkHandle NcclProcessGroup::send(const Tensor& tensor, int dst, int tag) {
   detail::check_tensor("send", tensor);
+  EMBER_CHECK(tag == 0, "send", "the NCCL backend has no tags (got ", tag, ")");
   detail::check_peer("send", dst, rank(), size());
   check_device("send", tensor, state_->device);
-  EMBER_CHECK(tag == 0, "send", "the NCCL backend has no tags (got ", tag, ")");
   State& s = *state_;
   Issue issue(s, OpKind::kSend, &tensor, -1, -1);
   issue.call(ncclSend(tensor.data_ptr(), static_cast<size_t>(tensor.numel()),
@@ -408,9 +408,9 @@ WorkHandle NcclProcessGroup::send(const Tensor& tensor, int dst, int tag) {
 
 WorkHandle NcclProcessGroup::recv(const Tensor& tensor, int src, int tag) {
   detail::check_tensor("recv", tensor);
+  EMBER_CHECK(tag == 0, "recv", "the NCCL backend has no tags (got ", tag, ")");
   detail::check_peer("recv", src, rank(), size());
   check_device("recv", tensor, state_->device);
-  EMBER_CHECK(tag == 0, "recv", "the NCCL backend has no tags (got ", tag, ")");
   State& s = *state_;
   Issue issue(s, OpKind::kRecv, &tensor, -1, -1);
   issue.call(ncclRecv(tensor.data_ptr(), static_cast<size_t>(tensor.numel()),

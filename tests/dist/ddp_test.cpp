@@ -4,6 +4,7 @@
 #include <map>
 
 #include <ember/dist/ddp.h>
+#include <ember/dist/nccl_process_group.h>
 #include <ember/dist/sync_batch_norm.h>
 
 #include "dist_test_util.h"
@@ -72,6 +73,36 @@ TEST(DistributedDataParallel, MatchesOneProcessWithTheFullBatch) {
   }
   expect_same_state(ddp->module(), *reference, 1e-5, 1e-6);
 }
+
+#if EMBER_WITH_CUDA
+// The same on the GPU over NCCL, in a world of one (more ranks need a GPU each): DDP +
+// SyncBatchNorm on CUDA tensors follow the CPU reference within cuDNN's rounding.
+TEST(DistributedDataParallel, OnTheGpuOverNcclFollowsTheCpu) {
+  EMBER_REQUIRE_CUDA();
+  const Device gpu = cuda_device(0);
+  auto pg = std::make_shared<NcclProcessGroup>(0, 1, 0, 0, NcclProcessGroup::create_unique_id());
+  auto reference = conv_bn_net(7);
+  optim::SGD ref_sgd(reference->parameters(), sgd_options());
+  auto net = conv_bn_net(7);
+  net->to(gpu);
+  auto ddp = std::make_shared<DistributedDataParallel>(convert_sync_batchnorm(net, pg), pg);
+  optim::SGD sgd(ddp->parameters(), sgd_options());
+  for (int step = 0; step < 20; ++step) {
+    auto [x, y] = batch({12, 2, 4, 4}, 100 + step);
+    Tensor ref_loss = cross_entropy((*reference)(x), y);
+    ref_sgd.zero_grad();
+    ref_loss.backward();
+    ref_sgd.step();
+
+    Tensor loss = cross_entropy((*ddp)(x.to(gpu)), y.to(gpu));
+    sgd.zero_grad();
+    loss.backward();
+    sgd.step();
+  }
+  ddp->module().to(kCPU);
+  expect_same_state(ddp->module(), *reference, 1e-4, 1e-5);
+}
+#endif  // EMBER_WITH_CUDA
 
 // Gradient accumulation: micro-batches under no_sync, then one synced backward, equal one
 // large batch; and nothing is communicated inside no_sync.

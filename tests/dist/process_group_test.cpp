@@ -1,7 +1,8 @@
 // Process groups: every collective on the backend under test (MPI in whatever world mpirun
 // made: 1, 2 or 3 ranks; TCP at 2 or 3 ranks started by torchrun_style.sh; see
-// dist_test_util.h), on a TCP world of one and on the single-process backend, for every dtype,
-// against values computed here; asynchrony, ordering, barrier, send/recv, debug mode, argument
+// dist_test_util.h), on a TCP world of one, on the single-process backend and, where a GPU is
+// visible, on an NCCL world of one and MPI with CUDA tensors, for every dtype, against values
+// computed here; asynchrony, ordering, barrier, send/recv, debug mode, argument
 // errors, and how the TCP backend reports ranks that disagree.
 #include <netinet/in.h>
 #include <pthread.h>
@@ -13,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <optional>
 #include <thread>
 
 #include <ember/dist/detail/common.h>
@@ -87,40 +89,40 @@ std::string label(DType dtype, ReduceOp op) {
   return std::string(dtype_name(dtype)) + " " + detail::reduce_op_name(op);
 }
 
-// The collective checks, run against any group.
-void check_allreduce(ProcessGroup& pg, const Shape& shape) {
+// The collective checks, run against any group, on tensors of `device`.
+void check_allreduce(ProcessGroup& pg, const Shape& shape, Device device = kCPU) {
   for (DType dtype : kAllDTypes) {
     for (ReduceOp op : kAllOps) {
       if (!op_applies(dtype, op)) continue;
       SCOPED_TRACE(label(dtype, op));
-      Tensor t = rank_tensor(pg.rank(), shape, dtype);
+      Tensor t = rank_tensor(pg.rank(), shape, dtype).to(device);
       pg.allreduce(t, op)->wait();
-      expect_close(t, expected_reduction(pg.size(), shape, dtype, op), rtol_for(dtype));
+      expect_close(t.cpu(), expected_reduction(pg.size(), shape, dtype, op), rtol_for(dtype));
     }
   }
 }
 
-void check_broadcast(ProcessGroup& pg) {
+void check_broadcast(ProcessGroup& pg, Device device = kCPU) {
   for (DType dtype : kAllDTypes) {
     for (int root = 0; root < pg.size(); ++root) {
       SCOPED_TRACE(std::string(dtype_name(dtype)) + " root " + std::to_string(root));
-      Tensor t = rank_tensor(pg.rank(), {3, 7}, dtype);
+      Tensor t = rank_tensor(pg.rank(), {3, 7}, dtype).to(device);
       pg.broadcast(t, root)->wait();
-      expect_close(t, rank_tensor(root, {3, 7}, dtype));
+      expect_close(t.cpu(), rank_tensor(root, {3, 7}, dtype));
     }
   }
 }
 
-void check_allgather(ProcessGroup& pg) {
+void check_allgather(ProcessGroup& pg, Device device = kCPU) {
   for (DType dtype : kAllDTypes) {
     SCOPED_TRACE(dtype_name(dtype));
-    Tensor input = rank_tensor(pg.rank(), {2, 5}, dtype);
+    Tensor input = rank_tensor(pg.rank(), {2, 5}, dtype).to(device);
     // Separate output tensors, and views into one block (gathered in place).
     std::vector<Tensor> separate;
-    Tensor block = zeros({pg.size(), 2, 5}, dtype);
+    Tensor block = zeros({pg.size(), 2, 5}, TensorOptions(dtype, device));
     std::vector<Tensor> views;
     for (int r = 0; r < pg.size(); ++r) {
-      separate.push_back(zeros({2, 5}, dtype));
+      separate.push_back(zeros({2, 5}, TensorOptions(dtype, device)));
       views.push_back(block.select(0, r));
     }
     auto w1 = pg.allgather(separate, input);
@@ -128,28 +130,28 @@ void check_allgather(ProcessGroup& pg) {
     w1->wait();
     w2->wait();
     for (int r = 0; r < pg.size(); ++r) {
-      expect_close(separate[static_cast<size_t>(r)], rank_tensor(r, {2, 5}, dtype));
-      expect_close(block.select(0, r), rank_tensor(r, {2, 5}, dtype));
+      expect_close(separate[static_cast<size_t>(r)].cpu(), rank_tensor(r, {2, 5}, dtype));
+      expect_close(block.select(0, r).cpu(), rank_tensor(r, {2, 5}, dtype));
     }
   }
 }
 
-void check_reduce(ProcessGroup& pg) {
+void check_reduce(ProcessGroup& pg, Device device = kCPU) {
   for (DType dtype : kAllDTypes) {
     for (ReduceOp op : kAllOps) {
       if (!op_applies(dtype, op)) continue;
       const int root = pg.size() - 1;
       SCOPED_TRACE(label(dtype, op));
-      Tensor t = rank_tensor(pg.rank(), {17}, dtype);
+      Tensor t = rank_tensor(pg.rank(), {17}, dtype).to(device);
       pg.reduce(t, root, op)->wait();
       if (pg.rank() == root) {
-        expect_close(t, expected_reduction(pg.size(), {17}, dtype, op), rtol_for(dtype));
+        expect_close(t.cpu(), expected_reduction(pg.size(), {17}, dtype, op), rtol_for(dtype));
       }
     }
   }
 }
 
-void check_reduce_scatter(ProcessGroup& pg) {
+void check_reduce_scatter(ProcessGroup& pg, Device device = kCPU) {
   for (DType dtype : kAllDTypes) {
     for (ReduceOp op : kAllOps) {
       if (!op_applies(dtype, op)) continue;
@@ -157,10 +159,10 @@ void check_reduce_scatter(ProcessGroup& pg) {
       // inputs[j] on rank r holds rank_tensor(r) at offset 10 * j: rank j gets their reduction.
       std::vector<Tensor> inputs;
       for (int j = 0; j < pg.size(); ++j)
-        inputs.push_back(rank_tensor(pg.rank(), {10}, dtype, 10 * j));
-      Tensor output = zeros({10}, dtype);
+        inputs.push_back(rank_tensor(pg.rank(), {10}, dtype, 10 * j).to(device));
+      Tensor output = zeros({10}, TensorOptions(dtype, device));
       pg.reduce_scatter(output, inputs, op)->wait();
-      expect_close(output, expected_reduction(pg.size(), {10}, dtype, op, 10 * pg.rank()),
+      expect_close(output.cpu(), expected_reduction(pg.size(), {10}, dtype, op, 10 * pg.rank()),
                    rtol_for(dtype));
     }
   }
@@ -425,6 +427,11 @@ TEST(WorldGroup, CudaTensorsAreStagedThroughHostOrRefused) {
     EXPECT_EMBER_ERROR(pg.send(t, (pg.rank() + 1) % pg.size()), "send: the tcp backend");
     return;
   }
+  check_allreduce(pg, {4, 25}, device);
+  check_broadcast(pg, device);
+  check_allgather(pg, device);
+  check_reduce(pg, device);
+  check_reduce_scatter(pg, device);
   for (DType dtype : {kF32, kF16, kI64}) {
     Tensor t = rank_tensor(pg.rank(), {1000}, dtype).to(device);
     pg.allreduce(t, ReduceOp::kSum)->wait();
@@ -608,6 +615,85 @@ TEST(SingleGroup, CudaTensors) {
   pg.allgather(out, in)->wait();
   expect_close(out[0].cpu(), in.cpu());
 }
+
+// --- the NCCL backend: a world of one on GPU 0 (more ranks need a GPU each) --------------
+
+#if EMBER_WITH_CUDA
+std::shared_ptr<NcclProcessGroup> nccl_world_of_one() {
+  return std::make_shared<NcclProcessGroup>(0, 1, 0, 0, NcclProcessGroup::create_unique_id(),
+                                            test_options());
+}
+
+TEST(NcclGroup, EveryCollectiveAndDtypeOnAWorldOfOne) {
+  EMBER_REQUIRE_CUDA();
+  auto group = nccl_world_of_one();
+  NcclProcessGroup& pg = *group;
+  EXPECT_EQ(pg.backend(), "nccl");
+  EXPECT_EQ(pg.rank(), 0);
+  EXPECT_EQ(pg.size(), 1);
+  EXPECT_EQ(pg.device(), 0);
+  const Device gpu = cuda_device(0);
+  check_allreduce(pg, {4, 25}, gpu);
+  check_allreduce(pg, {0}, gpu);
+  check_broadcast(pg, gpu);
+  check_allgather(pg, gpu);
+  check_reduce(pg, gpu);
+  check_reduce_scatter(pg, gpu);
+  pg.barrier()->wait();
+}
+
+// An out-of-place collective reads what the caller's stream wrote just before it, and the
+// caller's stream reads its output after wait(): on the default stream and on one of the
+// caller's own. The input is large enough that its kernel is still running at the issue.
+TEST(NcclGroup, OrderedAgainstTheCallersStream) {
+  EMBER_REQUIRE_CUDA();
+  auto group = nccl_world_of_one();
+  const Device gpu = cuda_device(0);
+  Generator gen(5);
+  const Tensor x = rand({1 << 24}, kF32, &gen).to(gpu);
+  for (const bool own_stream : {false, true}) {
+    SCOPED_TRACE(own_stream ? "own stream" : "default stream");
+    std::optional<cuda::StreamGuard> guard;
+    if (own_stream) guard.emplace(cuda::Stream::create(0));
+    Tensor produced = x * 3.0 + 1.0;
+    std::vector<Tensor> gathered = {zeros({1 << 24}, gpu)};
+    WorkHandle work = group->allgather(gathered, produced);
+    work->wait();
+    EXPECT_TRUE(work->is_completed());
+    Tensor consumed = gathered[0] - 1.0;
+    expect_close(consumed.cpu(), (x * 3.0).cpu(), 1e-6, 1e-6);
+  }
+}
+
+TEST(NcclGroup, RefusesWhatItCannotMoveAndStaysUsable) {
+  EMBER_REQUIRE_CUDA();
+  auto group = nccl_world_of_one();
+  NcclProcessGroup& pg = *group;
+  const Device gpu = cuda_device(0);
+  EXPECT_EMBER_ERROR(pg.allreduce(ones({2})), "the NCCL group works on cuda:0 but the tensor");
+  EXPECT_EMBER_ERROR(pg.send(ones({2}, gpu), 0, 1), "the NCCL backend has no tags (got 1)");
+  EXPECT_EMBER_ERROR(pg.recv(ones({2}, gpu), 0, 7), "the NCCL backend has no tags (got 7)");
+  EXPECT_EMBER_ERROR(pg.send(ones({2}, gpu), 0), "rank 0 cannot exchange with itself");
+  EXPECT_EMBER_ERROR(pg.allreduce(ones({2}, TensorOptions(kI64, gpu)), ReduceOp::kAvg),
+                     "ReduceOp avg");
+  Tensor t = full({3}, 2.0, TensorOptions(kF32, gpu));
+  pg.allreduce(t)->wait();
+  expect_close(t.cpu(), full({3}, 2.0));
+}
+
+TEST(NcclGroup, InitProcessGroupMakesAWorldOfOneWhenAsked) {
+  EMBER_REQUIRE_CUDA();
+  if (read_launch_env().launcher != "none") GTEST_SKIP() << "runs without a launcher";
+  InitOptions init;
+  init.backend = "nccl";
+  init.group = test_options();
+  auto pg = init_process_group(init);
+  EXPECT_EQ(pg->backend(), "nccl");
+  Tensor t = ones({8}, cuda_device(0));
+  pg->allreduce(t, ReduceOp::kAvg)->wait();
+  expect_close(t.cpu(), ones({8}));
+}
+#endif  // EMBER_WITH_CUDA
 
 // --- fingerprints -------------------------------------------------------------------------
 
