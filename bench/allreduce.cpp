@@ -10,6 +10,14 @@
 // one JSON line per size ("bench": "allreduce_tcp") compares it with raw MPI_Allreduce, the two
 // taking turns as above. For a fair "MPI over TCP" reference, keep MPI off shared memory:
 //   mpirun --mca btl tcp,self -np 2 build/bench/allreduce --tcp
+//
+// With --cuda (CUDA builds, a GPU visible), the same sizes on CUDA tensors instead, on GPU
+// local_rank % count: at one rank, ember's NCCL group against raw ncclAllReduce on a
+// communicator of its own ("bench": "allreduce_nccl"); at more ranks, ember's MPI group, which
+// stages CUDA tensors through pinned host memory, against the same staging written out by hand
+// (cudaMemcpy to a pinned buffer, MPI_Allreduce, cudaMemcpy back; "allreduce_mpi_cuda").
+//   build/bench/allreduce --cuda
+//   mpirun -np 2 build/bench/allreduce --cuda      (two ranks may share one GPU)
 #include <mpi.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -18,6 +26,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -25,6 +34,13 @@
 
 #include <ember/dist/dist.h>
 #include <ember/tensor/ops.h>
+
+#if EMBER_WITH_CUDA
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <ember/tensor/cuda.h>
+#endif
 
 namespace {
 
@@ -52,14 +68,22 @@ struct Medians {
   double raw, group;  // seconds per all-reduce: raw MPI_Allreduce, then `group`'s
 };
 
+Medians alternate(const std::function<void()>& reference, const std::function<void()>& ours,
+                  int reps);
+
 // Raw MPI and the group's allreduce(b)->wait() take turns, each first in half of the rounds,
 // so neither a slow spell of the machine nor the call that ran just before favours one.
 Medians alternate_with_raw_mpi(ember::dist::ProcessGroup& group, const ember::Tensor& b, int reps) {
   const int n = static_cast<int>(b.numel());
-  const std::function<void()> methods[2] = {
+  return alternate(
       [&] { MPI_Allreduce(MPI_IN_PLACE, b.data_ptr(), n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); },
-      [&] { group.allreduce(b)->wait(); },
-  };
+      [&] { group.allreduce(b)->wait(); }, reps);
+}
+
+// The same for any reference and ember call.
+Medians alternate(const std::function<void()>& reference, const std::function<void()>& ours,
+                  int reps) {
+  const std::function<void()> methods[2] = {reference, ours};
   std::vector<double> times[2];
   const int warmup = std::max(2, reps / 10);  // untimed rounds first, in both orders
   for (int i = 0; i < reps + warmup; ++i) {
@@ -123,6 +147,91 @@ void bench_tcp(int rank, int size) {
   }
 }
 
+#if EMBER_WITH_CUDA
+void check_cuda(cudaError_t code, const char* what) {
+  if (code != cudaSuccess) {
+    std::fprintf(stderr, "allreduce: %s: %s\n", what, cudaGetErrorString(code));
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+}
+
+void check_nccl(ncclResult_t code, const char* what) {
+  if (code != ncclSuccess) {
+    std::fprintf(stderr, "allreduce: %s: %s\n", what, ncclGetErrorString(code));
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+}
+
+void print_cuda_line(const char* bench, const char* reference, int size, size_t bytes,
+                     const Medians& m) {
+  const double ref_bw = busbw_gbs(bytes, size, m.raw), ours_bw = busbw_gbs(bytes, size, m.group);
+  std::printf(
+      "{\"bench\": \"%s\", \"ranks\": %d, \"bytes\": %zu, \"dtype\": \"f32\", "
+      "\"ember_us\": %.2f, \"%s_us\": %.2f, \"ember_busbw_gbs\": %.3f, "
+      "\"%s_busbw_gbs\": %.3f, \"ratio\": %.3f}\n",
+      bench, size, bytes, m.group * 1e6, reference, m.raw * 1e6, ours_bw, reference, ref_bw,
+      ours_bw / ref_bw);
+  std::fflush(stdout);
+}
+
+// One rank: ember's NCCL group against ncclAllReduce on a communicator and stream of its own,
+// both timed to completion on the host.
+void bench_nccl_world_of_one() {
+  using namespace ember;
+  ncclUniqueId id;
+  check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
+  ncclComm_t comm = nullptr;
+  check_nccl(ncclCommInitRank(&comm, 1, id, 0), "ncclCommInitRank");
+  cudaStream_t stream = nullptr;
+  check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  dist::NcclProcessGroup pg(0, 1, 0, 0, dist::NcclProcessGroup::create_unique_id());
+  for (size_t bytes = 4 << 10; bytes <= (64u << 20); bytes *= 4) {
+    const auto n = static_cast<int64_t>(bytes / sizeof(float));
+    Tensor b = full({n}, 1.0, TensorOptions(kF32, cuda_device(0)));
+    cuda::synchronize();
+    const Medians m = alternate(
+        [&] {
+          check_nccl(ncclAllReduce(b.data_ptr(), b.data_ptr(), static_cast<size_t>(n), ncclFloat,
+                                   ncclSum, comm, stream),
+                     "ncclAllReduce");
+          check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+        },
+        [&] { pg.allreduce(b)->wait(); },  // returns once the collective has completed
+        reps_for(bytes));
+    print_cuda_line("allreduce_nccl", "nccl", 1, bytes, m);
+  }
+  check_nccl(ncclCommDestroy(comm), "ncclCommDestroy");
+  check_cuda(cudaStreamDestroy(stream), "cudaStreamDestroy");
+}
+
+// Several ranks: ember's MPI group on CUDA tensors against staging through pinned host memory
+// by hand.
+void bench_mpi_cuda(int rank, int size, int local_rank) {
+  using namespace ember;
+  const Device gpu = cuda_device(local_rank % cuda::device_count());
+  cuda::set_device(gpu.index);
+  dist::MpiProcessGroup pg;
+  for (size_t bytes = 4 << 10; bytes <= (64u << 20); bytes *= 4) {
+    const auto n = static_cast<int64_t>(bytes / sizeof(float));
+    Tensor b = full({n}, 1.0 / size, TensorOptions(kF32, gpu));
+    Tensor host = empty({n}, TensorOptions(kF32).with_pinned_memory());
+    cuda::synchronize();
+    const Medians m = alternate(
+        [&] {
+          check_cuda(cudaMemcpy(host.data_ptr(), b.data_ptr(), bytes, cudaMemcpyDeviceToHost),
+                     "cudaMemcpy to host");
+          MPI_Allreduce(MPI_IN_PLACE, host.data_ptr(), static_cast<int>(n), MPI_FLOAT, MPI_SUM,
+                        MPI_COMM_WORLD);
+          check_cuda(cudaMemcpy(b.data_ptr(), host.data_ptr(), bytes, cudaMemcpyHostToDevice),
+                     "cudaMemcpy to device");
+        },
+        [&] { pg.allreduce(b)->wait(); },  // the staged result is on the device on return
+        reps_for(bytes));
+    if (rank == 0) print_cuda_line("allreduce_mpi_cuda", "staged_mpi", size, bytes, m);
+  }
+}
+#endif  // EMBER_WITH_CUDA
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -131,8 +240,33 @@ int main(int argc, char** argv) {
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
-  bool tcp = false;
-  for (int i = 1; i < argc; ++i) tcp = tcp || std::strcmp(argv[i], "--tcp") == 0;
+  bool tcp = false, cuda = false;
+  for (int i = 1; i < argc; ++i) {
+    tcp = tcp || std::strcmp(argv[i], "--tcp") == 0;
+    cuda = cuda || std::strcmp(argv[i], "--cuda") == 0;
+  }
+  if (cuda) {
+#if EMBER_WITH_CUDA
+    if (!ember::cuda::is_available()) {
+      if (rank == 0) std::fprintf(stderr, "allreduce --cuda: no CUDA device visible\n");
+      MPI_Finalize();
+      return 1;
+    }
+    int local_rank = 0;
+    if (const char* env = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK")) local_rank = std::atoi(env);
+    if (size == 1) {
+      bench_nccl_world_of_one();
+    } else {
+      bench_mpi_cuda(rank, size, local_rank);
+    }
+    MPI_Finalize();
+    return 0;
+#else
+    if (rank == 0) std::fprintf(stderr, "allreduce --cuda: ember was built without CUDA\n");
+    MPI_Finalize();
+    return 1;
+#endif
+  }
   {
     ember::dist::MpiProcessGroup pg;
     for (size_t bytes = 4 << 10; bytes <= (64u << 20); bytes *= 4) {
