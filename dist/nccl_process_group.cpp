@@ -3,7 +3,11 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <atomic>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <thread>
@@ -81,9 +85,82 @@ struct NcclProcessGroup::State {
   cuda::Stream stream;
   std::mutex issue_mutex;  // issue order is the order NCCL sees
   int64_t collectives = 0, p2p = 0;
+  cuda::Event ready;  // re-recorded at every issue, under issue_mutex
   std::atomic<bool> broken{false};
   std::mutex broken_mutex;
   std::string broken_message;
+
+  // The watchdog: every operation issued and not yet seen done, with its deadline.
+  struct InFlight {
+    std::shared_ptr<cuda::Event> done;
+    std::string name;
+    Clock::time_point deadline;
+  };
+  static constexpr std::chrono::milliseconds kWatchPeriod{20};
+  std::mutex watch_mutex;
+  std::condition_variable watch_cv;
+  std::vector<InFlight> in_flight;
+  bool stopping = false;
+  std::thread watchdog;
+
+  void watch(std::shared_ptr<cuda::Event> done, const std::string& name) {
+    std::lock_guard<std::mutex> lock(watch_mutex);
+    in_flight.push_back({std::move(done), name, Clock::now() + options.timeout});
+  }
+
+  // NOTE: a wait with the group's timeout only orders the caller's stream (see NcclWork), so
+  // nobody may be blocked on a collective that never finishes: this thread then reports it
+  // and ends the process, as PyTorch's NCCL watchdog does. It wakes every kWatchPeriod.
+  void run_watchdog() {
+    std::unique_lock<std::mutex> lock(watch_mutex);
+    while (!stopping) {
+      watch_cv.wait_for(lock, kWatchPeriod);
+      std::erase_if(in_flight, [](const InFlight& op) { return op.done->query(); });
+      if (in_flight.empty() || broken.load()) continue;
+      const std::string failure = check_in_flight();
+      if (failure.empty()) continue;
+      lock.unlock();
+      {
+        // Not aborted: ncclCommAbort frees device memory, which waits for the whole device,
+        // and the stuck operation may be what the device waits for.
+        std::lock_guard<std::mutex> broken_lock(broken_mutex);
+        if (!broken.exchange(true)) broken_message = failure;
+      }
+      std::fprintf(stderr, "ember: %s; the NCCL watchdog ends the process\n", failure.c_str());
+      std::fflush(stderr);
+      std::_Exit(1);
+    }
+  }
+
+  // Under watch_mutex: an asynchronous NCCL error, or the first operation past its deadline.
+  std::string check_in_flight() {
+    ncclResult_t async = ncclSuccess;
+    {
+      std::lock_guard<std::mutex> lock(broken_mutex);
+      if (comm != nullptr && ncclCommGetAsyncError(comm, &async) != ncclSuccess)
+        async = ncclSuccess;
+      if (async != ncclSuccess && async != ncclInProgress) {
+        return in_flight.front().name + " on rank " + std::to_string(rank) +
+               " failed: NCCL reported " + ncclGetErrorString(async) + " (" +
+               ncclGetLastError(comm) + ")";
+      }
+    }
+    const auto now = Clock::now();
+    for (const InFlight& op : in_flight) {
+      if (now > op.deadline)
+        return detail::timeout_message(op.name, rank, options.timeout, "nccl", size);
+    }
+    return "";
+  }
+
+  void stop_watchdog() {
+    {
+      std::lock_guard<std::mutex> lock(watch_mutex);
+      stopping = true;
+    }
+    watch_cv.notify_all();
+    if (watchdog.joinable()) watchdog.join();
+  }
 
   // Aborts the communicator (unblocking its kernels) and remembers why.
   void break_group(const std::string& message) {
@@ -149,24 +226,40 @@ namespace {
 
 using State = NcclProcessGroup::State;
 
+// wait() with the group's timeout orders the caller's current stream after the operation and
+// returns, as PyTorch's NCCL Work does, so the host goes on queueing work (the optimizer step
+// after DDP's last bucket) while the GPU communicates; the watchdog enforces the timeout. An
+// explicit timeout, and a barrier, block the host until the operation is done.
 class NcclWork final : public Work {
  public:
-  NcclWork(std::shared_ptr<State> state, std::string name, std::vector<Tensor> keep)
-      : state_(std::move(state)), name_(std::move(name)), keep_(std::move(keep)) {
-    done_.record(state_->stream);
+  NcclWork(std::shared_ptr<State> state, std::string name, std::vector<Tensor> keep, bool blocking)
+      : state_(std::move(state)),
+        name_(std::move(name)),
+        keep_(std::move(keep)),
+        done_(std::make_shared<cuda::Event>()),
+        blocking_(blocking) {
+    done_->record(state_->stream);
+    state_->watch(done_, name_);
   }
-  bool is_completed() override { return state_->broken.load() || done_.query(); }
+  bool is_completed() override { return state_->broken.load() || done_->query(); }
   void wait(std::chrono::milliseconds timeout) override {
-    state_->host_wait(done_, name_, detail::wait_limit(timeout, state_->options.timeout));
-    done_.wait(cuda::current_stream(state_->device));
-    keep_.clear();
+    if (blocking_ || timeout.count() > 0) {
+      state_->host_wait(*done_, name_, detail::wait_limit(timeout, state_->options.timeout));
+    } else if (state_->broken.load()) {
+      std::lock_guard<std::mutex> lock(state_->broken_mutex);
+      throw Error(name_ + " on rank " + std::to_string(state_->rank) +
+                  ": the process group failed earlier: " + state_->broken_message);
+    }
+    done_->wait(cuda::current_stream(state_->device));
+    keep_.clear();  // the caching allocator holds their blocks for the NCCL stream
   }
 
  private:
   std::shared_ptr<State> state_;
   std::string name_;
-  std::vector<Tensor> keep_;  // inputs, outputs and scratch, alive until the work is done
-  cuda::Event done_;
+  std::vector<Tensor> keep_;  // inputs, outputs and scratch, alive until waited on
+  std::shared_ptr<cuda::Event> done_;
+  bool blocking_;
 };
 
 void check_device(const char* op, const Tensor& t, int device) {
@@ -189,16 +282,16 @@ class Issue {
           ": the process group cannot be used after an earlier failure: " + s.broken_message);
     }
     check_cuda(cudaSetDevice(s.device), name_ + ": cudaSetDevice");
-    cuda::Event ready;
-    ready.record(cuda::current_stream(s.device));
-    ready.wait(s.stream);
+    // A stream waits for an event's record at the time of the call: re-recording is safe.
+    s.ready.record(cuda::current_stream(s.device));
+    s.ready.wait(s.stream);
     if (s.debug && collective) check_fingerprints(Fingerprint::of(kind, seq, t, root, reduce));
   }
   const std::string& name() const { return name_; }
   void call(ncclResult_t code) { s_.settle(code, name_ + " on rank " + std::to_string(s_.rank)); }
-  WorkHandle finish(std::shared_ptr<State> s, std::vector<Tensor> keep) {
+  WorkHandle finish(std::shared_ptr<State> s, std::vector<Tensor> keep, bool blocking = false) {
     for (const Tensor& t : keep) cuda::record_stream(t.storage().data(), s->stream);
-    return std::make_shared<NcclWork>(std::move(s), name_, std::move(keep));
+    return std::make_shared<NcclWork>(std::move(s), name_, std::move(keep), blocking);
   }
 
  private:
@@ -279,10 +372,12 @@ NcclProcessGroup::NcclProcessGroup(int rank, int size, int local_rank, int devic
   const std::string what =
       "ncclCommInitRank (rank " + std::to_string(rank) + " of " + std::to_string(size) + ")";
   s.settle(ncclCommInitRankConfig(&s.comm, size, nccl_id, rank, &config), what);
+  s.watchdog = std::thread([state = state_.get()] { state->run_watchdog(); });
 }
 
 NcclProcessGroup::~NcclProcessGroup() {
   State& s = *state_;
+  s.stop_watchdog();
   std::lock_guard<std::mutex> lock(s.broken_mutex);
   if (s.comm == nullptr) return;
   // Finished work first (a destructor cannot report failures, so best effort), then free.
@@ -391,7 +486,7 @@ WorkHandle NcclProcessGroup::barrier() {
   Issue issue(s, OpKind::kBarrier, nullptr, -1, -1);
   issue.call(ncclAllReduce(token.data_ptr(), token.data_ptr(), 1, ncclFloat32, ncclSum, s.comm,
                            s.stream.handle()));
-  return issue.finish(state_, {token});
+  return issue.finish(state_, {token}, /*blocking=*/true);  // a barrier holds the host
 }
 
 WorkHandle NcclProcessGroup::send(const Tensor& tensor, int dst, int tag) {

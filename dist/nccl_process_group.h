@@ -1,10 +1,14 @@
 // The NCCL backend (CUDA builds only): CUDA tensors on the group's own high-priority stream.
 // Each collective waits (an event recorded on the caller's current stream) for the work that
-// produced its tensors, runs on the NCCL stream, and Work::wait() polls its completion event
-// with the timeout, checking ncclCommGetAsyncError, then orders the caller's current stream
-// after it. On a timeout or an asynchronous error the communicator is aborted, the Work
-// throws ember::Error naming the collective, its number and the rank, and every later call on
-// the group throws.
+// produced its tensors and runs on the NCCL stream. As in PyTorch, Work::wait() with the
+// group's timeout orders the caller's current stream after the collective and returns without
+// holding the host; a watchdog thread checks every operation in flight and, on a timeout or an
+// asynchronous NCCL error, prints an error naming the collective, its number and the rank and
+// ends the process with status 1. wait() with an explicit timeout, and a barrier's wait, hold
+// the host until the collective is done, polling its completion event and
+// ncclCommGetAsyncError: on a timeout or an error the communicator is aborted, the Work throws
+// ember::Error naming the collective, its number and the rank, and every later call on the
+// group throws.
 #pragma once
 
 #include <array>

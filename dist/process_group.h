@@ -22,6 +22,8 @@ class Work {
   // True once the collective finished (successfully or not); never blocks.
   virtual bool is_completed() = 0;
   // Blocks until done; ember::Error on failure or after `timeout` (0: the group's timeout).
+  // NCCL, with timeout 0: orders the caller's current CUDA stream after the collective
+  // instead, and a watchdog enforces the timeout (see nccl_process_group.h).
   virtual void wait(std::chrono::milliseconds timeout = std::chrono::milliseconds(0)) = 0;
 };
 using WorkHandle = std::shared_ptr<Work>;

@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
@@ -16,6 +17,11 @@
 #include <future>
 #include <optional>
 #include <thread>
+
+#include <ember/config.h>
+#if EMBER_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
 
 #include <ember/dist/detail/common.h>
 #include <ember/dist/detail/shared_store.h>
@@ -659,9 +665,9 @@ TEST(NcclGroup, OrderedAgainstTheCallersStream) {
     std::vector<Tensor> gathered = {zeros({1 << 24}, gpu)};
     WorkHandle work = group->allgather(gathered, produced);
     work->wait();
-    EXPECT_TRUE(work->is_completed());
     Tensor consumed = gathered[0] - 1.0;
     expect_close(consumed.cpu(), (x * 3.0).cpu(), 1e-6, 1e-6);
+    EXPECT_TRUE(work->is_completed());
   }
 }
 
@@ -679,6 +685,106 @@ TEST(NcclGroup, RefusesWhatItCannotMoveAndStaysUsable) {
   Tensor t = full({3}, 2.0, TensorOptions(kF32, gpu));
   pg.allreduce(t)->wait();
   expect_close(t.cpu(), full({3}, 2.0));
+}
+
+// Holds `stream` (work queued after this waits) until destruction, or until another thread
+// lets go after a delay, as a peer that turns up late would. Each test runs its collective
+// once before holding: NCCL sets up connections at a comm's first use of a collective, which
+// may wait for the device.
+class StreamHold {
+ public:
+  explicit StreamHold(const cuda::Stream& stream) {
+    const cudaError_t status = cudaLaunchHostFunc(
+        stream.handle(),
+        [](void* flag) {
+          while (!static_cast<std::atomic<bool>*>(flag)->load()) std::this_thread::sleep_for(1ms);
+        },
+        &released_);
+    EXPECT_EQ(status, cudaSuccess) << cudaGetErrorString(status);
+  }
+  ~StreamHold() {
+    released_ = true;
+    if (releaser_.joinable()) releaser_.join();
+  }
+  void release_after(std::chrono::milliseconds delay) {
+    releaser_ = std::thread([this, delay] {
+      const auto until = std::chrono::steady_clock::now() + delay;
+      while (!released_.load() && std::chrono::steady_clock::now() < until) {
+        std::this_thread::sleep_for(1ms);
+      }
+      released_ = true;
+    });
+  }
+
+ private:
+  std::atomic<bool> released_{false};
+  std::thread releaser_;
+};
+
+// wait() with the group's timeout orders the caller's stream after the collective and
+// returns at once, like PyTorch's NCCL Work: the host is not held while the GPU communicates.
+TEST(NcclGroup, WaitOrdersTheCallersStreamWithoutHoldingTheHost) {
+  EMBER_REQUIRE_CUDA();
+  auto group = nccl_world_of_one();
+  const Device gpu = cuda_device(0);
+  cuda::StreamGuard guard(cuda::Stream::create(0));
+  Tensor t = full({1000}, 3.0, gpu);
+  group->allreduce(t)->wait();
+  cuda::current_stream().synchronize();
+  WorkHandle work;
+  {
+    StreamHold hold(cuda::current_stream());
+    hold.release_after(10s);  // a backstop: a wait that held the host fails, not hangs
+    work = group->allreduce(t);
+    work->wait();  // returns while the stream is still held
+    EXPECT_FALSE(work->is_completed());
+  }
+  Tensor doubled = t * 2.0;  // queued after the collective
+  expect_close(doubled.cpu(), full({1000}, 6.0));
+  EXPECT_TRUE(work->is_completed());
+}
+
+// A collective that cannot start (its input is never ready) makes an explicit wait raise the
+// error once its timeout passes, and the group refuses later calls.
+TEST(NcclGroup, AnExplicitWaitTimesOutAndBreaksTheGroup) {
+  EMBER_REQUIRE_CUDA();
+  auto group = nccl_world_of_one();
+  const Device gpu = cuda_device(0);
+  cuda::StreamGuard guard(cuda::Stream::create(0));
+  Tensor t = ones({4}, gpu);
+  group->allreduce(t)->wait();
+  cuda::current_stream().synchronize();
+  StreamHold hold(cuda::current_stream());
+  WorkHandle work = group->allreduce(t);
+  // Breaking the group aborts the communicator, which waits for the device: the stream is
+  // let go a while after the timeout so that the abort can finish.
+  hold.release_after(1500ms);
+  EXPECT_EMBER_ERROR(work->wait(300ms), "allreduce #2 on rank 0 timed out after 300 ms");
+  EXPECT_EMBER_ERROR(group->allreduce(t), "cannot be used after an earlier failure");
+  EXPECT_TRUE(work->is_completed());
+}
+
+// With nobody blocked on it, a collective that never finishes is reported by the watchdog,
+// which ends the process with a non-zero status.
+TEST(NcclGroupDeathTest, TheWatchdogEndsTheProcessPastTheTimeout) {
+  EMBER_REQUIRE_CUDA();
+  if (read_launch_env().launcher != "none") GTEST_SKIP() << "runs without a launcher";
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        ProcessGroupOptions options;
+        options.timeout = 3s;  // NCCL's initialisation, bounded by it too, takes ~0.5 s
+        NcclProcessGroup pg(0, 1, 0, 0, NcclProcessGroup::create_unique_id(), options);
+        cuda::StreamGuard guard(cuda::Stream::create(0));
+        Tensor t = ones({4}, cuda_device(0));
+        pg.allreduce(t)->wait();
+        cuda::current_stream().synchronize();
+        StreamHold hold(cuda::current_stream());
+        pg.allreduce(t)->wait();
+        std::this_thread::sleep_for(30s);
+        std::exit(0);
+      },
+      ::testing::ExitedWithCode(1), "allreduce #2 on rank 0 timed out after 3000 ms");
 }
 
 TEST(NcclGroup, InitProcessGroupMakesAWorldOfOneWhenAsked) {
