@@ -175,7 +175,7 @@ void print_cuda_line(const char* bench, const char* reference, int size, size_t 
 }
 
 // One rank: ember's NCCL group against ncclAllReduce on a communicator and stream of its own,
-// both timed to completion on the host.
+// both timed until the host has synchronized with the result.
 void bench_nccl_world_of_one() {
   using namespace ember;
   ncclUniqueId id;
@@ -196,7 +196,10 @@ void bench_nccl_world_of_one() {
                      "ncclAllReduce");
           check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
         },
-        [&] { pg.allreduce(b)->wait(); },  // returns once the collective has completed
+        [&] {
+          pg.allreduce(b)->wait();  // orders the current stream after the collective
+          cuda::current_stream().synchronize();
+        },
         reps_for(bytes));
     print_cuda_line("allreduce_nccl", "nccl", 1, bytes, m);
   }

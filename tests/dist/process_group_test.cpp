@@ -9,7 +9,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <atomic>
+#include <algorithm>
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
@@ -17,11 +17,6 @@
 #include <future>
 #include <optional>
 #include <thread>
-
-#include <ember/config.h>
-#if EMBER_WITH_CUDA
-#include <cuda_runtime.h>
-#endif
 
 #include <ember/dist/detail/common.h>
 #include <ember/dist/detail/shared_store.h>
@@ -687,85 +682,65 @@ TEST(NcclGroup, RefusesWhatItCannotMoveAndStaysUsable) {
   expect_close(t.cpu(), full({3}, 2.0));
 }
 
-// Holds `stream` (work queued after this waits) until destruction, or until another thread
-// lets go after a delay, as a peer that turns up late would. Each test runs its collective
-// once before holding: NCCL sets up connections at a comm's first use of a collective, which
-// may wait for the device.
-class StreamHold {
- public:
-  explicit StreamHold(const cuda::Stream& stream) {
-    const cudaError_t status = cudaLaunchHostFunc(
-        stream.handle(),
-        [](void* flag) {
-          while (!static_cast<std::atomic<bool>*>(flag)->load()) std::this_thread::sleep_for(1ms);
-        },
-        &released_);
-    EXPECT_EQ(status, cudaSuccess) << cudaGetErrorString(status);
-  }
-  ~StreamHold() {
-    released_ = true;
-    if (releaser_.joinable()) releaser_.join();
-  }
-  void release_after(std::chrono::milliseconds delay) {
-    releaser_ = std::thread([this, delay] {
-      const auto until = std::chrono::steady_clock::now() + delay;
-      while (!released_.load() && std::chrono::steady_clock::now() < until) {
-        std::this_thread::sleep_for(1ms);
-      }
-      released_ = true;
-    });
-  }
-
- private:
-  std::atomic<bool> released_{false};
-  std::thread releaser_;
-};
+// Keeps the current stream busy for about `seconds` (longer on a shared GPU) with matrix
+// products queued at once: a delay that ends on its own, needing nothing from the host. (A
+// host function holding a stream can deadlock CUDA calls made while it waits.)
+void keep_stream_busy(double seconds) {
+  const Device gpu = cuda_device(0);
+  Generator gen(3);
+  const Tensor a = rand({16384, 16384}, TensorOptions(kF32, gpu), &gen);  // 1 GiB
+  Tensor product = matmul(a, a);  // loads the kernels, then times a few
+  cuda::current_stream().synchronize();
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < 3; ++i) product = matmul(a, a);
+  cuda::current_stream().synchronize();
+  const double each =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / 3;
+  // Fewer than CUDA's queue of pending launches, which would hold the host.
+  const int count = std::clamp(static_cast<int>(seconds / each) + 1, 1, 800);
+  for (int i = 0; i < count; ++i) product = matmul(a, a);
+}
 
 // wait() with the group's timeout orders the caller's stream after the collective and
 // returns at once, like PyTorch's NCCL Work: the host is not held while the GPU communicates.
+// The all-gather is out of place, so the NCCL stream has work of its own (a copy at one rank).
 TEST(NcclGroup, WaitOrdersTheCallersStreamWithoutHoldingTheHost) {
   EMBER_REQUIRE_CUDA();
   auto group = nccl_world_of_one();
   const Device gpu = cuda_device(0);
   cuda::StreamGuard guard(cuda::Stream::create(0));
-  Tensor t = full({1000}, 3.0, gpu);
-  group->allreduce(t)->wait();
-  cuda::current_stream().synchronize();
-  WorkHandle work;
-  {
-    StreamHold hold(cuda::current_stream());
-    hold.release_after(10s);  // a backstop: a wait that held the host fails, not hangs
-    work = group->allreduce(t);
-    work->wait();  // returns while the stream is still held
-    EXPECT_FALSE(work->is_completed());
-  }
-  Tensor doubled = t * 2.0;  // queued after the collective
+  Tensor input = full({1000}, 3.0, gpu);
+  std::vector<Tensor> out = {zeros({1000}, gpu)};
+  group->allgather(out, input)->wait();  // NCCL's first use of the collective
+  out[0].zero_();
+  keep_stream_busy(2.0);
+  WorkHandle work = group->allgather(out, input);
+  work->wait();
+  EXPECT_FALSE(work->is_completed()) << "wait() held the host until the collective was done";
+  Tensor doubled = out[0] * 2.0;  // queued after the collective
   expect_close(doubled.cpu(), full({1000}, 6.0));
   EXPECT_TRUE(work->is_completed());
 }
 
-// A collective that cannot start (its input is never ready) makes an explicit wait raise the
-// error once its timeout passes, and the group refuses later calls.
+// A collective that cannot start in time (its input is still being computed) makes an
+// explicit wait raise the error once its timeout passes, and the group refuses later calls.
 TEST(NcclGroup, AnExplicitWaitTimesOutAndBreaksTheGroup) {
   EMBER_REQUIRE_CUDA();
   auto group = nccl_world_of_one();
   const Device gpu = cuda_device(0);
   cuda::StreamGuard guard(cuda::Stream::create(0));
-  Tensor t = ones({4}, gpu);
-  group->allreduce(t)->wait();
-  cuda::current_stream().synchronize();
-  StreamHold hold(cuda::current_stream());
-  WorkHandle work = group->allreduce(t);
-  // Breaking the group aborts the communicator, which waits for the device: the stream is
-  // let go a while after the timeout so that the abort can finish.
-  hold.release_after(1500ms);
-  EXPECT_EMBER_ERROR(work->wait(300ms), "allreduce #2 on rank 0 timed out after 300 ms");
-  EXPECT_EMBER_ERROR(group->allreduce(t), "cannot be used after an earlier failure");
+  Tensor input = ones({4}, gpu);
+  std::vector<Tensor> out = {zeros({4}, gpu)};
+  group->allgather(out, input)->wait();
+  keep_stream_busy(2.0);
+  WorkHandle work = group->allgather(out, input);
+  EXPECT_EMBER_ERROR(work->wait(300ms), "allgather #2 on rank 0 timed out after 300 ms");
+  EXPECT_EMBER_ERROR(group->allgather(out, input), "cannot be used after an earlier failure");
   EXPECT_TRUE(work->is_completed());
 }
 
-// With nobody blocked on it, a collective that never finishes is reported by the watchdog,
-// which ends the process with a non-zero status.
+// With nobody blocked on it, a collective that does not finish in time is reported by the
+// watchdog, which ends the process with a non-zero status.
 TEST(NcclGroupDeathTest, TheWatchdogEndsTheProcessPastTheTimeout) {
   EMBER_REQUIRE_CUDA();
   if (read_launch_env().launcher != "none") GTEST_SKIP() << "runs without a launcher";
@@ -773,18 +748,18 @@ TEST(NcclGroupDeathTest, TheWatchdogEndsTheProcessPastTheTimeout) {
   EXPECT_EXIT(
       {
         ProcessGroupOptions options;
-        options.timeout = 3s;  // NCCL's initialisation, bounded by it too, takes ~0.5 s
+        options.timeout = 2s;  // NCCL's initialisation, bounded by it too, takes ~0.5 s
         NcclProcessGroup pg(0, 1, 0, 0, NcclProcessGroup::create_unique_id(), options);
         cuda::StreamGuard guard(cuda::Stream::create(0));
-        Tensor t = ones({4}, cuda_device(0));
-        pg.allreduce(t)->wait();
-        cuda::current_stream().synchronize();
-        StreamHold hold(cuda::current_stream());
-        pg.allreduce(t)->wait();
-        std::this_thread::sleep_for(30s);
+        Tensor input = ones({4}, cuda_device(0));
+        std::vector<Tensor> out = {zeros({4}, cuda_device(0))};
+        pg.allgather(out, input)->wait();
+        keep_stream_busy(20.0);
+        pg.allgather(out, input)->wait();
+        std::this_thread::sleep_for(60s);
         std::exit(0);
       },
-      ::testing::ExitedWithCode(1), "allreduce #2 on rank 0 timed out after 3000 ms");
+      ::testing::ExitedWithCode(1), "allgather #2 on rank 0 timed out after 2000 ms");
 }
 
 TEST(NcclGroup, InitProcessGroupMakesAWorldOfOneWhenAsked) {
