@@ -20,8 +20,8 @@ namespace ember::data {
 // them: fresh multi-megabyte buffers cost a page fault per 4 KiB on first touch.
 // NOTE: a storage whose use_count() is 1 is referenced by the pool alone, and only the pool
 // (under its mutex) hands out new references, so nobody else can be reading or writing it.
-// Pageable memory only: ember copies it to a GPU synchronously, whereas pinned memory may
-// still be read by a non_blocking copy after the batch is dropped.
+// Pageable memory only: pinned batches come from the pinned allocator, whose cache hands a
+// block out again only once the non_blocking copies that read it have finished.
 struct DataLoader::BufferPool {
   std::mutex mutex;
   std::vector<Storage> buffers;
@@ -194,8 +194,8 @@ Batch DataLoader::load_batch(uint64_t epoch, const std::vector<int64_t>& order, 
   const int64_t first = batch * options_.batch_size;
   const int64_t count =
       std::min<int64_t>(options_.batch_size, static_cast<int64_t>(order.size()) - first);
-  // NOTE: pinned batches are allocated fresh, never recycled: after the caller drops a batch,
-  // a non_blocking copy to the GPU may still be reading it.
+  // NOTE: pinned batches are not pooled here: after the caller drops a batch, a non_blocking
+  // copy to the GPU may still be reading it, which only the pinned allocator knows.
   const bool pinned = options_.pin_memory && cuda::is_available();
   Batch out;
   out.indices.assign(order.begin() + first, order.begin() + first + count);

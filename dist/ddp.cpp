@@ -46,9 +46,10 @@ std::vector<Tensor> gather(ProcessGroup& group, const Tensor& input) {
 }
 
 // Rank `root`'s values into `tensors` on every rank, as few broadcasts as possible: tensors
-// of one dtype and device travel packed together, in pieces of at most kCoalescedBytes, one
-// piece in flight at a time (so the extra memory is one piece). A model's buffers take one
-// collective per forward instead of one per buffer.
+// of one dtype and device travel packed together, in pieces of at most kCoalescedBytes
+// through one buffer per kind (so the extra memory is one piece: on NCCL, whose wait only
+// orders the stream, reusing the buffer is ordered by the stream too). A model's buffers
+// take one collective per forward instead of one per buffer.
 constexpr int64_t kCoalescedBytes = int64_t{256} << 20;
 
 void broadcast_coalesced(ProcessGroup& group, const std::vector<Tensor>& tensors, int root) {
@@ -64,6 +65,10 @@ void broadcast_coalesced(ProcessGroup& group, const std::vector<Tensor>& tensors
     it->push_back(t.detach());
   }
   for (const std::vector<Tensor>& members : by_kind) {
+    // The pieces: [first, last) ranges of members, each at most kCoalescedBytes unless one
+    // member alone is larger.
+    std::vector<std::pair<size_t, size_t>> pieces;
+    int64_t largest = 0;
     for (size_t first = 0; first < members.size();) {
       size_t last = first;
       int64_t numel = 0;
@@ -71,7 +76,15 @@ void broadcast_coalesced(ProcessGroup& group, const std::vector<Tensor>& tensors
         numel += members[last++].numel();
       } while (last < members.size() &&
                (numel + members[last].numel()) * members[last].element_size() <= kCoalescedBytes);
-      Tensor flat = empty({numel}, members[first].options());
+      pieces.emplace_back(first, last);
+      largest = std::max(largest, numel);
+      first = last;
+    }
+    const Tensor buffer = empty({largest}, members.front().options());
+    for (const auto& [first, last] : pieces) {
+      int64_t numel = 0;
+      for (size_t i = first; i < last; ++i) numel += members[i].numel();
+      const Tensor flat = buffer.narrow(0, 0, numel);
       auto slot = [&](int64_t at, const Tensor& t) {
         return flat.narrow(0, at, t.numel()).view(t.sizes());
       };
@@ -92,7 +105,6 @@ void broadcast_coalesced(ProcessGroup& group, const std::vector<Tensor>& tensors
       if (sending) exchange(true);
       group.broadcast(flat, root)->wait();
       if (!sending) exchange(false);
-      first = last;
     }
   }
 }

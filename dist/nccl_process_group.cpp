@@ -12,6 +12,7 @@
 #include <mutex>
 #include <thread>
 
+#include <ember/tensor/allocator.h>
 #include <ember/tensor/cuda.h>
 #include <ember/tensor/grad_mode.h>
 #include <ember/tensor/ops.h>
@@ -90,41 +91,55 @@ struct NcclProcessGroup::State {
   std::mutex broken_mutex;
   std::string broken_message;
 
-  // The watchdog: every operation issued and not yet seen done, with its deadline.
-  struct InFlight {
-    std::shared_ptr<cuda::Event> done;
+  // An operation as the watchdog sees it: issued, and not yet seen done.
+  struct Tracked {
+    cuda::Event done;
     std::string name;
     Clock::time_point deadline;
+    std::atomic<bool> host_waited{false};  // a blocking wait enforces its own limit
   };
   static constexpr std::chrono::milliseconds kWatchPeriod{20};
   std::mutex watch_mutex;
   std::condition_variable watch_cv;
-  std::vector<InFlight> in_flight;
+  std::vector<std::shared_ptr<Tracked>> in_flight;
   bool stopping = false;
   std::thread watchdog;
 
-  void watch(std::shared_ptr<cuda::Event> done, const std::string& name) {
+  void watch(std::shared_ptr<Tracked> op) {
     std::lock_guard<std::mutex> lock(watch_mutex);
-    in_flight.push_back({std::move(done), name, Clock::now() + options.timeout});
+    in_flight.push_back(std::move(op));
   }
 
   // NOTE: a wait with the group's timeout only orders the caller's stream (see NcclWork), so
   // nobody may be blocked on a collective that never finishes: this thread then reports it
   // and ends the process, as PyTorch's NCCL watchdog does. It wakes every kWatchPeriod.
   void run_watchdog() {
+    cudaSetDevice(device);  // else its CUDA calls would make a context on device 0
     std::unique_lock<std::mutex> lock(watch_mutex);
     while (!stopping) {
       watch_cv.wait_for(lock, kWatchPeriod);
-      std::erase_if(in_flight, [](const InFlight& op) { return op.done->query(); });
-      if (in_flight.empty() || broken.load()) continue;
-      const std::string failure = check_in_flight();
+      std::string failure;
+      bool unloading = false;
+      std::erase_if(in_flight, [&](const std::shared_ptr<Tracked>& op) {
+        const cudaError_t status = cudaEventQuery(op->done.handle());
+        if (status == cudaErrorNotReady) return false;
+        if (status == cudaErrorCudartUnloading) unloading = true;  // the process is ending
+        if (status != cudaSuccess && failure.empty()) {
+          failure = op->name + " on rank " + std::to_string(rank) + " failed: CUDA reported " +
+                    cudaGetErrorString(status);
+        }
+        return true;
+      });
+      if (unloading) return;
+      if (broken.load()) continue;  // whoever broke it reports it
+      if (failure.empty() && !in_flight.empty()) failure = check_in_flight();
       if (failure.empty()) continue;
-      lock.unlock();
       {
         // Not aborted: ncclCommAbort frees device memory, which waits for the whole device,
         // and the stuck operation may be what the device waits for.
         std::lock_guard<std::mutex> broken_lock(broken_mutex);
-        if (!broken.exchange(true)) broken_message = failure;
+        if (broken.exchange(true)) continue;  // a blocking wait broke it first
+        broken_message = failure;
       }
       std::fprintf(stderr, "ember: %s; the NCCL watchdog ends the process\n", failure.c_str());
       std::fflush(stderr);
@@ -132,25 +147,28 @@ struct NcclProcessGroup::State {
     }
   }
 
-  // Under watch_mutex: an asynchronous NCCL error, or the first operation past its deadline.
+  // Under watch_mutex: an asynchronous NCCL error, or the first operation past its deadline
+  // that no blocking wait watches.
   std::string check_in_flight() {
-    ncclResult_t async = ncclSuccess;
-    {
-      std::lock_guard<std::mutex> lock(broken_mutex);
-      if (comm != nullptr && ncclCommGetAsyncError(comm, &async) != ncclSuccess)
-        async = ncclSuccess;
-      if (async != ncclSuccess && async != ncclInProgress) {
-        return in_flight.front().name + " on rank " + std::to_string(rank) +
-               " failed: NCCL reported " + ncclGetErrorString(async) + " (" +
-               ncclGetLastError(comm) + ")";
-      }
+    const ncclResult_t async = async_error();
+    if (async != ncclSuccess && async != ncclInProgress) {
+      return in_flight.front()->name + " on rank " + std::to_string(rank) +
+             " failed: NCCL reported " + ncclGetErrorString(async);
     }
     const auto now = Clock::now();
-    for (const InFlight& op : in_flight) {
-      if (now > op.deadline)
-        return detail::timeout_message(op.name, rank, options.timeout, "nccl", size);
+    for (const auto& op : in_flight) {
+      if (now > op->deadline && !op->host_waited.load())
+        return detail::timeout_message(op->name, rank, options.timeout, "nccl", size);
     }
     return "";
+  }
+
+  // The communicator's asynchronous error; ncclSuccess once it was aborted.
+  ncclResult_t async_error() {
+    std::lock_guard<std::mutex> lock(broken_mutex);
+    ncclResult_t async = ncclSuccess;
+    if (comm != nullptr && ncclCommGetAsyncError(comm, &async) != ncclSuccess) return ncclSuccess;
+    return async;
   }
 
   void stop_watchdog() {
@@ -183,12 +201,10 @@ struct NcclProcessGroup::State {
                     ": the process group failed earlier: " + broken_message);
       }
       if (event.query()) return;
-      ncclResult_t async = ncclSuccess;
-      check_nccl(ncclCommGetAsyncError(comm, &async), comm, what + ": ncclCommGetAsyncError");
+      const ncclResult_t async = async_error();
       if (async != ncclSuccess && async != ncclInProgress) {
         const std::string message = what + " on rank " + std::to_string(rank) +
-                                    " failed: NCCL reported " + ncclGetErrorString(async) + " (" +
-                                    ncclGetLastError(comm) + ")";
+                                    " failed: NCCL reported " + ncclGetErrorString(async);
         break_group(message);
         throw Error(message);
       }
@@ -232,33 +248,35 @@ using State = NcclProcessGroup::State;
 // explicit timeout, and a barrier, block the host until the operation is done.
 class NcclWork final : public Work {
  public:
-  NcclWork(std::shared_ptr<State> state, std::string name, std::vector<Tensor> keep, bool blocking)
+  NcclWork(std::shared_ptr<State> state, const std::string& name, std::vector<Tensor> keep,
+           bool blocking)
       : state_(std::move(state)),
-        name_(std::move(name)),
         keep_(std::move(keep)),
-        done_(std::make_shared<cuda::Event>()),
+        op_(std::make_shared<State::Tracked>()),
         blocking_(blocking) {
-    done_->record(state_->stream);
-    state_->watch(done_, name_);
+    op_->name = name;
+    op_->deadline = Clock::now() + state_->options.timeout;
+    op_->done.record(state_->stream);
+    state_->watch(op_);
   }
-  bool is_completed() override { return state_->broken.load() || done_->query(); }
+  bool is_completed() override { return state_->broken.load() || op_->done.query(); }
   void wait(std::chrono::milliseconds timeout) override {
     if (blocking_ || timeout.count() > 0) {
-      state_->host_wait(*done_, name_, detail::wait_limit(timeout, state_->options.timeout));
+      op_->host_waited = true;
+      state_->host_wait(op_->done, op_->name, detail::wait_limit(timeout, state_->options.timeout));
     } else if (state_->broken.load()) {
       std::lock_guard<std::mutex> lock(state_->broken_mutex);
-      throw Error(name_ + " on rank " + std::to_string(state_->rank) +
+      throw Error(op_->name + " on rank " + std::to_string(state_->rank) +
                   ": the process group failed earlier: " + state_->broken_message);
     }
-    done_->wait(cuda::current_stream(state_->device));
+    op_->done.wait(cuda::current_stream(state_->device));
     keep_.clear();  // the caching allocator holds their blocks for the NCCL stream
   }
 
  private:
   std::shared_ptr<State> state_;
-  std::string name_;
   std::vector<Tensor> keep_;  // inputs, outputs and scratch, alive until waited on
-  std::shared_ptr<cuda::Event> done_;
+  std::shared_ptr<State::Tracked> op_;
   bool blocking_;
 };
 
@@ -309,6 +327,10 @@ class Issue {
                                static_cast<size_t>(bytes * s_.size), cudaMemcpyDeviceToHost,
                                s_.stream.handle()),
                name_ + " (debug check): cudaMemcpyAsync");
+    // all_host may be dropped (by a throw below) before the copy is done.
+    if (!::ember::detail::record_pinned_use(all_host.storage().data(), s_.stream.handle())) {
+      check_cuda(cudaStreamSynchronize(s_.stream.handle()), name_ + " (debug check)");
+    }
     cuda::Event copied;
     copied.record(s_.stream);
     s_.host_wait(copied, name_ + " (debug check)", s_.options.timeout);
@@ -377,11 +399,14 @@ NcclProcessGroup::NcclProcessGroup(int rank, int size, int local_rank, int devic
 
 NcclProcessGroup::~NcclProcessGroup() {
   State& s = *state_;
+  // Work still queued finishes first; the watchdog, still running, ends the process if it
+  // never does (a destructor cannot report failures).
+  while (!s.broken.load() && cudaStreamQuery(s.stream.handle()) == cudaErrorNotReady) {
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
   s.stop_watchdog();
   std::lock_guard<std::mutex> lock(s.broken_mutex);
   if (s.comm == nullptr) return;
-  // Finished work first (a destructor cannot report failures, so best effort), then free.
-  cudaStreamSynchronize(s.stream.handle());
   ncclCommDestroy(s.comm);
 }
 

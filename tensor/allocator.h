@@ -33,8 +33,9 @@ Allocator& pinned_allocator();
 namespace detail {
 // Work queued on CUDA stream `stream` (a cudaStream_t) reads or writes the pinned block at
 // `block` (a Storage's base pointer): once freed, the block is handed out again only after
-// that work has finished. Asynchronous copies call this.
-void record_pinned_use(const void* block, void* stream);
+// that work has finished. Asynchronous copies call this; when it returns false (no event
+// could be recorded) the caller must wait for its work instead.
+bool record_pinned_use(const void* block, void* stream);
 }  // namespace detail
 // The allocator behind tensors on `device` (the caching allocator for CUDA devices).
 Allocator& allocator_for(Device device);

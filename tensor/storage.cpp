@@ -90,18 +90,28 @@ class PinnedAllocator final : public Allocator {
     return DataPtr(ptr, [this, size](void* p) { give_back(p, size); });
   }
 
-  void record_use(const void* block, cudaStream_t stream) {
+  // False when no event could be recorded: the caller must then wait for its copy.
+  bool record_use(const void* block, cudaStream_t stream) {
     cudaEvent_t event = nullptr;
     cudaError_t status = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
     if (status == cudaSuccess) status = cudaEventRecord(event, stream);
     if (status != cudaSuccess) {
       cudaGetLastError();
       if (event != nullptr) cudaEventDestroy(event);
-      throw Error(detail::str_cat("pinned allocator: recording a copy's event failed: ",
-                                  cudaGetErrorString(status)));
+      return false;
     }
     std::lock_guard lock(mutex_);
-    uses_[block].push_back(event);
+    std::vector<cudaEvent_t>& pending = uses_[block];
+    // A buffer kept for many copies keeps only the events of copies still running.
+    std::erase_if(pending, [](cudaEvent_t e) {
+      const cudaError_t query = cudaEventQuery(e);
+      if (query == cudaErrorNotReady) return false;
+      if (query != cudaSuccess) cudaGetLastError();
+      cudaEventDestroy(e);
+      return true;
+    });
+    pending.push_back(event);
+    return true;
   }
 
  private:
@@ -225,12 +235,13 @@ Allocator& cpu_allocator() {
 Allocator& pinned_allocator() { return pinned(); }
 
 namespace detail {
-void record_pinned_use(const void* block, void* stream) {
+bool record_pinned_use(const void* block, void* stream) {
 #if EMBER_WITH_CUDA
-  pinned().record_use(block, static_cast<cudaStream_t>(stream));
+  return pinned().record_use(block, static_cast<cudaStream_t>(stream));
 #else
   (void)block;
   (void)stream;
+  return false;
 #endif
 }
 }  // namespace detail

@@ -145,10 +145,9 @@ void transfer(const Tensor& dst, const Tensor& src, bool non_blocking) {
                                    ctx.stream));
   // Pageable host memory, or a blocking copy: the host buffer must be safe to use on return.
   // Else the pinned block must not be handed out again before the copy is done.
-  if (!non_blocking || !host_side.is_pinned()) {
+  if (!non_blocking || !host_side.is_pinned() ||
+      !detail::record_pinned_use(host_side.storage().data(), ctx.stream)) {
     EMBER_CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
-  } else {
-    detail::record_pinned_use(host_side.storage().data(), ctx.stream);
   }
 }
 

@@ -231,13 +231,17 @@ TEST(Cuda, PinnedBlocksAreReusedOnlyAfterTheirCopies) {
   Tensor again = empty({900}, pinned);  // the same power-of-two block
   EXPECT_EQ(again.data_ptr(), first);
 
-  const int64_t n = int64_t{1} << 24;  // 64 MiB: the copy is still running below
+  const int64_t n = int64_t{1} << 24;  // 64 MiB
   const Device gpu = cuda_device();
   Tensor on_gpu = empty({n}, gpu);
   const void* source_block = nullptr;
   {
     Tensor source = full({n}, 1.0, pinned);
     source_block = source.data_ptr();
+    // Matrix products queued first keep the copy from starting before the host refills.
+    const Tensor a = ones({4096, 4096}, gpu);
+    Tensor product;
+    for (int i = 0; i < 20; ++i) product = matmul(a, a);
     on_gpu.copy_(source, /*non_blocking=*/true);
   }
   Tensor next = empty({n}, pinned);
