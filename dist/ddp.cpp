@@ -46,13 +46,12 @@ std::vector<Tensor> gather(ProcessGroup& group, const Tensor& input) {
 }
 
 // Rank `root`'s values into `tensors` on every rank, as few broadcasts as possible: tensors
-// of one dtype and device travel packed together, in pieces of at most kCoalescedBytes
-// through one buffer per kind (so the extra memory is one piece: on NCCL, whose wait only
-// orders the stream, reusing the buffer is ordered by the stream too). A model's buffers
-// take one collective per forward instead of one per buffer.
-constexpr int64_t kCoalescedBytes = int64_t{256} << 20;
-
-void broadcast_coalesced(ProcessGroup& group, const std::vector<Tensor>& tensors, int root) {
+// of one dtype and device travel packed together, in pieces of at most `piece_bytes` through
+// one buffer per kind (so the extra memory is one piece: on NCCL, whose wait only orders the
+// stream, reusing the buffer is ordered by the stream too). A model's buffers take one
+// collective per forward instead of one per buffer.
+void broadcast_coalesced(ProcessGroup& group, const std::vector<Tensor>& tensors, int root,
+                         size_t piece_bytes) {
   NoGradGuard no_grad;
   // Kinds in order of first appearance: every rank issues the pieces in the same order.
   std::vector<std::vector<Tensor>> by_kind;
@@ -65,8 +64,8 @@ void broadcast_coalesced(ProcessGroup& group, const std::vector<Tensor>& tensors
     it->push_back(t.detach());
   }
   for (const std::vector<Tensor>& members : by_kind) {
-    // The pieces: [first, last) ranges of members, each at most kCoalescedBytes unless one
-    // member alone is larger.
+    // The pieces: [first, last) ranges of members, each at most piece_bytes unless one member
+    // alone is larger.
     std::vector<std::pair<size_t, size_t>> pieces;
     int64_t largest = 0;
     for (size_t first = 0; first < members.size();) {
@@ -75,7 +74,8 @@ void broadcast_coalesced(ProcessGroup& group, const std::vector<Tensor>& tensors
       do {
         numel += members[last++].numel();
       } while (last < members.size() &&
-               (numel + members[last].numel()) * members[last].element_size() <= kCoalescedBytes);
+               static_cast<size_t>((numel + members[last].numel()) *
+                                   members[last].element_size()) <= piece_bytes);
       pieces.emplace_back(first, last);
       largest = std::max(largest, numel);
       first = last;
@@ -367,7 +367,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
     // Everyone starts from rank 0's values.
     std::vector<Tensor> state;
     for (auto& [name, t] : module_->state_dict()) state.push_back(t);
-    broadcast_coalesced(pg, state, 0);
+    broadcast_coalesced(pg, state, 0, options_.broadcast_bucket_bytes);
   }
 
   std::vector<size_t> order;
@@ -389,7 +389,7 @@ Tensor DistributedDataParallel::forward(const Tensor& input) {
   if (options_.broadcast_buffers && group_->size() > 1) {
     std::vector<Tensor> buffers;
     for (auto& [name, t] : module_->named_buffers()) buffers.push_back(t);
-    broadcast_coalesced(*group_, buffers, 0);
+    broadcast_coalesced(*group_, buffers, 0, options_.broadcast_bucket_bytes);
   }
   const bool sync = sync_enabled_ && GradMode::is_enabled() && is_training();
   if (sync) r.arm();

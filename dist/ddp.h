@@ -44,6 +44,10 @@ struct DDPOptions {
   // Every forward first copies rank 0's buffers (BatchNorm running statistics) to all ranks,
   // packed into one broadcast per dtype and device.
   bool broadcast_buffers = true;
+  // The largest piece those broadcasts (and the one of parameters at construction) send at a
+  // time, and so the extra memory they take (PyTorch's broadcast_bucket_size); a tensor
+  // larger than this travels alone.
+  size_t broadcast_bucket_bytes = size_t{256} << 20;
   // kBF16 or kF16: buckets travel in this dtype (divided by the world size first, so the
   // sum cannot overflow) and are cast back. Unset: full precision.
   std::optional<DType> compression;
