@@ -8,6 +8,8 @@
 #   source scripts/gpu_host.sh env DIR       on the GPU machine: unpack DIR and set the paths
 #   bash scripts/gpu_host.sh build DIR       on the GPU machine: env, then configure, build and
 #                                            run the whole test suite in build-gpu/
+#   bash scripts/gpu_host.sh bench DIR       on the GPU machine, after build: the GPU benchmarks
+#                                            (README's H100 table), PyTorch beside them
 #
 # Environment for build: EMBER_BUILD_DIR (default build-gpu), EMBER_JOBS (default nproc),
 # EMBER_CUDA_ARCHITECTURES (default 90, the H100/H200).
@@ -73,6 +75,23 @@ gpu_host_env() {
   ln -sf pkgconf "$r/usr/bin/pkg-config"
 }
 
+# One JSON line per result, as each benchmark prints them.
+gpu_host_bench() {
+  set -uo pipefail
+  gpu_host_env "$1"
+  local b="${EMBER_BUILD_DIR:-build-gpu}"
+  local mpirun=(mpirun --allow-run-as-root --oversubscribe)
+  for model in resnet20 resnet18; do
+    timeout 300 "$b/bench/train_step" --device cuda --model "$model" --steps 20
+    timeout 300 python3 bench/train_step_torch.py --device cuda --model "$model" --steps 20
+    timeout 300 "${mpirun[@]}" -np 1 "$b/bench/train_step" --device cuda --model "$model" --ddp \
+      --steps 20
+  done
+  timeout 300 "${mpirun[@]}" -np 1 "$b/bench/allreduce" --cuda
+  timeout 300 "${mpirun[@]}" -np 2 "$b/bench/allreduce" --cuda
+  timeout 300 "$b/bench/gemm_bench" --quick
+}
+
 gpu_host_build() {
   set -euo pipefail
   gpu_host_env "$1"
@@ -90,8 +109,9 @@ case "${1:-}" in
   fetch) gpu_host_fetch "${2:?folder for the .deb files}" ;;
   env) gpu_host_env "${2:?folder of the .deb files}" ;;
   build) gpu_host_build "${2:?folder of the .deb files}" ;;
+  bench) gpu_host_bench "${2:?folder of the .deb files}" ;;
   *)
-    sed -n '2,13p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+    sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
     [ "${BASH_SOURCE[0]}" != "$0" ] && return 2
     exit 2
     ;;
