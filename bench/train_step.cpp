@@ -34,7 +34,9 @@ int main(int argc, char** argv) {
     std::shared_ptr<ember::dist::ProcessGroup> group;
     std::shared_ptr<ember::dist::DistributedDataParallel> wrapped;
     if (ddp) {
-      group = ember::dist::init_process_group();
+      ember::dist::InitOptions init;
+      init.device = device;  // else a visible GPU would pick NCCL for a CPU run
+      group = ember::dist::init_process_group(init);
       wrapped = std::make_shared<ember::dist::DistributedDataParallel>(model, group);
     }
     ember::nn::Module& trained = wrapped ? static_cast<ember::nn::Module&>(*wrapped) : *model;

@@ -35,11 +35,18 @@ find_package(CUDAToolkit REQUIRED)
 # EMBER_CUDNN_ROOT / EMBER_NCCL_ROOT (or the CUDNN_ROOT / NCCL_ROOT environment variables).
 # Wheels ship only versioned libraries (libcudnn.so.9), so those names are searched too.
 function(ember_find_vendor_library prefix header libname soversion root)
-  set(hints ${root} $ENV{${prefix}_ROOT} ${CUDAToolkit_LIBRARY_ROOT} /usr/local/cuda /usr)
+  set(names NAMES ${libname} lib${libname}.so.${soversion} NAMES_PER_DIR)
+  set(suffixes lib lib64 lib/x86_64-linux-gnu)
+  # A root given (a wheel's folder) is searched alone first, so it wins over any other copy.
+  foreach(given ${root} $ENV{${prefix}_ROOT})
+    find_path(EMBER_${prefix}_INCLUDE_DIR ${header} PATHS ${given} PATH_SUFFIXES include
+      NO_DEFAULT_PATH)
+    find_library(EMBER_${prefix}_LIBRARY ${names} PATHS ${given} PATH_SUFFIXES ${suffixes}
+      NO_DEFAULT_PATH)
+  endforeach()
+  set(hints ${CUDAToolkit_LIBRARY_ROOT} /usr/local/cuda /usr)
   find_path(EMBER_${prefix}_INCLUDE_DIR ${header} HINTS ${hints} PATH_SUFFIXES include)
-  # NAMES_PER_DIR: a root given (a wheel's versioned library) wins over a system lib<name>.so.
-  find_library(EMBER_${prefix}_LIBRARY NAMES ${libname} lib${libname}.so.${soversion} NAMES_PER_DIR
-    HINTS ${hints} PATH_SUFFIXES lib lib64 lib/x86_64-linux-gnu)
+  find_library(EMBER_${prefix}_LIBRARY ${names} HINTS ${hints} PATH_SUFFIXES ${suffixes})
   if(EMBER_${prefix}_INCLUDE_DIR AND EMBER_${prefix}_LIBRARY)
     string(TOLOWER ${prefix} lower)
     add_library(ember_${lower} INTERFACE)

@@ -67,7 +67,8 @@ class DistributedDataParallel : public nn::Module {
   std::string name() const override { return "DistributedDataParallel"; }
 
   // Waits until every bucket's all-reduce finished and the averaged gradients are in
-  // place. Called automatically by the last hook of backward; harmless to call again.
+  // place (on NCCL: orders the current CUDA stream after them, see process_group.h).
+  // Called automatically by the last hook of backward; harmless to call again.
   // ember::Error naming the parameters still missing a gradient if backward did not reach
   // them (and find_unused_parameters is off).
   void synchronize();

@@ -142,7 +142,7 @@ struct NcclProcessGroup::State {
         broken_message = failure;
       }
       std::fprintf(stderr, "ember: %s; the NCCL watchdog ends the process\n", failure.c_str());
-      std::fflush(stderr);
+      std::fflush(nullptr);  // the ranks' own output too
       std::_Exit(1);
     }
   }
@@ -261,7 +261,7 @@ class NcclWork final : public Work {
   }
   bool is_completed() override { return state_->broken.load() || op_->done.query(); }
   void wait(std::chrono::milliseconds timeout) override {
-    if (blocking_ || timeout.count() > 0) {
+    if (blocking_ || timeout.count() > 0 || state_->options.blocking_wait) {
       op_->host_waited = true;
       state_->host_wait(op_->done, op_->name, detail::wait_limit(timeout, state_->options.timeout));
     } else if (state_->broken.load()) {

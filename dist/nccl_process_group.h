@@ -4,11 +4,12 @@
 // group's timeout orders the caller's current stream after the collective and returns without
 // holding the host; a watchdog thread checks every operation in flight and, on a timeout or an
 // asynchronous NCCL error, prints an error naming the collective, its number and the rank and
-// ends the process with status 1. wait() with an explicit timeout, and a barrier's wait, hold
-// the host until the collective is done, polling its completion event and
-// ncclCommGetAsyncError: on a timeout or an error the communicator is aborted, the Work throws
-// ember::Error naming the collective, its number and the rank, and every later call on the
-// group throws.
+// ends the process with status 1; its deadline counts from the issue. wait() with an explicit
+// timeout, a barrier's wait, and every wait under ProcessGroupOptions::blocking_wait hold the
+// host until the collective is done, polling its completion event and ncclCommGetAsyncError
+// (the watchdog leaves that collective to them): on a timeout or an error the communicator is
+// aborted, the Work throws ember::Error naming the collective, its number and the rank, and
+// every later call on the group throws.
 #pragma once
 
 #include <array>

@@ -35,6 +35,10 @@ struct ProcessGroupOptions {
   // Checks that every rank issues the same collective with the same shapes and dtypes, and
   // names the first rank that differs (also switched on by EMBER_DIST_DEBUG=1).
   bool debug = false;
+  // NCCL: every wait holds the host until its collective is done and raises ember::Error on
+  // a timeout, instead of ordering the stream under the watchdog (PyTorch's
+  // TORCH_NCCL_BLOCKING_WAIT). Other backends always hold the host.
+  bool blocking_wait = false;
 };
 
 // Tensors are passed as handles: collectives write results into their storage in place.

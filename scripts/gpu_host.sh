@@ -40,23 +40,27 @@ gpu_host_fetch() {
 gpu_host_env() {
   local dir="$1"
   export EMBER_DEB_ROOT=/tmp/ember-debroot
-  if [ ! -d "$EMBER_DEB_ROOT/usr" ]; then
+  # Unpacked once per folder of .deb files: the stamp names the folder.
+  if [ "$(cat "$EMBER_DEB_ROOT/.unpacked-from" 2>/dev/null)" != "$(cd "$dir" && pwd)" ]; then
+    rm -rf "$EMBER_DEB_ROOT"
     mkdir -p "$EMBER_DEB_ROOT"
-    for deb in "$dir"/*.deb; do dpkg -x "$deb" "$EMBER_DEB_ROOT"; done
+    for deb in "$dir"/*.deb; do dpkg -x "$deb" "$EMBER_DEB_ROOT" || return 1; done
     # Absolute links (libz.so -> /lib/.../libz.so.1.2.13) point into the private root.
     local link target
     find "$EMBER_DEB_ROOT" -type l | while read -r link; do
       target="$(readlink "$link")"
       if [[ "$target" == /* ]]; then ln -sfn "$EMBER_DEB_ROOT$target" "$link"; fi
     done
+    (cd "$dir" && pwd) >"$EMBER_DEB_ROOT/.unpacked-from"
   fi
   local r="$EMBER_DEB_ROOT" multiarch=x86_64-linux-gnu
-  # The wheels' folder, when this python has them (else the toolkit's own cuDNN and NCCL).
+  # The wheels' cuDNN and NCCL, when this python has them (else the toolkit's own); the
+  # wheels' other libraries (cuBLAS, the runtime) are left to the toolkit ember builds with.
   local site wheel_libs=""
   site="$(python3 -c 'import nvidia, os; print(os.path.dirname(list(nvidia.__path__)[0]))' 2>/dev/null || true)"
   if [ -n "$site" ]; then
     export EMBER_CUDNN_ROOT="$site/nvidia/cudnn" EMBER_NCCL_ROOT="$site/nvidia/nccl"
-    wheel_libs="$(find "$site/nvidia" -maxdepth 3 -type d -name lib | tr '\n' ':')"
+    wheel_libs="$EMBER_CUDNN_ROOT/lib:$EMBER_NCCL_ROOT/lib:"
   fi
   export LD_LIBRARY_PATH="$r/usr/lib/$multiarch:$r/lib/$multiarch:$r/usr/lib/$multiarch/openblas-pthread:$r/usr/lib/$multiarch/openmpi/lib:${wheel_libs}/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   export LIBRARY_PATH="$r/usr/lib/$multiarch:$r/lib/$multiarch"
@@ -75,24 +79,26 @@ gpu_host_env() {
   ln -sf pkgconf "$r/usr/bin/pkg-config"
 }
 
-# One JSON line per result, as each benchmark prints them.
-gpu_host_bench() {
-  set -uo pipefail
-  gpu_host_env "$1"
-  local b="${EMBER_BUILD_DIR:-build-gpu}"
+# One JSON line per result, as each benchmark prints them; fails if any of them failed.
+# (Subshells: `set` stays inside, also when this file is sourced.)
+gpu_host_bench() (
+  set -u
+  gpu_host_env "$1" || exit 1
+  local b="${EMBER_BUILD_DIR:-build-gpu}" failed=0
   local mpirun=(mpirun --allow-run-as-root --oversubscribe)
+  run() { timeout 300 "$@" || { echo "gpu_host.sh: failed: $*" >&2; failed=1; }; }
   for model in resnet20 resnet18; do
-    timeout 300 "$b/bench/train_step" --device cuda --model "$model" --steps 20
-    timeout 300 python3 bench/train_step_torch.py --device cuda --model "$model" --steps 20
-    timeout 300 "${mpirun[@]}" -np 1 "$b/bench/train_step" --device cuda --model "$model" --ddp \
-      --steps 20
+    run "$b/bench/train_step" --device cuda --model "$model" --steps 20
+    run python3 bench/train_step_torch.py --device cuda --model "$model" --steps 20
+    run "${mpirun[@]}" -np 1 "$b/bench/train_step" --device cuda --model "$model" --ddp --steps 20
   done
-  timeout 300 "${mpirun[@]}" -np 1 "$b/bench/allreduce" --cuda
-  timeout 300 "${mpirun[@]}" -np 2 "$b/bench/allreduce" --cuda
-  timeout 300 "$b/bench/gemm_bench" --quick
-}
+  run "${mpirun[@]}" -np 1 "$b/bench/allreduce" --cuda
+  run "${mpirun[@]}" -np 2 "$b/bench/allreduce" --cuda
+  run "$b/bench/gemm_bench" --quick
+  exit "$failed"
+)
 
-gpu_host_build() {
+gpu_host_build() (
   set -euo pipefail
   gpu_host_env "$1"
   local build="${EMBER_BUILD_DIR:-build-gpu}"
@@ -103,16 +109,28 @@ gpu_host_build() {
     -DPKG_CONFIG_EXECUTABLE="$EMBER_DEB_ROOT/usr/bin/pkg-config"
   cmake --build "$build" -j "${EMBER_JOBS:-$(nproc)}"
   (cd "$build" && ctest -j "${EMBER_JOBS:-$(nproc)}" --timeout 300 --output-on-failure)
+)
+
+# Sourced: return, never exit the caller's shell.
+gpu_host_main() {
+  local command="${1:-}" dir="${2:-}"
+  case "$command" in
+    fetch | env | build | bench)
+      if [ -z "$dir" ]; then
+        echo "gpu_host.sh $command: give the folder of the .deb files" >&2
+        return 2
+      fi
+      "gpu_host_$command" "$dir"
+      ;;
+    *)
+      sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+      return 2
+      ;;
+  esac
 }
 
-case "${1:-}" in
-  fetch) gpu_host_fetch "${2:?folder for the .deb files}" ;;
-  env) gpu_host_env "${2:?folder of the .deb files}" ;;
-  build) gpu_host_build "${2:?folder of the .deb files}" ;;
-  bench) gpu_host_bench "${2:?folder of the .deb files}" ;;
-  *)
-    sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
-    [ "${BASH_SOURCE[0]}" != "$0" ] && return 2
-    exit 2
-    ;;
-esac
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then
+  gpu_host_main "$@"
+  exit $?
+fi
+gpu_host_main "$@"

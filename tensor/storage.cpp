@@ -84,7 +84,9 @@ class PinnedAllocator final : public Allocator {
 
   DataPtr allocate(size_t nbytes) override {
     if (nbytes == 0) return nullptr;
-    const size_t size = std::bit_ceil(std::max<size_t>(nbytes, 512));
+    // Blocks too large to cache are not rounded: that would pin up to twice the bytes.
+    const size_t size =
+        nbytes > kMaxCachedBytes ? nbytes : std::bit_ceil(std::max<size_t>(nbytes, 512));
     void* ptr = take_cached(size);
     if (ptr == nullptr) ptr = fresh(size, nbytes);
     return DataPtr(ptr, [this, size](void* p) { give_back(p, size); });

@@ -28,6 +28,7 @@ int main(int argc, char** argv) {
     const bool on_gpu = argc > 1 && std::strcmp(argv[1], "cuda") == 0;
     dist::InitOptions init;
     init.device = on_gpu ? cuda_device(dist::read_launch_env().local_rank) : kCPU;
+    if (on_gpu) init.backend = "nccl";  // also for one process, which would get "single"
     std::shared_ptr<dist::ProcessGroup> group = dist::init_process_group(init);
     const Device device = *init.device;
     manual_seed(1234);  // DDP broadcasts rank 0's parameters anyway

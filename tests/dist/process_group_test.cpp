@@ -722,6 +722,26 @@ TEST(NcclGroup, WaitOrdersTheCallersStreamWithoutHoldingTheHost) {
   EXPECT_TRUE(work->is_completed());
 }
 
+// Under ProcessGroupOptions::blocking_wait every wait holds the host until the collective is
+// done, as PyTorch's TORCH_NCCL_BLOCKING_WAIT does.
+TEST(NcclGroup, BlockingWaitHoldsTheHost) {
+  EMBER_REQUIRE_CUDA();
+  ProcessGroupOptions options = test_options();
+  options.blocking_wait = true;
+  NcclProcessGroup pg(0, 1, 0, 0, NcclProcessGroup::create_unique_id(), options);
+  const Device gpu = cuda_device(0);
+  cuda::StreamGuard guard(cuda::Stream::create(0));
+  Tensor input = full({1000}, 3.0, gpu);
+  std::vector<Tensor> out = {zeros({1000}, gpu)};
+  pg.allgather(out, input)->wait();
+  out[0].zero_();
+  keep_stream_busy(1.0);
+  WorkHandle work = pg.allgather(out, input);
+  work->wait();
+  EXPECT_TRUE(work->is_completed());
+  expect_close(out[0].cpu(), full({1000}, 3.0));
+}
+
 // A collective that cannot start in time (its input is still being computed) makes an
 // explicit wait raise the error once its timeout passes, and the group refuses later calls.
 TEST(NcclGroup, AnExplicitWaitTimesOutAndBreaksTheGroup) {

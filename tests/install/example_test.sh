@@ -2,10 +2,11 @@
 # Installs the build into a scratch prefix, then configures, builds and runs the DDP example
 # (apps/example) out of tree against the installed package: alone and under mpirun -np 2 on
 # the CPU, and alone on the GPU where one is visible.
-#   example_test.sh <build dir> <source dir>
+#   example_test.sh <build dir> <source dir> <ON when ember was built with CUDA>
 set -euo pipefail
 build_dir="$1"
 source_dir="$2"
+with_cuda="${3:-OFF}"
 work="$(mktemp -d "${TMPDIR:-/tmp}/ember-install-test.XXXXXX")"
 trap 'rm -rf "$work"' EXIT
 
@@ -18,5 +19,5 @@ cmake --build "$work/build" >/dev/null
 "$work/build/ddp_example"
 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
   mpirun --allow-run-as-root --oversubscribe -np 2 "$work/build/ddp_example"
-if nvidia-smi -L >/dev/null 2>&1; then "$work/build/ddp_example" cuda; fi
+if [ "$with_cuda" = ON ] && nvidia-smi -L >/dev/null 2>&1; then "$work/build/ddp_example" cuda; fi
 echo "installed package: example built and ran out of tree"
