@@ -26,7 +26,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -68,19 +67,8 @@ struct Medians {
   double raw, group;  // seconds per all-reduce: raw MPI_Allreduce, then `group`'s
 };
 
-Medians alternate(const std::function<void()>& reference, const std::function<void()>& ours,
-                  int reps);
-
-// Raw MPI and the group's allreduce(b)->wait() take turns, each first in half of the rounds,
-// so neither a slow spell of the machine nor the call that ran just before favours one.
-Medians alternate_with_raw_mpi(ember::dist::ProcessGroup& group, const ember::Tensor& b, int reps) {
-  const int n = static_cast<int>(b.numel());
-  return alternate(
-      [&] { MPI_Allreduce(MPI_IN_PLACE, b.data_ptr(), n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); },
-      [&] { group.allreduce(b)->wait(); }, reps);
-}
-
-// The same for any reference and ember call.
+// A reference and ember's call take turns, each first in half of the rounds, so neither a
+// slow spell of the machine nor the call that ran just before favours one.
 Medians alternate(const std::function<void()>& reference, const std::function<void()>& ours,
                   int reps) {
   const std::function<void()> methods[2] = {reference, ours};
@@ -94,6 +82,14 @@ Medians alternate(const std::function<void()>& reference, const std::function<vo
     }
   }
   return {median(times[0]), median(times[1])};
+}
+
+// Raw MPI_Allreduce against the group's allreduce(b)->wait().
+Medians alternate_with_raw_mpi(ember::dist::ProcessGroup& group, const ember::Tensor& b, int reps) {
+  const int n = static_cast<int>(b.numel());
+  return alternate(
+      [&] { MPI_Allreduce(MPI_IN_PLACE, b.data_ptr(), n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); },
+      [&] { group.allreduce(b)->wait(); }, reps);
 }
 
 // Bus bandwidth in GB/s of an all-reduce of `bytes` over `size` ranks taking `seconds`, as
@@ -209,9 +205,9 @@ void bench_nccl_world_of_one() {
 
 // Several ranks: ember's MPI group on CUDA tensors against staging through pinned host memory
 // by hand.
-void bench_mpi_cuda(int rank, int size, int local_rank) {
+void bench_mpi_cuda(int rank, int size) {
   using namespace ember;
-  const Device gpu = cuda_device(local_rank % cuda::device_count());
+  const Device gpu = cuda_device(dist::read_launch_env().local_rank % cuda::device_count());
   cuda::set_device(gpu.index);
   dist::MpiProcessGroup pg;
   for (size_t bytes = 4 << 10; bytes <= (64u << 20); bytes *= 4) {
@@ -255,12 +251,10 @@ int main(int argc, char** argv) {
       MPI_Finalize();
       return 1;
     }
-    int local_rank = 0;
-    if (const char* env = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK")) local_rank = std::atoi(env);
     if (size == 1) {
       bench_nccl_world_of_one();
     } else {
-      bench_mpi_cuda(rank, size, local_rank);
+      bench_mpi_cuda(rank, size);
     }
     MPI_Finalize();
     return 0;

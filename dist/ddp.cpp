@@ -64,9 +64,13 @@ void broadcast_coalesced(ProcessGroup& group, const std::vector<Tensor>& tensors
     it->push_back(t.detach());
   }
   for (const std::vector<Tensor>& members : by_kind) {
-    // The pieces: [first, last) ranges of members, each at most piece_bytes unless one member
-    // alone is larger.
-    std::vector<std::pair<size_t, size_t>> pieces;
+    // The pieces: members [first, last) and their element count, each at most piece_bytes
+    // unless one member alone is larger.
+    struct Piece {
+      size_t first, last;
+      int64_t numel;
+    };
+    std::vector<Piece> pieces;
     int64_t largest = 0;
     for (size_t first = 0; first < members.size();) {
       size_t last = first;
@@ -76,14 +80,12 @@ void broadcast_coalesced(ProcessGroup& group, const std::vector<Tensor>& tensors
       } while (last < members.size() &&
                static_cast<size_t>((numel + members[last].numel()) *
                                    members[last].element_size()) <= piece_bytes);
-      pieces.emplace_back(first, last);
+      pieces.push_back({first, last, numel});
       largest = std::max(largest, numel);
       first = last;
     }
     const Tensor buffer = empty({largest}, members.front().options());
-    for (const auto& [first, last] : pieces) {
-      int64_t numel = 0;
-      for (size_t i = first; i < last; ++i) numel += members[i].numel();
+    for (const auto& [first, last, numel] : pieces) {
       const Tensor flat = buffer.narrow(0, 0, numel);
       auto slot = [&](int64_t at, const Tensor& t) {
         return flat.narrow(0, at, t.numel()).view(t.sizes());

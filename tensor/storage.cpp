@@ -104,14 +104,7 @@ class PinnedAllocator final : public Allocator {
     }
     std::lock_guard lock(mutex_);
     std::vector<cudaEvent_t>& pending = uses_[block];
-    // A buffer kept for many copies keeps only the events of copies still running.
-    std::erase_if(pending, [](cudaEvent_t e) {
-      const cudaError_t query = cudaEventQuery(e);
-      if (query == cudaErrorNotReady) return false;
-      if (query != cudaSuccess) cudaGetLastError();
-      cudaEventDestroy(e);
-      return true;
-    });
+    drop_finished(pending);  // a buffer kept for many copies keeps only the running ones
     pending.push_back(event);
     return true;
   }
@@ -122,16 +115,16 @@ class PinnedAllocator final : public Allocator {
     std::vector<cudaEvent_t> pending;  // recorded after the copies that used the block
   };
 
-  // True once every pending event has completed; the completed ones are destroyed.
-  static bool idle(std::vector<cudaEvent_t>& pending) {
-    while (!pending.empty()) {
-      const cudaError_t status = cudaEventQuery(pending.back());
+  // Destroys the events that have completed; true when none is left.
+  static bool drop_finished(std::vector<cudaEvent_t>& pending) {
+    std::erase_if(pending, [](cudaEvent_t event) {
+      const cudaError_t status = cudaEventQuery(event);
       if (status == cudaErrorNotReady) return false;
       if (status != cudaSuccess) cudaGetLastError();  // a failed copy no longer uses the block
-      cudaEventDestroy(pending.back());
-      pending.pop_back();
-    }
-    return true;
+      cudaEventDestroy(event);
+      return true;
+    });
+    return pending.empty();
   }
 
   static void wait_and_destroy(std::vector<cudaEvent_t>& pending) {
@@ -147,7 +140,7 @@ class PinnedAllocator final : public Allocator {
     auto it = free_.find(size);
     if (it == free_.end()) return nullptr;
     for (auto block = it->second.begin(); block != it->second.end(); ++block) {
-      if (!idle(block->pending)) continue;
+      if (!drop_finished(block->pending)) continue;
       void* ptr = block->ptr;
       it->second.erase(block);
       cached_bytes_ -= size;
