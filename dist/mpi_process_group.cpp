@@ -136,12 +136,14 @@ struct Op final : detail::QueuedOp, std::enable_shared_from_this<Op> {
     reduce = ReduceOp::kSum;
     peer = -1;
     tag = 0;
-    fingerprint = Fingerprint{};
     offered = false;
     claimed.store(false, std::memory_order_relaxed);
     ready.reset();
     stage = Stage::kMain;
-    gathered.clear();
+    if (state->debug) {  // only debug mode fills these
+      fingerprint = Fingerprint{};
+      gathered.clear();
+    }
     request = MPI_REQUEST_NULL;
     release_tensors();
     after = 0;
@@ -151,10 +153,10 @@ struct Op final : detail::QueuedOp, std::enable_shared_from_this<Op> {
     inline_limit_ms.store(0, std::memory_order_relaxed);
   }
   void release_tensors() {  // see State::release_buffers
-    for (Tensor* t : {&tensor, &host, &packed}) {
-      if (t->defined()) *t = Tensor();
-    }
-    list.clear();
+    if (tensor.defined()) tensor = Tensor();
+    if (host.defined()) host = Tensor();
+    if (packed.defined()) packed = Tensor();
+    if (!list.empty()) list.clear();
   }
 
   void wait(std::chrono::milliseconds timeout) override {

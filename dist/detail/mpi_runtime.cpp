@@ -146,8 +146,9 @@ MpiTypeOp mpi_type_op(DType dtype, ReduceOp op) {
   if (dtype == kF16) return {MPI_UINT16_T, half_ops().half[index]};
   if (dtype == kBF16) return {MPI_UINT16_T, half_ops().bf16[index]};
   if (dtype == kBool) return {MPI_UINT8_T, index == 2 ? MPI_MIN : MPI_MAX};
-  static const MPI_Op kOps[3] = {MPI_SUM, MPI_MAX, MPI_MIN};
-  return {mpi_type(dtype), kOps[index]};
+  // A switch, not a static table: this runs on every collective, and the table's guarded
+  // initialisation cost more than the choice.
+  return {mpi_type(dtype), index == 0 ? MPI_SUM : index == 1 ? MPI_MAX : MPI_MIN};
 }
 
 }  // namespace ember::dist::detail
