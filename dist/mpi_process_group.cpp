@@ -32,6 +32,13 @@ namespace {
 
 struct Op;
 
+// A debug-mode mismatch: every rank sees it and skips the collective, so the group goes on.
+// Any other failure of an issued operation is this rank's alone and breaks the group: its
+// peers are still inside the collective, so a later one here would pair with theirs.
+struct Mismatch : Error {
+  using Error::Error;
+};
+
 }  // namespace
 
 struct MpiProcessGroup::State {
@@ -181,10 +188,11 @@ void check_op(const State& s, const Op& op, int code) {
   if (code != MPI_SUCCESS) check_mpi(code, op.name() + " on rank " + std::to_string(s.rank));
 }
 
-int checked_count(const Op& op, int64_t count) {
-  EMBER_CHECK(count <= INT_MAX, op.name(), "the MPI backend moves at most ", INT_MAX,
-              " elements per call, got ", count);
-  return static_cast<int>(count);
+// The failure of an issued operation, as its waiter gets it. Unless every rank skips it (a
+// debug-mode mismatch), it is this rank's alone and breaks the group first.
+std::string failure_of(State& s, const std::exception& e) {
+  if (dynamic_cast<const Mismatch*>(&e) == nullptr) s.break_group(e.what());
+  return e.what();
 }
 
 // NOTE: Open MPI's all-reduce slows down about tenfold above 24 MiB on one node (measured
@@ -304,8 +312,9 @@ int allreduce_in_pieces(const State& s, const Op& op, void* buf, detail::MpiType
 void start_main(State& s, Op& op) {
   op.stage = Op::Stage::kMain;
   const DType dtype = op.tensor.defined() ? op.tensor.dtype() : kU8;
+  // Checked when it was issued (at most INT_MAX); all-reduces go in pieces.
   const int count = op.tensor.defined() && op.kind != OpKind::kAllreduce
-                        ? checked_count(op, op.tensor.numel())
+                        ? static_cast<int>(op.tensor.numel())
                         : 0;
   void* buf = op.host.defined() ? op.host.data_ptr() : nullptr;
   const detail::MpiTypeOp tp = detail::mpi_type_op(dtype, op.reduce);
@@ -419,7 +428,7 @@ bool advance(State& s, Op& op) {
   if (!flag) return false;
   if (op.stage == Op::Stage::kFingerprint) {
     const std::string mismatch = detail::compare_fingerprints(op.gathered, s.rank);
-    EMBER_CHECK(mismatch.empty(), op.name(), mismatch);
+    if (!mismatch.empty()) throw Mismatch(op.name() + ": " + mismatch);
     start_main(s, op);
     return false;
   }
@@ -470,7 +479,7 @@ std::string Op::run_inline(std::chrono::milliseconds limit) {
       run_inline_staged(limit);
     }
   } catch (const std::exception& e) {
-    failure = e.what();
+    failure = failure_of(*state, e);
   }
   finish_inline_run(failure);
   return failure;
@@ -629,7 +638,7 @@ void MpiProcessGroup::State::run() {
         std::this_thread::yield();
       }
     } catch (const std::exception& e) {
-      failure = e.what();
+      failure = failure_of(*this, e);
     }
     release_buffers(*op, !failure.empty());
     op->complete(failure);
@@ -682,8 +691,9 @@ void MpiProcessGroup::State::run_p2p() {
         start(*this, *op);
         active.push_back(op);
       } catch (const std::exception& e) {
+        const std::string failure = failure_of(*this, e);
         release_buffers(*op, true);
-        op->complete(e.what());
+        op->complete(failure);
       }
     }
     for (auto it = active.begin(); it != active.end();) {
@@ -693,7 +703,7 @@ void MpiProcessGroup::State::run_p2p() {
       try {
         finished = advance(*this, op);
       } catch (const std::exception& e) {
-        failure = e.what();
+        failure = failure_of(*this, e);
         finished = true;
       }
       if (!finished && Clock::now() - op.started > options.timeout) {
@@ -786,6 +796,12 @@ struct OpArgs {
 };
 
 WorkHandle enqueue(const std::shared_ptr<State>& s, const OpArgs& args) {
+  // MPI counts elements in an int: an all-reduce goes in pieces, the others in one call.
+  if (args.tensor != nullptr && args.kind != OpKind::kAllreduce) {
+    EMBER_CHECK(args.tensor->numel() <= INT_MAX, detail::op_kind_name(args.kind),
+                "the MPI backend moves at most ", INT_MAX, " elements per call, got ",
+                args.tensor->numel());
+  }
   std::shared_ptr<Op> op;
   {
     std::lock_guard<std::mutex> lock(s->mutex);

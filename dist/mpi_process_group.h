@@ -26,7 +26,10 @@
 // and mpirun then stops the other ranks); if the program catches it, destroying the broken
 // group calls MPI_Abort(MPI_COMM_WORLD, 1), since MPI_Finalize would wait forever on the
 // abandoned collective (and at exit, a job holding such a collective aborts rather than
-// finalises: see detail::mark_mpi_job_broken).
+// finalises: see detail::mark_mpi_job_broken). Any other failure of an issued operation on
+// one rank (an MPI error, a staging copy that fails) breaks that rank's group the same way:
+// its peers are still inside the operation, so a later one here would pair with theirs. Only
+// a debug-mode mismatch, which every rank sees, leaves the group in step.
 #pragma once
 
 #include <memory>

@@ -1,12 +1,15 @@
 // Not a gtest: a job that is meant to fail, run by expect_failure.sh with 2 ranks, under
 // mpirun (backend mpi, the default) or torchrun_style.sh (backend tcp).
-//   failure_main skip|exit|queued [mpi|tcp]
+//   failure_main skip|exit|queued|local [mpi|tcp]
 //   skip: rank 1 skips the second allreduce; rank 0 must raise ember::Error within the
 //         group's 2 s timeout, and the job must end non-zero instead of hanging.
 //   exit: rank 1 dies after the first allreduce; the job must end non-zero, promptly.
 //   queued: as skip, but rank 0 has more collectives queued behind the one that hangs:
 //         once a wait times out and breaks the group, those fail at once ("failed at once"),
 //         although the communication thread is still stuck in MPI.
+//   local: (mpi) rank 0 sends 8 elements where rank 1 receives 4, so MPI fails the receive on
+//         rank 1 alone; that breaks rank 1's group, and its next collective is refused at
+//         once ("rank 1: refused: ...") instead of pairing with a later one of rank 0's.
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -26,6 +29,26 @@ int main(int argc, char** argv) {
   ember::Tensor t = ember::ones({1024});
   pg->allreduce(t)->wait();
   std::fprintf(stderr, "rank %d: allreduce #1 done (%g)\n", pg->rank(), t.sum().item<double>());
+  if (mode == "local") {
+    if (pg->rank() == 0) {
+      pg->send(ember::ones({8}), 1, /*tag=*/7)->wait();
+      pg->allreduce(t)->wait();  // rank 1 refuses it: times out, and ends the job
+      return 0;
+    }
+    try {
+      pg->recv(ember::zeros({4}), 0, /*tag=*/7)->wait();
+      std::fprintf(stderr, "rank 1: the truncated receive unexpectedly completed\n");
+    } catch (const ember::Error& e) {
+      std::fprintf(stderr, "rank 1: %s\n", e.what());
+    }
+    try {
+      pg->allreduce(t)->wait();
+      std::fprintf(stderr, "rank 1: allreduce #2 unexpectedly ran\n");
+    } catch (const ember::Error& e) {
+      std::fprintf(stderr, "rank 1: refused: %s\n", e.what());
+    }
+    return 0;  // destroying the broken group ends the job non-zero
+  }
   if (pg->rank() == 1) {
     if (mode == "exit") std::_Exit(3);
     std::this_thread::sleep_for(60s);  // skipped allreduce #2; the launcher ends us before this

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <climits>
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
@@ -411,6 +412,11 @@ TEST(WorldGroup, ArgumentErrors) {
   EXPECT_EMBER_ERROR(pg.allgather({ones({3})}, ones({2})),
                      pg.size() == 1 ? "outputs[0] is f32 [3]" : "outputs holds 1 tensors");
   EXPECT_EMBER_ERROR(pg.send(ones({2}), pg.rank()), "cannot exchange with itself");
+  if (pg.backend() == "mpi") {  // MPI counts in an int; only all-reduces go in pieces
+    EXPECT_EMBER_ERROR(pg.broadcast(empty({int64_t{INT_MAX} + 1}, kU8), 0),
+                       "broadcast: the MPI backend moves at most 2147483647 elements per call, "
+                       "got 2147483648");
+  }
   // Nothing was issued, so the group is still in step.
   Tensor t = ones({2});
   pg.allreduce(t)->wait();
