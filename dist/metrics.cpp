@@ -3,7 +3,12 @@
 #include <sstream>
 #include <vector>
 
+#include <ember/config.h>
 #include <ember/tensor/ops.h>
+
+#if EMBER_WITH_CUDA
+#include "nccl_process_group.h"
+#endif
 
 namespace ember::dist {
 
@@ -20,12 +25,16 @@ std::map<std::string, double> average_across_ranks(const std::map<std::string, d
   }
   packed.push_back(static_cast<double>(values.size()));
   packed.push_back(static_cast<double>(hash));
-  Tensor t = from_vector<double>(packed, {static_cast<int64_t>(packed.size())});
-  const size_t n = values.size();
-  if (group.size() > 1) {
-    group.allreduce(t, ReduceOp::kSum)->wait();
+  Device where = kCPU;  // NCCL moves CUDA tensors only: there they travel through its GPU
+#if EMBER_WITH_CUDA
+  if (const auto* nccl = dynamic_cast<const NcclProcessGroup*>(&group)) {
+    where = cuda_device(nccl->device());
   }
-  const std::vector<double> sums = t.to_vector<double>();
+#endif
+  Tensor t = from_vector<double>(packed, {static_cast<int64_t>(packed.size())}).to(where);
+  const size_t n = values.size();
+  group.allreduce(t, ReduceOp::kSum)->wait();
+  const std::vector<double> sums = t.to_vector<double>();  // ordered after the all-reduce
   const double world = group.size();
   EMBER_CHECK(
       sums[n] == world * static_cast<double>(n) && sums[n + 1] == world * static_cast<double>(hash),

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include <ember/tensor/allocator.h>
@@ -84,7 +85,9 @@ struct NcclProcessGroup::State {
   ProcessGroupOptions options;
   bool debug = false;
   cuda::Stream stream;
-  std::mutex issue_mutex;  // issue order is the order NCCL sees
+  // Issue order is the order NCCL sees. Recursive: break_group takes it too (so the
+  // communicator is never aborted under a call being issued), also from inside an issue.
+  std::recursive_mutex issue_mutex;
   int64_t collectives = 0, p2p = 0;
   cuda::Event ready;  // re-recorded at every issue, under issue_mutex
   std::atomic<bool> broken{false};
@@ -122,7 +125,10 @@ struct NcclProcessGroup::State {
       bool unloading = false;
       std::erase_if(in_flight, [&](const std::shared_ptr<Tracked>& op) {
         const cudaError_t status = cudaEventQuery(op->done.handle());
-        if (status == cudaErrorNotReady) return false;
+        if (status == cudaErrorNotReady) {
+          cudaGetLastError();  // the runtime keeps "not ready" as this thread's last error
+          return false;
+        }
         if (status == cudaErrorCudartUnloading) unloading = true;  // the process is ending
         if (status != cudaSuccess && failure.empty()) {
           failure = op->name + " on rank " + std::to_string(rank) + " failed: CUDA reported " +
@@ -131,7 +137,8 @@ struct NcclProcessGroup::State {
         return true;
       });
       if (unloading) return;
-      if (broken.load()) continue;  // whoever broke it reports it
+      if (broken.load()) continue;          // whoever broke it reports it
+      if (options.blocking_wait) continue;  // every wait enforces its own limit and reports
       if (failure.empty() && !in_flight.empty()) failure = check_in_flight();
       if (failure.empty()) continue;
       {
@@ -148,10 +155,14 @@ struct NcclProcessGroup::State {
   }
 
   // Under watch_mutex: an asynchronous NCCL error, or the first operation past its deadline
-  // that no blocking wait watches.
+  // that no blocking wait watches. A blocking wait in progress reports an error itself, as an
+  // ember::Error its caller may catch.
   std::string check_in_flight() {
     const ncclResult_t async = async_error();
     if (async != ncclSuccess && async != ncclInProgress) {
+      for (const auto& op : in_flight) {
+        if (op->host_waited.load()) return "";
+      }
       return in_flight.front()->name + " on rank " + std::to_string(rank) +
              " failed: NCCL reported " + ncclGetErrorString(async);
     }
@@ -182,6 +193,7 @@ struct NcclProcessGroup::State {
 
   // Aborts the communicator (unblocking its kernels) and remembers why.
   void break_group(const std::string& message) {
+    std::lock_guard<std::recursive_mutex> issuing(issue_mutex);
     std::lock_guard<std::mutex> lock(broken_mutex);
     if (broken.exchange(true)) return;
     broken_message = message;
@@ -285,6 +297,23 @@ void check_device(const char* op, const Tensor& t, int device) {
               "the NCCL group works on cuda:", device, " but the tensor is on ", t.device());
 }
 
+// Makes `device` current for one call and gives the caller its own device back.
+class CurrentDevice {
+ public:
+  CurrentDevice(int device, const std::string& what) : device_(device) {
+    check_cuda(cudaGetDevice(&previous_), what + ": cudaGetDevice");
+    if (previous_ != device_) check_cuda(cudaSetDevice(device_), what + ": cudaSetDevice");
+  }
+  ~CurrentDevice() {
+    if (previous_ != device_) cudaSetDevice(previous_);
+  }
+  CurrentDevice(const CurrentDevice&) = delete;
+  CurrentDevice& operator=(const CurrentDevice&) = delete;
+
+ private:
+  int device_, previous_ = -1;
+};
+
 // Everything one call needs: the issue lock, its name and its ordering against the caller.
 class Issue {
  public:
@@ -299,7 +328,7 @@ class Issue {
           name_ + " on rank " + std::to_string(s.rank) +
           ": the process group cannot be used after an earlier failure: " + s.broken_message);
     }
-    check_cuda(cudaSetDevice(s.device), name_ + ": cudaSetDevice");
+    device_.emplace(s.device, name_);
     // A stream waits for an event's record at the time of the call: re-recording is safe.
     s.ready.record(cuda::current_stream(s.device));
     s.ready.wait(s.stream);
@@ -341,8 +370,9 @@ class Issue {
   }
 
   State& s_;
-  std::lock_guard<std::mutex> lock_;
+  std::lock_guard<std::recursive_mutex> lock_;
   std::string name_;
+  std::optional<CurrentDevice> device_;
 };
 
 // A [size * numel] scratch tensor on the NCCL stream's pool.
@@ -401,7 +431,10 @@ NcclProcessGroup::~NcclProcessGroup() {
   State& s = *state_;
   // Work still queued finishes first; the watchdog, still running, ends the process if it
   // never does (a destructor cannot report failures).
-  while (!s.broken.load() && cudaStreamQuery(s.stream.handle()) == cudaErrorNotReady) {
+  while (!s.broken.load()) {
+    const cudaError_t status = cudaStreamQuery(s.stream.handle());
+    if (status != cudaSuccess) cudaGetLastError();  // "not ready" stays as the last error too
+    if (status != cudaErrorNotReady) break;
     std::this_thread::sleep_for(std::chrono::microseconds(100));
   }
   s.stop_watchdog();

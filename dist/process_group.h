@@ -36,8 +36,9 @@ struct ProcessGroupOptions {
   // names the first rank that differs (also switched on by EMBER_DIST_DEBUG=1).
   bool debug = false;
   // NCCL: every wait holds the host until its collective is done and raises ember::Error on
-  // a timeout, instead of ordering the stream under the watchdog (PyTorch's
-  // TORCH_NCCL_BLOCKING_WAIT). Other backends always hold the host.
+  // a timeout or an NCCL error, instead of ordering the stream under the watchdog (PyTorch's
+  // TORCH_NCCL_BLOCKING_WAIT); the watchdog then never ends the process, and a collective
+  // nobody waits on reports nothing. Other backends always hold the host.
   bool blocking_wait = false;
 };
 

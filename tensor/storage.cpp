@@ -119,8 +119,10 @@ class PinnedAllocator final : public Allocator {
   static bool drop_finished(std::vector<cudaEvent_t>& pending) {
     std::erase_if(pending, [](cudaEvent_t event) {
       const cudaError_t status = cudaEventQuery(event);
-      if (status == cudaErrorNotReady) return false;
-      if (status != cudaSuccess) cudaGetLastError();  // a failed copy no longer uses the block
+      // Clears "not ready" too: the runtime keeps it as the thread's last error, which the
+      // next kernel launch's check would report.
+      if (status != cudaSuccess) cudaGetLastError();
+      if (status == cudaErrorNotReady) return false;  // (a failed copy no longer uses the block)
       cudaEventDestroy(event);
       return true;
     });
