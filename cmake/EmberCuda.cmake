@@ -37,16 +37,25 @@ find_package(CUDAToolkit REQUIRED)
 function(ember_find_vendor_library prefix header libname soversion root)
   set(names NAMES ${libname} lib${libname}.so.${soversion} NAMES_PER_DIR)
   set(suffixes lib lib64 lib/x86_64-linux-gnu)
-  # A root given (a wheel's folder) is searched alone first, so it wins over any other copy.
-  foreach(given ${root} $ENV{${prefix}_ROOT})
+  set(given ${root} $ENV{${prefix}_ROOT})
+  if(given)
+    # A root given (a wheel's folder) is searched alone, so it wins over any other copy, also
+    # over what an earlier configure cached, and the header and library come from one install.
+    unset(EMBER_${prefix}_INCLUDE_DIR CACHE)
+    unset(EMBER_${prefix}_LIBRARY CACHE)
     find_path(EMBER_${prefix}_INCLUDE_DIR ${header} PATHS ${given} PATH_SUFFIXES include
       NO_DEFAULT_PATH)
     find_library(EMBER_${prefix}_LIBRARY ${names} PATHS ${given} PATH_SUFFIXES ${suffixes}
       NO_DEFAULT_PATH)
-  endforeach()
-  set(hints ${CUDAToolkit_LIBRARY_ROOT} /usr/local/cuda /usr)
-  find_path(EMBER_${prefix}_INCLUDE_DIR ${header} HINTS ${hints} PATH_SUFFIXES include)
-  find_library(EMBER_${prefix}_LIBRARY ${names} HINTS ${hints} PATH_SUFFIXES ${suffixes})
+    if(NOT EMBER_${prefix}_INCLUDE_DIR OR NOT EMBER_${prefix}_LIBRARY)
+      message(FATAL_ERROR "ember: ${prefix}_ROOT ${given} holds no include/${header} with "
+        "lib${libname}.so or lib${libname}.so.${soversion} beside it")
+    endif()
+  else()
+    set(hints ${CUDAToolkit_LIBRARY_ROOT} /usr/local/cuda /usr)
+    find_path(EMBER_${prefix}_INCLUDE_DIR ${header} HINTS ${hints} PATH_SUFFIXES include)
+    find_library(EMBER_${prefix}_LIBRARY ${names} HINTS ${hints} PATH_SUFFIXES ${suffixes})
+  endif()
   if(EMBER_${prefix}_INCLUDE_DIR AND EMBER_${prefix}_LIBRARY)
     string(TOLOWER ${prefix} lower)
     add_library(ember_${lower} INTERFACE)
