@@ -69,6 +69,12 @@ struct MpiProcessGroup::State {
   // reused; their job ends soon after. Under mutex.
   std::vector<std::shared_ptr<Op>> abandoned;
   bool stop = false;
+  // The threads count themselves out here as they end; the destructor waits on threads_cv.
+  int threads_ended = 0;
+  std::condition_variable threads_cv;
+  // The collective the collective thread runs now (seq 0: none); under mutex.
+  int64_t running_seq = 0;
+  OpKind running_kind = OpKind::kAllreduce;
   detail::OpCounters counters;
   std::atomic<bool> broken{false};
   std::string broken_message;
@@ -105,7 +111,17 @@ struct MpiProcessGroup::State {
   void fail_queued();
   void release_buffers(Op& op, bool failed);  // not under the lock
   void keep_buffers(Op& op);                  // under the lock
-  [[noreturn]] void abort_hung_inline_op(OpKind kind, int64_t seq, std::chrono::milliseconds limit);
+  // Reports a blocking collective that outlived `limit` and ends the job (it cannot be
+  // interrupted): one a waiter runs, or one nobody waited on when the group is destroyed.
+  [[noreturn]] void abort_hung_op(OpKind kind, int64_t seq, std::chrono::milliseconds limit);
+  void wait_for_threads();  // the destructor's, bounded: see there
+  void count_thread_out() {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      ++threads_ended;
+    }
+    threads_cv.notify_all();
+  }
 };
 
 namespace {
@@ -516,8 +532,8 @@ void Op::finish_inline_run(const std::string& failure) {
 
 // A blocking MPI call run inline cannot be interrupted: when it outlives its deadline, the
 // collective thread reports it and ends the job, as an uncaught timeout would.
-void MpiProcessGroup::State::abort_hung_inline_op(OpKind kind, int64_t seq,
-                                                  std::chrono::milliseconds limit) {
+void MpiProcessGroup::State::abort_hung_op(OpKind kind, int64_t seq,
+                                           std::chrono::milliseconds limit) {
   const std::string message =
       detail::timeout_message(detail::op_name(kind, seq), rank, limit, "mpi", size);
   broken_message = message;
@@ -606,7 +622,7 @@ void MpiProcessGroup::State::run() {
         cv.wait_until(lock, watch.deadline);  // new work wakes it, not the run's end
       }
       if (collectives_finished.load() < watch.seq && Clock::now() >= watch.deadline) {
-        abort_hung_inline_op(watch.kind, watch.seq, watch.limit);
+        abort_hung_op(watch.kind, watch.seq, watch.limit);
       }
       continue;
     }
@@ -620,6 +636,8 @@ void MpiProcessGroup::State::run() {
     if (!next_op->runner.compare_exchange_strong(unclaimed, Op::kThread)) continue;  // waiter's
     const std::shared_ptr<Op> op = queue[next];
     queue.erase(queue.begin(), queue.begin() + static_cast<std::ptrdiff_t>(next) + 1);
+    running_seq = op->seq;
+    running_kind = op->kind;
     lock.unlock();
     std::string failure;
     try {
@@ -644,8 +662,33 @@ void MpiProcessGroup::State::run() {
     op->complete(failure);
     collective_finished();
     lock.lock();
+    running_seq = 0;
   }
   queue.clear();
+  lock.unlock();
+  count_thread_out();
+}
+
+// The threads finish what was issued before they end. A blocking all-reduce that nobody
+// waited on never returns when a peer died or skipped it: rather than hang the program's exit
+// in a join, the job ends once the collectives made no progress for the group's timeout (and
+// the watchdog's grace), as an uncaught timeout would end it.
+void MpiProcessGroup::State::wait_for_threads() {
+  std::unique_lock<std::mutex> lock(mutex);
+  int64_t seen = -1;
+  Clock::time_point deadline;
+  while (threads_ended < 2) {
+    const int64_t finished = collectives_finished.load();
+    if (finished != seen) {
+      seen = finished;
+      deadline = Clock::now() + options.timeout + kWatchdogGrace;
+    }
+    if (running_seq != 0 && Clock::now() >= deadline) {
+      abort_hung_op(running_kind, running_seq, options.timeout);
+    }
+    // Progress does not notify threads_cv: look again now and then.
+    threads_cv.wait_for(lock, std::chrono::milliseconds(100));
+  }
 }
 
 // Sends and receives on a thread of their own, so their completion is seen even while the
@@ -721,6 +764,7 @@ void MpiProcessGroup::State::run_p2p() {
     }
     if (!active.empty()) std::this_thread::yield();
   }
+  count_thread_out();
 }
 
 namespace {
@@ -774,6 +818,7 @@ MpiProcessGroup::~MpiProcessGroup() {
   }
   state_->cv.notify_all();
   state_->p2p_cv.notify_all();
+  state_->wait_for_threads();
   state_->thread.join();
   state_->p2p_thread.join();
   if (finalized) return;

@@ -29,7 +29,9 @@
 // finalises: see detail::mark_mpi_job_broken). Any other failure of an issued operation on
 // one rank (an MPI error, a staging copy that fails) breaks that rank's group the same way:
 // its peers are still inside the operation, so a later one here would pair with theirs. Only
-// a debug-mode mismatch, which every rank sees, leaves the group in step.
+// a debug-mode mismatch, which every rank sees, leaves the group in step. Destroying a group
+// waits for what was issued; an all-reduce nobody waited on that makes no progress for the
+// timeout (plus a second) is reported like a timed-out one and ends the job through MPI_Abort.
 #pragma once
 
 #include <memory>

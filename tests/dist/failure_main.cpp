@@ -1,12 +1,14 @@
 // Not a gtest: a job that is meant to fail, run by expect_failure.sh with 2 ranks, under
 // mpirun (backend mpi, the default) or torchrun_style.sh (backend tcp).
-//   failure_main skip|exit|queued|local [mpi|tcp]
+//   failure_main skip|exit|queued|unwaited|local [mpi|tcp]
 //   skip: rank 1 skips the second allreduce; rank 0 must raise ember::Error within the
 //         group's 2 s timeout, and the job must end non-zero instead of hanging.
 //   exit: rank 1 dies after the first allreduce; the job must end non-zero, promptly.
 //   queued: as skip, but rank 0 has more collectives queued behind the one that hangs:
 //         once a wait times out and breaks the group, those fail at once ("failed at once"),
 //         although the communication thread is still stuck in MPI.
+//   unwaited: as skip, but nobody waits on rank 0's allreduce #2: destroying the group must
+//         end the job once the timeout passed ("timed out after"), not hang in its join.
 //   local: (mpi) rank 0 sends 8 elements where rank 1 receives 4, so MPI fails the receive on
 //         rank 1 alone; that breaks rank 1's group, and its next collective is refused at
 //         once ("rank 1: refused: ...") instead of pairing with a later one of rank 0's.
@@ -53,6 +55,10 @@ int main(int argc, char** argv) {
     if (mode == "exit") std::_Exit(3);
     std::this_thread::sleep_for(60s);  // skipped allreduce #2; the launcher ends us before this
     return 0;
+  }
+  if (mode == "unwaited") {
+    const ember::dist::WorkHandle stuck = pg->allreduce(t);  // rank 1 never joins it
+    return 0;  // the group is destroyed with allreduce #2 still running
   }
   if (mode == "queued") {
     ember::Tensor u = ember::ones({16});

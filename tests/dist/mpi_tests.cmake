@@ -19,12 +19,15 @@ add_test(NAME dist_mpi_failure_exit
 add_test(NAME dist_mpi_failure_queued
   COMMAND ${EMBER_EXPECT_FAILURE} 60 "rank 0: failed at once"
     ${EMBER_MPIRUN} ${MPIEXEC_NUMPROC_FLAG} 2 $<TARGET_FILE:ember_dist_failure> queued)
+add_test(NAME dist_mpi_failure_unwaited
+  COMMAND ${EMBER_EXPECT_FAILURE} 60 "allreduce #2 on rank 0 timed out after 2000 ms"
+    ${EMBER_MPIRUN} ${MPIEXEC_NUMPROC_FLAG} 2 $<TARGET_FILE:ember_dist_failure> unwaited)
 add_test(NAME dist_mpi_failure_local
   COMMAND ${EMBER_EXPECT_FAILURE} 60
     "rank 1: refused: allreduce #2: rank 1: the process group cannot be used after an earlier failure: recv #1 on rank 1"
     ${EMBER_MPIRUN} ${MPIEXEC_NUMPROC_FLAG} 2 $<TARGET_FILE:ember_dist_failure> local)
 set_tests_properties(dist_mpi_failure_skip dist_mpi_failure_exit dist_mpi_failure_queued
-  dist_mpi_failure_local PROPERTIES
+  dist_mpi_failure_unwaited dist_mpi_failure_local PROPERTIES
   TIMEOUT 120 LABELS "dist;mpi" PROCESSORS 2)
 
 # The same suite and failures on the TCP backend, launched torchrun-style without mpirun.
