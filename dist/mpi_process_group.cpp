@@ -61,6 +61,11 @@ struct MpiProcessGroup::State {
   std::atomic<int64_t> collectives_finished{0};
   std::atomic<bool> thread_awaits_collective{false};  // later collectives are held back
   std::atomic<bool> p2p_awaits_collective{false};     // a send or receive waits for one
+  // The collective thread sleeps until new work comes (under mutex): enqueue wakes it only
+  // then, and clears it. A wake already pending, or a thread still awake, sees the new op
+  // anyway: it looks at the queue under the mutex before it sleeps again. (On a busy machine
+  // a woken thread may wait long for a core, and every broadcast meanwhile would be wasted.)
+  bool thread_sleeps_for_work = false;
   // The op issued last, reused for the next one once nobody else holds it: making a new one
   // (allocation, construction, reference counts) is much of a small collective's cost.
   std::shared_ptr<Op> spare;
@@ -593,7 +598,9 @@ void MpiProcessGroup::State::run() {
     while (next < queue.size() && queue[next]->seq <= finished) ++next;
     if (next == queue.size()) {
       if (stop) break;
+      thread_sleeps_for_work = true;
       cv.wait(lock);
+      thread_sleeps_for_work = false;
       continue;
     }
     // Not held across the waits below: a reference kept there would stop enqueue reusing it.
@@ -619,7 +626,9 @@ void MpiProcessGroup::State::run() {
         });
         thread_awaits_collective.store(false);
       } else {
-        cv.wait_until(lock, watch.deadline);  // new work wakes it, not the run's end
+        thread_sleeps_for_work = true;  // new work wakes it, not the run's end
+        cv.wait_until(lock, watch.deadline);
+        thread_sleeps_for_work = false;
       }
       if (collectives_finished.load() < watch.seq && Clock::now() >= watch.deadline) {
         abort_hung_op(watch.kind, watch.seq, watch.limit);
@@ -841,6 +850,7 @@ struct OpArgs {
 };
 
 WorkHandle enqueue(const std::shared_ptr<State>& s, const OpArgs& args) {
+  bool wake = true;
   // MPI counts elements in an int: an all-reduce goes in pieces, the others in one call.
   if (args.tensor != nullptr && args.kind != OpKind::kAllreduce) {
     EMBER_CHECK(args.tensor->numel() <= INT_MAX, detail::op_kind_name(args.kind),
@@ -881,12 +891,13 @@ WorkHandle enqueue(const std::shared_ptr<State>& s, const OpArgs& args) {
     }
     if (detail::is_collective(op->kind)) {
       s->queue.push_back(op);
+      wake = std::exchange(s->thread_sleeps_for_work, false);
     } else {
       op->after = s->counters.collectives;  // issued before it: they finish first
       s->p2p_queue.push_back(op);
     }
   }
-  (detail::is_collective(op->kind) ? s->cv : s->p2p_cv).notify_all();
+  if (wake) (detail::is_collective(op->kind) ? s->cv : s->p2p_cv).notify_all();
   return WorkHandle(std::move(op));
 }
 
