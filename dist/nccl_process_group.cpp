@@ -85,13 +85,11 @@ struct NcclProcessGroup::State {
   ProcessGroupOptions options;
   bool debug = false;
   cuda::Stream stream;
-  // Issue order is the order NCCL sees. Recursive: break_group takes it too (so the
-  // communicator is never aborted under a call being issued), also from inside an issue.
-  std::recursive_mutex issue_mutex;
+  std::mutex issue_mutex;  // issue order is the order NCCL sees
   int64_t collectives = 0, p2p = 0;
   cuda::Event ready;  // re-recorded at every issue, under issue_mutex
   std::atomic<bool> broken{false};
-  std::mutex broken_mutex;
+  std::mutex broken_mutex;  // guards comm (every call on it: see with_comm) and broken_message
   std::string broken_message;
 
   // An operation as the watchdog sees it: issued, and not yet seen done.
@@ -106,6 +104,7 @@ struct NcclProcessGroup::State {
   std::condition_variable watch_cv;
   std::vector<std::shared_ptr<Tracked>> in_flight;
   bool stopping = false;
+  bool destroying = false;  // under blocking_wait the watchdog reports nothing until then
   std::thread watchdog;
 
   void watch(std::shared_ptr<Tracked> op) {
@@ -137,8 +136,10 @@ struct NcclProcessGroup::State {
         return true;
       });
       if (unloading) return;
-      if (broken.load()) continue;          // whoever broke it reports it
-      if (options.blocking_wait) continue;  // every wait enforces its own limit and reports
+      if (broken.load()) continue;  // whoever broke it reports it
+      // Under blocking_wait every wait enforces its own limit and reports; only an operation
+      // nobody waited on that holds up the group's destruction is the watchdog's.
+      if (options.blocking_wait && !destroying) continue;
       if (failure.empty() && !in_flight.empty()) failure = check_in_flight();
       if (failure.empty()) continue;
       {
@@ -191,9 +192,9 @@ struct NcclProcessGroup::State {
     if (watchdog.joinable()) watchdog.join();
   }
 
-  // Aborts the communicator (unblocking its kernels) and remembers why.
+  // Aborts the communicator (unblocking its kernels) and remembers why. Never during a call
+  // on it from another thread: they hold broken_mutex too (with_comm).
   void break_group(const std::string& message) {
-    std::lock_guard<std::recursive_mutex> issuing(issue_mutex);
     std::lock_guard<std::mutex> lock(broken_mutex);
     if (broken.exchange(true)) return;
     broken_message = message;
@@ -229,15 +230,30 @@ struct NcclProcessGroup::State {
     }
   }
 
+  // Runs `nccl(comm)` under broken_mutex, so break_group cannot abort the communicator in the
+  // middle (the calls are non-blocking: they return at once); ember::Error on its failure,
+  // or when the group was aborted already.
+  template <typename F>
+  ncclResult_t with_comm(F&& nccl, const std::string& what) {
+    std::lock_guard<std::mutex> lock(broken_mutex);
+    EMBER_CHECK(comm != nullptr, what, "the process group failed earlier: ", broken_message);
+    const ncclResult_t code = nccl(comm);
+    check_nccl(code, comm, what);
+    return code;
+  }
+
   // Non-blocking communicators may leave a call in progress: settle it before the next one.
   void settle(ncclResult_t code, const std::string& what) {
-    check_nccl(code, comm, what);
     if (code != ncclInProgress) return;
     const auto deadline = Clock::now() + options.timeout;
     for (;;) {
-      ncclResult_t state = ncclInProgress;
-      check_nccl(ncclCommGetAsyncError(comm, &state), comm, what);
-      check_nccl(state, comm, what);
+      const ncclResult_t state = with_comm(
+          [](ncclComm_t c) {
+            ncclResult_t async = ncclInProgress;
+            const ncclResult_t status = ncclCommGetAsyncError(c, &async);
+            return status != ncclSuccess ? status : async;
+          },
+          what);
       if (state == ncclSuccess) return;
       if (Clock::now() > deadline) {
         const std::string message =
@@ -335,7 +351,18 @@ class Issue {
     if (s.debug && collective) check_fingerprints(Fingerprint::of(kind, seq, t, root, reduce));
   }
   const std::string& name() const { return name_; }
-  void call(ncclResult_t code) { s_.settle(code, name_ + " on rank " + std::to_string(s_.rank)); }
+  // Makes the NCCL call `nccl(comm)`. Its failure breaks the group: the other ranks went on
+  // into this collective, so a later one here would pair with theirs.
+  template <typename F>
+  void call(F&& nccl) {
+    const std::string what = name_ + " on rank " + std::to_string(s_.rank);
+    try {
+      s_.settle(s_.with_comm(nccl, what), what);
+    } catch (const std::exception& e) {
+      s_.break_group(e.what());
+      throw;
+    }
+  }
   WorkHandle finish(std::shared_ptr<State> s, std::vector<Tensor> keep, bool blocking = false) {
     for (const Tensor& t : keep) cuda::record_stream(t.storage().data(), s->stream);
     return std::make_shared<NcclWork>(std::move(s), name_, std::move(keep), blocking);
@@ -350,8 +377,10 @@ class Issue {
     cuda::StreamGuard guard(s_.stream);
     Tensor dev = host.to(cuda_device(s_.device));
     Tensor all_dev = empty({bytes * s_.size}, TensorOptions(kU8, cuda_device(s_.device)));
-    call(ncclAllGather(dev.data_ptr(), all_dev.data_ptr(), static_cast<size_t>(bytes), ncclUint8,
-                       s_.comm, s_.stream.handle()));
+    call([&](ncclComm_t comm) {
+      return ncclAllGather(dev.data_ptr(), all_dev.data_ptr(), static_cast<size_t>(bytes),
+                           ncclUint8, comm, s_.stream.handle());
+    });
     check_cuda(cudaMemcpyAsync(all_host.data_ptr(), all_dev.data_ptr(),
                                static_cast<size_t>(bytes * s_.size), cudaMemcpyDeviceToHost,
                                s_.stream.handle()),
@@ -370,7 +399,7 @@ class Issue {
   }
 
   State& s_;
-  std::lock_guard<std::recursive_mutex> lock_;
+  std::lock_guard<std::mutex> lock_;
   std::string name_;
   std::optional<CurrentDevice> device_;
 };
@@ -423,14 +452,20 @@ NcclProcessGroup::NcclProcessGroup(int rank, int size, int local_rank, int devic
   config.blocking = 0;
   const std::string what =
       "ncclCommInitRank (rank " + std::to_string(rank) + " of " + std::to_string(size) + ")";
-  s.settle(ncclCommInitRankConfig(&s.comm, size, nccl_id, rank, &config), what);
+  const ncclResult_t code = ncclCommInitRankConfig(&s.comm, size, nccl_id, rank, &config);
+  check_nccl(code, s.comm, what);  // no other thread uses the group yet
+  s.settle(code, what);
   s.watchdog = std::thread([state = state_.get()] { state->run_watchdog(); });
 }
 
 NcclProcessGroup::~NcclProcessGroup() {
   State& s = *state_;
   // Work still queued finishes first; the watchdog, still running, ends the process if it
-  // never does (a destructor cannot report failures).
+  // never does (a destructor cannot report failures), also under blocking_wait.
+  {
+    std::lock_guard<std::mutex> lock(s.watch_mutex);
+    s.destroying = true;
+  }
   while (!s.broken.load()) {
     const cudaError_t status = cudaStreamQuery(s.stream.handle());
     if (status != cudaSuccess) cudaGetLastError();  // "not ready" stays as the last error too
@@ -451,9 +486,11 @@ WorkHandle NcclProcessGroup::allreduce(const Tensor& tensor, ReduceOp op) {
   check_device("allreduce", tensor, state_->device);
   State& s = *state_;
   Issue issue(s, OpKind::kAllreduce, &tensor, -1, static_cast<int>(op));
-  issue.call(ncclAllReduce(tensor.data_ptr(), tensor.data_ptr(),
-                           static_cast<size_t>(tensor.numel()), nccl_type(tensor.dtype()),
-                           nccl_op(tensor.dtype(), op), s.comm, s.stream.handle()));
+  issue.call([&](ncclComm_t comm) {
+    return ncclAllReduce(tensor.data_ptr(), tensor.data_ptr(), static_cast<size_t>(tensor.numel()),
+                         nccl_type(tensor.dtype()), nccl_op(tensor.dtype(), op), comm,
+                         s.stream.handle());
+  });
   return issue.finish(state_, {tensor});
 }
 
@@ -463,9 +500,10 @@ WorkHandle NcclProcessGroup::broadcast(const Tensor& tensor, int root) {
   check_device("broadcast", tensor, state_->device);
   State& s = *state_;
   Issue issue(s, OpKind::kBroadcast, &tensor, root, -1);
-  issue.call(ncclBroadcast(tensor.data_ptr(), tensor.data_ptr(),
-                           static_cast<size_t>(tensor.numel()), nccl_type(tensor.dtype()), root,
-                           s.comm, s.stream.handle()));
+  issue.call([&](ncclComm_t comm) {
+    return ncclBroadcast(tensor.data_ptr(), tensor.data_ptr(), static_cast<size_t>(tensor.numel()),
+                         nccl_type(tensor.dtype()), root, comm, s.stream.handle());
+  });
   return issue.finish(state_, {tensor});
 }
 
@@ -477,9 +515,10 @@ WorkHandle NcclProcessGroup::allgather(const std::vector<Tensor>& outputs, const
   Issue issue(s, OpKind::kAllgather, &input, -1, -1);
   const bool direct = consecutive(outputs);
   Tensor gathered = direct ? outputs[0] : scratch(s, input);
-  issue.call(ncclAllGather(input.data_ptr(), gathered.data_ptr(),
-                           static_cast<size_t>(input.numel()), nccl_type(input.dtype()), s.comm,
-                           s.stream.handle()));
+  issue.call([&](ncclComm_t comm) {
+    return ncclAllGather(input.data_ptr(), gathered.data_ptr(), static_cast<size_t>(input.numel()),
+                         nccl_type(input.dtype()), comm, s.stream.handle());
+  });
   std::vector<Tensor> keep = outputs;
   keep.push_back(input);
   if (!direct) {
@@ -502,9 +541,11 @@ WorkHandle NcclProcessGroup::reduce(const Tensor& tensor, int root, ReduceOp op)
   check_device("reduce", tensor, state_->device);
   State& s = *state_;
   Issue issue(s, OpKind::kReduce, &tensor, root, static_cast<int>(op));
-  issue.call(ncclReduce(tensor.data_ptr(), tensor.data_ptr(), static_cast<size_t>(tensor.numel()),
-                        nccl_type(tensor.dtype()), nccl_op(tensor.dtype(), op), root, s.comm,
-                        s.stream.handle()));
+  issue.call([&](ncclComm_t comm) {
+    return ncclReduce(tensor.data_ptr(), tensor.data_ptr(), static_cast<size_t>(tensor.numel()),
+                      nccl_type(tensor.dtype()), nccl_op(tensor.dtype(), op), root, comm,
+                      s.stream.handle());
+  });
   return issue.finish(state_, {tensor});
 }
 
@@ -526,9 +567,11 @@ WorkHandle NcclProcessGroup::reduce_scatter(const Tensor& output, const std::vec
       packed.narrow(0, static_cast<int64_t>(r) * n, n).copy_(inputs[r].reshape({n}));
     }
   }
-  issue.call(ncclReduceScatter(packed.data_ptr(), output.data_ptr(),
-                               static_cast<size_t>(output.numel()), nccl_type(output.dtype()),
-                               nccl_op(output.dtype(), op), s.comm, s.stream.handle()));
+  issue.call([&](ncclComm_t comm) {
+    return ncclReduceScatter(packed.data_ptr(), output.data_ptr(),
+                             static_cast<size_t>(output.numel()), nccl_type(output.dtype()),
+                             nccl_op(output.dtype(), op), comm, s.stream.handle());
+  });
   std::vector<Tensor> keep = inputs;
   keep.push_back(output);
   keep.push_back(packed);
@@ -542,8 +585,10 @@ WorkHandle NcclProcessGroup::barrier() {
     return zeros({1}, TensorOptions(kF32, cuda_device(s.device)));
   }();
   Issue issue(s, OpKind::kBarrier, nullptr, -1, -1);
-  issue.call(ncclAllReduce(token.data_ptr(), token.data_ptr(), 1, ncclFloat32, ncclSum, s.comm,
-                           s.stream.handle()));
+  issue.call([&](ncclComm_t comm) {
+    return ncclAllReduce(token.data_ptr(), token.data_ptr(), 1, ncclFloat32, ncclSum, comm,
+                         s.stream.handle());
+  });
   return issue.finish(state_, {token}, /*blocking=*/true);  // a barrier holds the host
 }
 
@@ -554,8 +599,10 @@ WorkHandle NcclProcessGroup::send(const Tensor& tensor, int dst, int tag) {
   check_device("send", tensor, state_->device);
   State& s = *state_;
   Issue issue(s, OpKind::kSend, &tensor, -1, -1);
-  issue.call(ncclSend(tensor.data_ptr(), static_cast<size_t>(tensor.numel()),
-                      nccl_type(tensor.dtype()), dst, s.comm, s.stream.handle()));
+  issue.call([&](ncclComm_t comm) {
+    return ncclSend(tensor.data_ptr(), static_cast<size_t>(tensor.numel()),
+                    nccl_type(tensor.dtype()), dst, comm, s.stream.handle());
+  });
   return issue.finish(state_, {tensor});
 }
 
@@ -566,8 +613,10 @@ WorkHandle NcclProcessGroup::recv(const Tensor& tensor, int src, int tag) {
   check_device("recv", tensor, state_->device);
   State& s = *state_;
   Issue issue(s, OpKind::kRecv, &tensor, -1, -1);
-  issue.call(ncclRecv(tensor.data_ptr(), static_cast<size_t>(tensor.numel()),
-                      nccl_type(tensor.dtype()), src, s.comm, s.stream.handle()));
+  issue.call([&](ncclComm_t comm) {
+    return ncclRecv(tensor.data_ptr(), static_cast<size_t>(tensor.numel()),
+                    nccl_type(tensor.dtype()), src, comm, s.stream.handle());
+  });
   return issue.finish(state_, {tensor});
 }
 

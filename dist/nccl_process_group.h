@@ -9,7 +9,9 @@
 // host until the collective is done, polling its completion event and ncclCommGetAsyncError
 // (the watchdog leaves that collective to them): on a timeout or an error the communicator is
 // aborted, the Work throws ember::Error naming the collective, its number and the rank, and
-// every later call on the group throws.
+// every later call on the group throws. Under blocking_wait the watchdog ends the process only
+// when the group is destroyed with an operation nobody waited on still unfinished past its
+// deadline. A failed NCCL call breaks the group the same way: the other ranks went on.
 #pragma once
 
 #include <array>
