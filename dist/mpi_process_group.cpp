@@ -33,8 +33,7 @@ namespace {
 struct Op;
 
 // A debug-mode mismatch: every rank sees it and skips the collective, so the group goes on.
-// Any other failure of an issued operation is this rank's alone and breaks the group: its
-// peers are still inside the collective, so a later one here would pair with theirs.
+// Any other failure of an issued operation breaks the group (failure_of).
 struct Mismatch : Error {
   using Error::Error;
 };
@@ -210,7 +209,7 @@ void check_op(const State& s, const Op& op, int code) {
 }
 
 // The failure of an issued operation, as its waiter gets it. Unless every rank skips it (a
-// debug-mode mismatch), it is this rank's alone and breaks the group first.
+// debug-mode mismatch), it breaks the group first: see the NOTE (failure) in the header.
 std::string failure_of(State& s, const std::exception& e) {
   if (dynamic_cast<const Mismatch*>(&e) == nullptr) s.break_group(e.what());
   return e.what();
@@ -678,15 +677,16 @@ void MpiProcessGroup::State::run() {
   count_thread_out();
 }
 
-// The threads finish what was issued before they end. A blocking all-reduce that nobody
-// waited on never returns when a peer died or skipped it: rather than hang the program's exit
-// in a join, the job ends once the collectives made no progress for the group's timeout (and
-// the watchdog's grace), as an uncaught timeout would end it.
+// Until the threads finished what was issued and ended, or the group broke. A blocking
+// all-reduce nobody waited on never returns when a peer died or skipped it: rather than hang
+// the program's exit in a join, the job ends when the collective thread is inside a
+// collective and none finished for the group's timeout (plus the watchdog's grace), counted
+// from the destructor's start or the last one that finished, as an uncaught timeout would.
 void MpiProcessGroup::State::wait_for_threads() {
   std::unique_lock<std::mutex> lock(mutex);
   int64_t seen = -1;
   Clock::time_point deadline;
-  while (threads_ended < 2) {
+  while (threads_ended < 2 && !broken.load()) {
     const int64_t finished = collectives_finished.load();
     if (finished != seen) {
       seen = finished;
@@ -738,6 +738,10 @@ void MpiProcessGroup::State::run_p2p() {
       }
     }
     for (auto& op : fresh) {
+      if (broken.load()) {  // a start below broke it: a broken group never calls MPI again
+        op->complete(broken_message);
+        continue;
+      }
       try {
         op->started = Clock::now();
         start(*this, *op);
@@ -828,10 +832,11 @@ MpiProcessGroup::~MpiProcessGroup() {
   state_->cv.notify_all();
   state_->p2p_cv.notify_all();
   state_->wait_for_threads();
+  // It broke while the threads ended: one may be stuck in MPI for good, so no join first.
+  if (!finalized && state_->broken.load()) MPI_Abort(MPI_COMM_WORLD, 1);
   state_->thread.join();
   state_->p2p_thread.join();
   if (finalized) return;
-  if (state_->broken.load()) MPI_Abort(MPI_COMM_WORLD, 1);  // it broke while the threads ended
   MpiLock lock;
   MPI_Comm_free(&state_->comm);  // a failure here cannot be reported from a destructor
 }

@@ -27,11 +27,12 @@
 // group calls MPI_Abort(MPI_COMM_WORLD, 1), since MPI_Finalize would wait forever on the
 // abandoned collective (and at exit, a job holding such a collective aborts rather than
 // finalises: see detail::mark_mpi_job_broken). Any other failure of an issued operation on
-// one rank (an MPI error, a staging copy that fails) breaks that rank's group the same way:
-// its peers are still inside the operation, so a later one here would pair with theirs. Only
-// a debug-mode mismatch, which every rank sees, leaves the group in step. Destroying a group
-// waits for what was issued; an all-reduce nobody waited on that makes no progress for the
-// timeout (plus a second) is reported like a timed-out one and ends the job through MPI_Abort.
+// one rank breaks that rank's group the same way: one that fails before MPI (a staging copy)
+// leaves its peers inside the operation, so a later one here would pair with theirs, and
+// after an MPI error MPI's state is undefined. Only a debug-mode mismatch, which every rank
+// sees, leaves the group in step. Destroying a group waits for what was issued; when a
+// collective the thread runs (an all-reduce nobody waited on) finishes nothing for the
+// timeout plus a second, it is reported like a timed-out one and MPI_Abort ends the job.
 #pragma once
 
 #include <memory>

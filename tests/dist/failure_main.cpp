@@ -10,8 +10,8 @@
 //   unwaited: as skip, but nobody waits on rank 0's allreduce #2: destroying the group must
 //         end the job once the timeout passed ("timed out after"), not hang in its join.
 //   local: (mpi) rank 0 sends 8 elements where rank 1 receives 4, so MPI fails the receive on
-//         rank 1 alone; that breaks rank 1's group, and its next collective is refused at
-//         once ("rank 1: refused: ...") instead of pairing with a later one of rank 0's.
+//         rank 1 alone; after an MPI error its group is broken, and its next collective is
+//         refused at once ("rank 1: refused: ...").
 #include <chrono>
 #include <cstdio>
 #include <cstring>
