@@ -862,22 +862,30 @@ WorkHandle enqueue(const std::shared_ptr<State>& s, const OpArgs& args) {
                 "the MPI backend moves at most ", INT_MAX, " elements per call, got ",
                 args.tensor->numel());
   }
-  std::shared_ptr<Op> op;
+  const bool collective = detail::is_collective(args.kind);
+  Op* op = nullptr;  // the spare, reused or new
+  WorkHandle handle;
   {
     std::lock_guard<std::mutex> lock(s->mutex);
-    // Collectives their waiters ran to the end leave the queue here, on the issuing thread.
     const int64_t finished = s->collectives_finished.load();
-    while (!s->queue.empty() && s->queue.front()->seq <= finished) s->queue.pop_front();
-    if (s->spare && s->spare.use_count() == 1 && !s->broken.load()) {
-      // Only `spare` holds it: whoever dropped it last is done with it. (In a broken group
-      // it may hold tensors MPI still uses, and stamp_op refuses the new op anyway.)
-      std::atomic_thread_fence(std::memory_order_acquire);
-      op = s->spare;
-      op->recycle(args.kind);
+    // Reused only when nobody else holds it: whoever dropped it last is done with it. (In a
+    // broken group it may hold tensors MPI still uses, and stamp_op refuses the new op.)
+    const bool reusable = s->spare && !s->broken.load();
+    bool queued = false;  // it keeps its place in the queue
+    if (collective && reusable && s->queue.size() == 1 && s->queue.front() == s->spare &&
+        s->spare->seq <= finished && s->spare.use_count() == 2) {
+      // The commonest case, a collective after one its waiter ran: the spare is alone in the
+      // queue, finished, held by the queue and `spare` only. It is reused where it stands,
+      // without a reference changing hands.
+      queued = true;
     } else {
-      op = std::make_shared<Op>(s, args.kind);
-      s->spare = op;
+      // Collectives their waiters ran to the end leave the queue here, on the issuing thread.
+      while (!s->queue.empty() && s->queue.front()->seq <= finished) s->queue.pop_front();
+      if (!reusable || s->spare.use_count() != 1) s->spare = std::make_shared<Op>(s, args.kind);
     }
+    op = s->spare.get();
+    std::atomic_thread_fence(std::memory_order_acquire);  // after use_count: see above
+    op->recycle(args.kind);
     try {
       if (args.tensor != nullptr) op->tensor = *args.tensor;
       op->reduce = args.reduce;
@@ -892,18 +900,19 @@ WorkHandle enqueue(const std::shared_ptr<State>& s, const OpArgs& args) {
                        args.uses_reduce);
     } catch (...) {
       op->release_tensors();  // refused: the spare keeps no tensor of the caller's
-      throw;
+      throw;                  // (left in the queue, its seq 0 counts as finished)
     }
-    if (detail::is_collective(op->kind)) {
-      s->queue.push_back(op);
+    if (collective) {
+      if (!queued) s->queue.push_back(s->spare);
       wake = std::exchange(s->thread_sleeps_for_work, false);
     } else {
       op->after = s->counters.collectives;  // issued before it: they finish first
-      s->p2p_queue.push_back(op);
+      s->p2p_queue.push_back(s->spare);
     }
+    handle = s->spare;
   }
-  if (wake) (detail::is_collective(op->kind) ? s->cv : s->p2p_cv).notify_all();
-  return WorkHandle(std::move(op));
+  if (wake) (collective ? s->cv : s->p2p_cv).notify_all();
+  return handle;
 }
 
 }  // namespace
