@@ -482,6 +482,8 @@ bool Op::claim_for_inline_run(std::chrono::milliseconds limit) {
 std::string Op::run_inline(std::chrono::milliseconds limit) {
   std::string failure;
   try {
+    // A break between the claim's check and its win (fail_queued left the op to it).
+    if (state->broken.load()) throw Error(state->broken_message);
     if (kind == OpKind::kAllreduce && !state->debug && tensor.is_cpu()) {
       // The commonest collective, kept short (a waiter's small all-reduce is all overhead):
       // in place in the caller's tensor, with neither staging nor polling.
@@ -649,6 +651,8 @@ void MpiProcessGroup::State::run() {
     lock.unlock();
     std::string failure;
     try {
+      // A break since the check above (fail_queued found it taken): no MPI call any more.
+      if (broken.load()) throw Error(broken_message);
       op->started = Clock::now();
       start(*this, *op);  // an all-reduce blocks in here
       while (!advance(*this, *op)) {
@@ -900,10 +904,14 @@ WorkHandle enqueue(const std::shared_ptr<State>& s, const OpArgs& args) {
                        args.uses_reduce);
     } catch (...) {
       op->release_tensors();  // refused: the spare keeps no tensor of the caller's
-      throw;                  // (left in the queue, its seq 0 counts as finished)
+      op->seq = 0;            // left in the queue, it counts as finished
+      throw;
     }
     if (collective) {
       if (!queued) s->queue.push_back(s->spare);
+      // NOTE: sent after the unlock, so a woken thread does not block on the mutex at once.
+      // Another issuer that finds no sleeper meanwhile relies on this wake: its collective
+      // may start only once this thread sends it (it is never lost).
       wake = std::exchange(s->thread_sleeps_for_work, false);
     } else {
       op->after = s->counters.collectives;  // issued before it: they finish first
