@@ -58,6 +58,10 @@ struct MpiProcessGroup::State {
   // A thread that sleeps until this count grows raises its flag first (under the lock), and
   // collective_finished() wakes it: each side writes its own variable, then reads the other's.
   std::atomic<int64_t> collectives_finished{0};
+  // The number of collectives issued, published for the collective thread's spin before it
+  // sleeps (spin_for_work; counters.collectives under the mutex is the same number). Beside
+  // collectives_finished: the spin reads both, one cache line.
+  std::atomic<int64_t> collectives_issued{0};
   std::atomic<bool> thread_awaits_collective{false};  // later collectives are held back
   std::atomic<bool> p2p_awaits_collective{false};     // a send or receive waits for one
   // The collective thread sleeps until new work comes (under mutex): enqueue wakes it only
@@ -65,6 +69,7 @@ struct MpiProcessGroup::State {
   // anyway: it looks at the queue under the mutex before it sleeps again. (On a busy machine
   // a woken thread may wait long for a core, and every broadcast meanwhile would be wasted.)
   bool thread_sleeps_for_work = false;
+
   // The op issued last, reused for the next one once nobody else holds it: making a new one
   // (allocation, construction, reference counts) is much of a small collective's cost.
   std::shared_ptr<Op> spare;
@@ -100,6 +105,7 @@ struct MpiProcessGroup::State {
   }
   void run();
   void run_p2p();
+  bool spin_for_work(std::unique_lock<std::mutex>& lock);
   // Counts a finished collective; called without the lock.
   void collective_finished() {
     collectives_finished.fetch_add(1);
@@ -462,6 +468,12 @@ bool advance(State& s, Op& op) {
 // when it outlives the waiter's limit by this much.
 constexpr auto kWatchdogGrace = std::chrono::seconds(1);
 
+// How long the collective thread spins (yielding) before it sleeps for new work. A collective
+// issued to a sleeping thread wakes it, a futex call in the issuing thread that costs
+// microseconds where the thread's core went idle (6-30 us on this project's VM): more than a
+// small all-reduce. Collectives closer together than this need no wake.
+constexpr auto kSpinBeforeSleep = std::chrono::microseconds(200);
+
 }  // namespace
 
 bool Op::claim_for_inline_run(std::chrono::milliseconds limit) {
@@ -589,8 +601,11 @@ void MpiProcessGroup::State::run() {
     std::chrono::milliseconds limit{0};
     Clock::time_point deadline;
   } watch;
+  bool spun = false;  // spun since it last slept or found new work: sleeps at once next time
+  bool window_passed = false;  // the spin gave new collectives their claim window already
   std::unique_lock<std::mutex> lock(mutex);
   for (;;) {
+    const bool claim_window_passed = std::exchange(window_passed, false);
     if (broken.load()) fail_queued();
     // Collectives finish in order: those up to collectives_finished are done (their waiters ran
     // them; enqueue drops them), the first one after it is next.
@@ -599,6 +614,12 @@ void MpiProcessGroup::State::run() {
     while (next < queue.size() && queue[next]->seq <= finished) ++next;
     if (next == queue.size()) {
       if (stop) break;
+      if (!spun) {  // then looks at the queue again under the lock before it sleeps
+        window_passed = spin_for_work(lock);
+        spun = !window_passed;
+        continue;
+      }
+      spun = false;
       thread_sleeps_for_work = true;
       cv.wait(lock);
       thread_sleeps_for_work = false;
@@ -626,7 +647,12 @@ void MpiProcessGroup::State::run() {
           return collectives_finished.load() >= watch.seq || (held_back && broken.load());
         });
         thread_awaits_collective.store(false);
+      } else if (!spun) {  // as above
+        window_passed = spin_for_work(lock);
+        spun = !window_passed;
+        continue;
       } else {
+        spun = false;
         thread_sleeps_for_work = true;  // new work wakes it, not the run's end
         cv.wait_until(lock, watch.deadline);
         thread_sleeps_for_work = false;
@@ -636,7 +662,8 @@ void MpiProcessGroup::State::run() {
       }
       continue;
     }
-    if (!stop && next + 1 == queue.size() && !next_op->offered && !next_op->has_sleepers()) {
+    if (!stop && next + 1 == queue.size() && !next_op->offered && !next_op->has_sleepers() &&
+        !claim_window_passed) {
       // A caller that waits at once runs it faster itself (claim_for_inline_run).
       const std::shared_ptr<Op> offered = queue[next];  // kept through the unlocked offer
       detail::offer_to_waiter(lock, *offered);
@@ -679,6 +706,38 @@ void MpiProcessGroup::State::run() {
   queue.clear();
   lock.unlock();
   count_thread_out();
+}
+
+// Unlocks `lock` and spins (yielding the core to any thread that wants it) until a collective
+// issued after those it saw needs this thread, or kSpinBeforeSleep passes without any issued;
+// true in the first case. Relocks. A new collective that finishes within kClaimWindow (its
+// waiter ran it) needs nothing: the spin goes on, touching no more than the two counters, so
+// the issuing thread keeps its own cache lines. One still unfinished then is either nobody's
+// yet, which this thread then starts at once (the claim window has passed), or a waiter's
+// long run, to watch.
+bool MpiProcessGroup::State::spin_for_work(std::unique_lock<std::mutex>& lock) {
+  int64_t seen = counters.collectives;
+  lock.unlock();
+  auto until = Clock::now() + kSpinBeforeSleep;
+  bool needed = false;
+  for (;;) {
+    const int64_t issued = collectives_issued.load(std::memory_order_acquire);
+    if (issued != seen) {
+      const auto window_end = Clock::now() + detail::kClaimWindow;
+      while (collectives_finished.load() < issued && Clock::now() < window_end) {
+        std::this_thread::yield();
+      }
+      needed = collectives_finished.load() < issued;
+      if (needed) break;
+      seen = issued;
+      until = Clock::now() + kSpinBeforeSleep;
+    } else if (Clock::now() >= until) {
+      break;
+    }
+    std::this_thread::yield();
+  }
+  lock.lock();
+  return needed;
 }
 
 // Until the threads finished what was issued and ended, or the group broke. A blocking
@@ -909,6 +968,7 @@ WorkHandle enqueue(const std::shared_ptr<State>& s, const OpArgs& args) {
     }
     if (collective) {
       if (!queued) s->queue.push_back(s->spare);
+      s->collectives_issued.store(s->counters.collectives, std::memory_order_release);
       // NOTE: sent after the unlock, so a woken thread does not block on the mutex at once.
       // Another issuer that finds no sleeper meanwhile relies on this wake: its collective
       // may start only once this thread sends it (it is never lost).
