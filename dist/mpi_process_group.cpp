@@ -32,6 +32,13 @@ namespace {
 
 struct Op;
 
+// What the collective thread's spin before it sleeps found (State::spin_for_work).
+enum class SpinResult {
+  kNone,              // nothing issued that needs the thread: it may sleep
+  kWork,              // collectives for the thread (held back behind another, or after a wait)
+  kWorkPastItsWindow  // a lone new collective nobody claimed within kClaimWindow: start it
+};
+
 // A debug-mode mismatch: every rank sees it and skips the collective, so the group goes on.
 // Any other failure of an issued operation breaks the group (failure_of).
 struct Mismatch : Error {
@@ -57,13 +64,13 @@ struct MpiProcessGroup::State {
   // thread or on a waiter's (inline, see the header), which counts its own without the lock.
   // A thread that sleeps until this count grows raises its flag first (under the lock), and
   // collective_finished() wakes it: each side writes its own variable, then reads the other's.
-  std::atomic<int64_t> collectives_finished{0};
-  // The number of collectives issued, published for the collective thread's spin before it
-  // sleeps (spin_for_work; counters.collectives under the mutex is the same number). Beside
-  // collectives_finished: the spin reads both, one cache line.
+  alignas(64) std::atomic<int64_t> collectives_finished{0};
+  // The collectives issued and accepted, published for the collective thread's spin before
+  // it sleeps (spin_for_work). On one cache line with collectives_finished, of their own: the
+  // spin reads nothing else.
   std::atomic<int64_t> collectives_issued{0};
-  std::atomic<bool> thread_awaits_collective{false};  // later collectives are held back
-  std::atomic<bool> p2p_awaits_collective{false};     // a send or receive waits for one
+  alignas(64) std::atomic<bool> thread_awaits_collective{false};  // later ones held back
+  std::atomic<bool> p2p_awaits_collective{false};                 // a send or receive waits for one
   // The collective thread sleeps until new work comes (under mutex): enqueue wakes it only
   // then, and clears it. A wake already pending, or a thread still awake, sees the new op
   // anyway: it looks at the queue under the mutex before it sleeps again. (On a busy machine
@@ -105,7 +112,7 @@ struct MpiProcessGroup::State {
   }
   void run();
   void run_p2p();
-  bool spin_for_work(std::unique_lock<std::mutex>& lock);
+  SpinResult spin_for_work(std::unique_lock<std::mutex>& lock);
   // Counts a finished collective; called without the lock.
   void collective_finished() {
     collectives_finished.fetch_add(1);
@@ -471,8 +478,11 @@ constexpr auto kWatchdogGrace = std::chrono::seconds(1);
 // How long the collective thread spins (yielding) before it sleeps for new work. A collective
 // issued to a sleeping thread wakes it, a futex call in the issuing thread that costs
 // microseconds where the thread's core went idle (6-30 us on this project's VM): more than a
-// small all-reduce. Collectives closer together than this need no wake.
+// small all-reduce. Collectives closer together than this need no wake. A stream of them
+// keeps it spinning up to kSpinLimit, then it sleeps: the cost of a wake now and then, not a
+// core spent for as long as small collectives keep coming.
 constexpr auto kSpinBeforeSleep = std::chrono::microseconds(200);
+constexpr auto kSpinLimit = std::chrono::milliseconds(2);
 
 }  // namespace
 
@@ -601,7 +611,7 @@ void MpiProcessGroup::State::run() {
     std::chrono::milliseconds limit{0};
     Clock::time_point deadline;
   } watch;
-  bool spun = false;  // spun since it last slept or found new work: sleeps at once next time
+  bool spun = false;           // spun since it last slept or took work: sleeps at once next time
   bool window_passed = false;  // the spin gave new collectives their claim window already
   std::unique_lock<std::mutex> lock(mutex);
   for (;;) {
@@ -615,8 +625,9 @@ void MpiProcessGroup::State::run() {
     if (next == queue.size()) {
       if (stop) break;
       if (!spun) {  // then looks at the queue again under the lock before it sleeps
-        window_passed = spin_for_work(lock);
-        spun = !window_passed;
+        const SpinResult found = spin_for_work(lock);
+        window_passed = found == SpinResult::kWorkPastItsWindow;
+        spun = found == SpinResult::kNone;
         continue;
       }
       spun = false;
@@ -640,6 +651,9 @@ void MpiProcessGroup::State::run() {
         const std::chrono::milliseconds limit(next_op->inline_limit_ms.load());
         watch = {next_op->seq, next_op->kind, limit, Clock::now() + limit + kWatchdogGrace};
       }
+      if (collectives_finished.load() < watch.seq && Clock::now() >= watch.deadline) {
+        abort_hung_op(watch.kind, watch.seq, watch.limit);
+      }
       const bool held_back = next + 1 < queue.size();
       if (held_back || stop) {  // woken when it finishes (or, holding others back, on a break)
         thread_awaits_collective.store(true);  // see collectives_finished
@@ -648,8 +662,9 @@ void MpiProcessGroup::State::run() {
         });
         thread_awaits_collective.store(false);
       } else if (!spun) {  // as above
-        window_passed = spin_for_work(lock);
-        spun = !window_passed;
+        const SpinResult found = spin_for_work(lock);
+        window_passed = found == SpinResult::kWorkPastItsWindow;
+        spun = found == SpinResult::kNone;
         continue;
       } else {
         spun = false;
@@ -657,20 +672,19 @@ void MpiProcessGroup::State::run() {
         cv.wait_until(lock, watch.deadline);
         thread_sleeps_for_work = false;
       }
-      if (collectives_finished.load() < watch.seq && Clock::now() >= watch.deadline) {
-        abort_hung_op(watch.kind, watch.seq, watch.limit);
-      }
-      continue;
+      continue;  // (the deadline is checked above)
     }
     if (!stop && next + 1 == queue.size() && !next_op->offered && !next_op->has_sleepers() &&
         !claim_window_passed) {
       // A caller that waits at once runs it faster itself (claim_for_inline_run).
       const std::shared_ptr<Op> offered = queue[next];  // kept through the unlocked offer
+      spun = false;
       detail::offer_to_waiter(lock, *offered);
       continue;
     }
     int unclaimed = Op::kUnclaimed;
     if (!next_op->runner.compare_exchange_strong(unclaimed, Op::kThread)) continue;  // waiter's
+    spun = false;
     const std::shared_ptr<Op> op = queue[next];
     queue.erase(queue.begin(), queue.begin() + static_cast<std::ptrdiff_t>(next) + 1);
     running_seq = op->seq;
@@ -709,35 +723,43 @@ void MpiProcessGroup::State::run() {
 }
 
 // Unlocks `lock` and spins (yielding the core to any thread that wants it) until a collective
-// issued after those it saw needs this thread, or kSpinBeforeSleep passes without any issued;
-// true in the first case. Relocks. A new collective that finishes within kClaimWindow (its
-// waiter ran it) needs nothing: the spin goes on, touching no more than the two counters, so
-// the issuing thread keeps its own cache lines. One still unfinished then is either nobody's
-// yet, which this thread then starts at once (the claim window has passed), or a waiter's
-// long run, to watch.
-bool MpiProcessGroup::State::spin_for_work(std::unique_lock<std::mutex>& lock) {
-  int64_t seen = counters.collectives;
+// issued after those it saw needs this thread, kSpinBeforeSleep passes without any issued, or
+// the group breaks; relocks. A lone new collective that finishes within kClaimWindow (its
+// waiter ran it) needs nothing: the spin goes on, reading only the two counters, so the
+// issuing thread keeps its cache lines. One still unfinished then is nobody's yet, which the
+// thread starts at once (its claim window has passed), or a waiter's long run, to watch.
+SpinResult MpiProcessGroup::State::spin_for_work(std::unique_lock<std::mutex>& lock) {
+  int64_t seen = collectives_issued.load();
   lock.unlock();
-  auto until = Clock::now() + kSpinBeforeSleep;
-  bool needed = false;
-  for (;;) {
+  const auto start = Clock::now();
+  auto until = start + kSpinBeforeSleep;
+  SpinResult result = SpinResult::kNone;
+  while (result == SpinResult::kNone && !broken.load()) {
     const int64_t issued = collectives_issued.load(std::memory_order_acquire);
     if (issued != seen) {
+      // More than one unfinished: one is held back behind a run, the thread's business.
       const auto window_end = Clock::now() + detail::kClaimWindow;
-      while (collectives_finished.load() < issued && Clock::now() < window_end) {
+      int64_t finished = collectives_finished.load();
+      while (finished == issued - 1 && Clock::now() < window_end) {
         std::this_thread::yield();
+        finished = collectives_finished.load();
       }
-      needed = collectives_finished.load() < issued;
-      if (needed) break;
-      seen = issued;
-      until = Clock::now() + kSpinBeforeSleep;
+      if (finished < issued - 1) {
+        result = SpinResult::kWork;
+      } else if (finished < issued) {
+        result = SpinResult::kWorkPastItsWindow;
+      } else {
+        seen = issued;  // its waiter ran it: spin on, within kSpinLimit
+        until = std::min(Clock::now() + kSpinBeforeSleep, start + kSpinLimit);
+      }
     } else if (Clock::now() >= until) {
       break;
+    } else {
+      std::this_thread::yield();
     }
-    std::this_thread::yield();
   }
   lock.lock();
-  return needed;
+  return result;
 }
 
 // Until the threads finished what was issued and ended, or the group broke. A blocking
