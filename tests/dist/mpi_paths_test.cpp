@@ -118,6 +118,26 @@ TEST_F(MpiPaths, ReceiveCompletesWhileALaterAllreduceBlocks) {
   expect_equal(summed, full({1024}, static_cast<double>(pg->size())));
 }
 
+// A collective nobody waits on is started by the communication thread, whether that thread
+// spins after the waited ones before it (their waiters ran them) or has gone to sleep.
+TEST_F(MpiPaths, AnUnwaitedCollectiveAfterWaitedOnesStartsByItself) {
+  auto pg = mpi_world();
+  Tensor a = ones({256});
+  Tensor b = full({256}, pg->rank() + 1);
+  for (int round = 0; round < 200; ++round) {
+    pg->allreduce(a, ReduceOp::kMax)->wait();
+    if (round % 10 == 9) std::this_thread::sleep_for(round % 20 == 9 ? 100us : 2ms);
+    WorkHandle later = pg->allreduce(b, ReduceOp::kMax);
+    const auto deadline = std::chrono::steady_clock::now() + 10s;
+    while (!later->is_completed() && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::yield();
+    }
+    ASSERT_TRUE(later->is_completed()) << "round " << round << ": not started in 10 s";
+    later->wait();
+  }
+  expect_equal(b, full({256}, pg->size()));
+}
+
 TEST_F(MpiPaths, SendIssuedBehindAPendingAllreduceStartsOnceItFinishes) {
   // Rank 0's send waits for its all-reduce, which rank 1 joins late: the send/recv thread,
   // asleep meanwhile, must be woken when the all-reduce is counted finished.
