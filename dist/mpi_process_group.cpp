@@ -614,6 +614,12 @@ void MpiProcessGroup::State::run() {
   bool spun = false;           // spun since it last slept or took work: sleeps at once next time
   bool window_passed = false;  // the spin gave new collectives their claim window already
   std::unique_lock<std::mutex> lock(mutex);
+  // Before it sleeps for work; it then looks at the queue again, under the lock.
+  auto spin = [&] {
+    const SpinResult found = spin_for_work(lock);
+    window_passed = found == SpinResult::kWorkPastItsWindow;
+    spun = found == SpinResult::kNone;
+  };
   for (;;) {
     const bool claim_window_passed = std::exchange(window_passed, false);
     if (broken.load()) fail_queued();
@@ -624,10 +630,8 @@ void MpiProcessGroup::State::run() {
     while (next < queue.size() && queue[next]->seq <= finished) ++next;
     if (next == queue.size()) {
       if (stop) break;
-      if (!spun) {  // then looks at the queue again under the lock before it sleeps
-        const SpinResult found = spin_for_work(lock);
-        window_passed = found == SpinResult::kWorkPastItsWindow;
-        spun = found == SpinResult::kNone;
+      if (!spun) {
+        spin();
         continue;
       }
       spun = false;
@@ -661,10 +665,8 @@ void MpiProcessGroup::State::run() {
           return collectives_finished.load() >= watch.seq || (held_back && broken.load());
         });
         thread_awaits_collective.store(false);
-      } else if (!spun) {  // as above
-        const SpinResult found = spin_for_work(lock);
-        window_passed = found == SpinResult::kWorkPastItsWindow;
-        spun = found == SpinResult::kNone;
+      } else if (!spun) {
+        spin();
         continue;
       } else {
         spun = false;
@@ -737,14 +739,14 @@ SpinResult MpiProcessGroup::State::spin_for_work(std::unique_lock<std::mutex>& l
   while (result == SpinResult::kNone && !broken.load()) {
     const int64_t issued = collectives_issued.load(std::memory_order_acquire);
     if (issued != seen) {
-      // More than one unfinished: one is held back behind a run, the thread's business.
+      // A lone new one gets its claim window.
       const auto window_end = Clock::now() + detail::kClaimWindow;
       int64_t finished = collectives_finished.load();
       while (finished == issued - 1 && Clock::now() < window_end) {
         std::this_thread::yield();
         finished = collectives_finished.load();
       }
-      if (finished < issued - 1) {
+      if (finished < issued - 1) {  // one is held back behind a run: the thread's business
         result = SpinResult::kWork;
       } else if (finished < issued) {
         result = SpinResult::kWorkPastItsWindow;
@@ -948,7 +950,6 @@ WorkHandle enqueue(const std::shared_ptr<State>& s, const OpArgs& args) {
                 args.tensor->numel());
   }
   const bool collective = detail::is_collective(args.kind);
-  Op* op = nullptr;  // the spare, reused or new
   WorkHandle handle;
   {
     std::lock_guard<std::mutex> lock(s->mutex);
@@ -968,7 +969,7 @@ WorkHandle enqueue(const std::shared_ptr<State>& s, const OpArgs& args) {
       while (!s->queue.empty() && s->queue.front()->seq <= finished) s->queue.pop_front();
       if (!reusable || s->spare.use_count() != 1) s->spare = std::make_shared<Op>(s, args.kind);
     }
-    op = s->spare.get();
+    Op* const op = s->spare.get();                        // reused or new
     std::atomic_thread_fence(std::memory_order_acquire);  // after use_count: see above
     op->recycle(args.kind);
     try {
