@@ -313,23 +313,6 @@ void check_device(const char* op, const Tensor& t, int device) {
               "the NCCL group works on cuda:", device, " but the tensor is on ", t.device());
 }
 
-// Makes `device` current for one call and gives the caller its own device back.
-class CurrentDevice {
- public:
-  CurrentDevice(int device, const std::string& what) : device_(device) {
-    check_cuda(cudaGetDevice(&previous_), what + ": cudaGetDevice");
-    if (previous_ != device_) check_cuda(cudaSetDevice(device_), what + ": cudaSetDevice");
-  }
-  ~CurrentDevice() {
-    if (previous_ != device_) cudaSetDevice(previous_);
-  }
-  CurrentDevice(const CurrentDevice&) = delete;
-  CurrentDevice& operator=(const CurrentDevice&) = delete;
-
- private:
-  int device_, previous_ = -1;
-};
-
 // Everything one call needs: the issue lock, its name and its ordering against the caller.
 class Issue {
  public:
@@ -344,7 +327,7 @@ class Issue {
           name_ + " on rank " + std::to_string(s.rank) +
           ": the process group cannot be used after an earlier failure: " + s.broken_message);
     }
-    device_.emplace(s.device, name_);
+    device_.emplace(s.device);
     // A stream waits for an event's record at the time of the call: re-recording is safe.
     s.ready.record(cuda::current_stream(s.device));
     s.ready.wait(s.stream);
@@ -401,7 +384,7 @@ class Issue {
   State& s_;
   std::lock_guard<std::mutex> lock_;
   std::string name_;
-  std::optional<CurrentDevice> device_;
+  std::optional<cuda::DeviceGuard> device_;  // the caller's device comes back
 };
 
 // A [size * numel] scratch tensor on the NCCL stream's pool.

@@ -46,6 +46,18 @@ class Stream {
 Stream current_stream(int device = -1);
 void set_current_stream(Stream stream);
 
+// Makes `device` current for the calling thread for a scope; the previous device comes back.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device);
+  ~DeviceGuard();
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = -1;  // -1: it was current already
+};
+
 // Makes `stream` current (and its device current) for a scope.
 class StreamGuard {
  public:

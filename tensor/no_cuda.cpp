@@ -33,6 +33,9 @@ bool Stream::query() const { no_cuda("Stream::query"); }
 Stream current_stream(int /*device*/) { no_cuda("current_stream"); }
 void set_current_stream(Stream /*stream*/) { no_cuda("set_current_stream"); }
 
+DeviceGuard::DeviceGuard(int /*device*/) { no_cuda("DeviceGuard"); }
+DeviceGuard::~DeviceGuard() = default;
+
 StreamGuard::StreamGuard(Stream /*stream*/) : previous_(), previous_device_(0) {
   no_cuda("StreamGuard");
 }

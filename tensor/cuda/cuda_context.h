@@ -3,21 +3,12 @@
 
 #include <cuda_runtime.h>
 
+#include "../cuda.h"
 #include "../tensor.h"
 
 namespace ember::detail {
 
-// Makes `device` current for a scope and restores the previous device afterwards.
-class CudaDeviceGuard {
- public:
-  explicit CudaDeviceGuard(int device);
-  ~CudaDeviceGuard();
-  CudaDeviceGuard(const CudaDeviceGuard&) = delete;
-  CudaDeviceGuard& operator=(const CudaDeviceGuard&) = delete;
-
- private:
-  int previous_ = -1;
-};
+using CudaDeviceGuard = cuda::DeviceGuard;
 
 // ember::Error naming `op` unless `device` is a visible CUDA ordinal.
 void check_cuda_device(int device, const char* op);

@@ -21,19 +21,6 @@ void throw_cublas_error(cublasStatus_t status, const char* call, const char* fil
                       cublasGetStatusName(status), ") at ", file, ":", line));
 }
 
-CudaDeviceGuard::CudaDeviceGuard(int device) {
-  int current = 0;
-  EMBER_CUDA_CHECK(cudaGetDevice(&current));
-  if (current != device) {
-    EMBER_CUDA_CHECK(cudaSetDevice(device));
-    previous_ = current;
-  }
-}
-
-CudaDeviceGuard::~CudaDeviceGuard() {
-  if (previous_ >= 0) cudaSetDevice(previous_);  // a destructor cannot report a failure
-}
-
 void check_cuda_device(int device, const char* op) {
   const int count = cuda::device_count();
   EMBER_CHECK(count > 0, op, "no CUDA device is visible");
@@ -85,6 +72,19 @@ cudaStream_t current_cuda_stream(int device) {
 }  // namespace ember::detail
 
 namespace ember::cuda {
+
+DeviceGuard::DeviceGuard(int device) {
+  int current = 0;
+  EMBER_CUDA_CHECK(cudaGetDevice(&current));
+  if (current != device) {
+    EMBER_CUDA_CHECK(cudaSetDevice(device));
+    previous_ = current;
+  }
+}
+
+DeviceGuard::~DeviceGuard() {
+  if (previous_ >= 0) cudaSetDevice(previous_);  // a destructor cannot report a failure
+}
 
 using detail::CudaDeviceGuard;
 

@@ -53,6 +53,11 @@ TEST(Cuda, DeviceSelection) {
   cuda::set_device(count - 1);
   EXPECT_EQ(cuda::current_device(), count - 1);
   cuda::set_device(original);
+  {
+    cuda::DeviceGuard guard(count - 1);
+    EXPECT_EQ(cuda::current_device(), count - 1);
+  }
+  EXPECT_EQ(cuda::current_device(), original);  // the guard gave it back
   EXPECT_EMBER_ERROR(cuda::set_device(count), "set_device: CUDA device");
   EXPECT_EMBER_ERROR(cuda::set_device(-1), "out of range");
   EXPECT_NO_THROW(cuda::synchronize());
