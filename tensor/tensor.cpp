@@ -106,11 +106,7 @@ Tensor::Tensor(Storage storage, DType dtype, Shape sizes, Shape strides, int64_t
   impl_->offset = storage_offset;
 }
 
-Tensor::Impl& Tensor::impl() const {
-  if (!impl_) [[unlikely]]
-    throw Error("tensor: operation on an undefined tensor");
-  return *impl_;
-}
+void Tensor::throw_undefined() { throw Error("tensor: operation on an undefined tensor"); }
 
 int64_t Tensor::size(int64_t d) const { return sizes()[detail::wrap_dim(d, dim(), "size")]; }
 int64_t Tensor::stride(int64_t d) const { return strides()[detail::wrap_dim(d, dim(), "stride")]; }
@@ -125,13 +121,6 @@ bool Tensor::is_contiguous() const {
     expected *= i.sizes[d];
   }
   return true;
-}
-
-void* Tensor::data_ptr() const {
-  const Impl& i = impl();
-  char* base = static_cast<char*>(i.storage.data());
-  return base == nullptr ? nullptr
-                         : base + i.offset * static_cast<int64_t>(ember::element_size(i.dtype));
 }
 
 Scalar Tensor::item() const {

@@ -94,7 +94,12 @@ class Tensor {
   void set_wrapped_number(bool wrapped) { impl().wrapped_number = wrapped; }
 
   // --- raw access ---------------------------------------------------------------------
-  void* data_ptr() const;  // first element of this view
+  void* data_ptr() const {  // first element of this view
+    const Impl& i = impl();
+    auto* base = static_cast<char*>(i.storage.data());
+    return base == nullptr ? nullptr
+                           : base + i.offset * static_cast<int64_t>(ember::element_size(i.dtype));
+  }
   template <typename T>
   T* data_ptr() const {
     EMBER_CHECK(dtype() == dtype_of<T>, "data_ptr", "tensor has dtype ", dtype(), " but ",
@@ -241,7 +246,13 @@ class Tensor {
     bool wrapped_number = false;
     std::shared_ptr<AutogradMeta> autograd;
   };
-  Impl& impl() const;
+  // Inline: every accessor goes through it, on every op's path.
+  Impl& impl() const {
+    if (!impl_) [[unlikely]]
+      throw_undefined();
+    return *impl_;
+  }
+  [[noreturn]] static void throw_undefined();
   std::shared_ptr<Impl> impl_;
 };
 

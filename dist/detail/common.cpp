@@ -51,10 +51,11 @@ bool debug_from_env() {
   return value != nullptr && value[0] != '\0' && std::strcmp(value, "0") != 0;
 }
 
-void check_tensor(const char* op, const Tensor& t) {
+void report_bad_tensor(const char* op, const Tensor& t) {
   EMBER_CHECK(t.defined(), op, "tensor is undefined");
-  EMBER_CHECK(t.is_contiguous(), op, "tensor must be contiguous (shape ", shape_str(t.sizes()),
-              ", strides ", shape_str(t.strides()), ")");
+  throw Error(ember::detail::str_cat(op, ": tensor must be contiguous (shape ",
+                                     shape_str(t.sizes()), ", strides ", shape_str(t.strides()),
+                                     ")"));
 }
 
 void check_root(const char* op, int root, int size) {
@@ -66,9 +67,9 @@ void check_peer(const char* op, int peer, int rank, int size) {
   EMBER_CHECK(peer != rank, op, "rank ", rank, " cannot exchange with itself");
 }
 
-void check_reduce_op(const char* op, const Tensor& t, ReduceOp reduce) {
-  EMBER_CHECK(reduce != ReduceOp::kAvg || t.is_floating_point(), op,
-              "ReduceOp avg needs a floating-point tensor, got ", t.dtype());
+void report_bad_reduce_op(const char* op, const Tensor& t) {
+  throw Error(
+      ember::detail::str_cat(op, ": ReduceOp avg needs a floating-point tensor, got ", t.dtype()));
 }
 
 void check_list(const char* op, const char* what, const std::vector<Tensor>& list,
@@ -146,18 +147,9 @@ std::string compare_fingerprints(const std::vector<Fingerprint>& all, int rank) 
   return "";
 }
 
-namespace {
-constexpr std::chrono::milliseconds kLongestTimeout = std::chrono::hours(24 * 30);
-}  // namespace
-
 std::chrono::milliseconds checked_timeout(const char* group, std::chrono::milliseconds timeout) {
   EMBER_CHECK(timeout.count() > 0, group, "timeout must be positive, got ", timeout.count(), " ms");
   return std::min(timeout, kLongestTimeout);
-}
-
-std::chrono::milliseconds wait_limit(std::chrono::milliseconds requested,
-                                     std::chrono::milliseconds group_timeout) {
-  return requested.count() > 0 ? std::min(requested, kLongestTimeout) : group_timeout;
 }
 
 void offer_to_waiter(std::unique_lock<std::mutex>& lock, QueuedOp& op) {
@@ -189,12 +181,10 @@ std::string op_name(OpKind kind, int64_t seq) {
 
 std::string QueuedOp::name() const { return op_name(kind, seq); }
 
-void stamp_op(QueuedOp& op, OpCounters& counters, int rank, bool broken,
-              const std::string& broken_message, bool debug, bool uses_reduce) {
-  op.seq = is_collective(op.kind) ? ++counters.collectives : ++counters.p2p;
+void refuse_or_fingerprint(QueuedOp& op, int rank, bool broken, const std::string& broken_message,
+                           bool uses_reduce) {
   EMBER_CHECK(!broken, op.name(), "rank ", rank,
               ": the process group cannot be used after an earlier failure: ", broken_message);
-  if (!debug) return;
   const bool rooted = op.kind == OpKind::kBroadcast || op.kind == OpKind::kReduce;
   op.fingerprint =
       Fingerprint::of(op.kind, op.seq, op.tensor.defined() ? &op.tensor : nullptr,

@@ -3,6 +3,7 @@
 // operations the MPI and TCP backends queue.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -36,10 +37,20 @@ inline bool is_collective(OpKind kind) { return kind != OpKind::kSend && kind !=
 bool debug_from_env();
 
 // Argument checks shared by every backend; each throws ember::Error naming the operation.
-void check_tensor(const char* op, const Tensor& t);
+// The two every collective makes test inline and report out of line: a small all-reduce's
+// whole cost is overhead like theirs.
+[[noreturn]] void report_bad_tensor(const char* op, const Tensor& t);
+inline void check_tensor(const char* op, const Tensor& t) {
+  if (!t.defined() || !t.is_contiguous()) [[unlikely]]
+    report_bad_tensor(op, t);
+}
 void check_root(const char* op, int root, int size);
 void check_peer(const char* op, int peer, int rank, int size);
-void check_reduce_op(const char* op, const Tensor& t, ReduceOp reduce);
+[[noreturn]] void report_bad_reduce_op(const char* op, const Tensor& t);
+inline void check_reduce_op(const char* op, const Tensor& t, ReduceOp reduce) {
+  if (reduce == ReduceOp::kAvg && !t.is_floating_point()) [[unlikely]]
+    report_bad_reduce_op(op, t);
+}
 // `list` must hold `size` tensors shaped, typed and placed like `like`.
 void check_list(const char* op, const char* what, const std::vector<Tensor>& list,
                 const Tensor& like, int size);
@@ -68,10 +79,13 @@ std::string compare_fingerprints(const std::vector<Fingerprint>& all, int rank);
 
 // A group's timeout, checked (positive) and capped at 30 days, so a "never" value such as
 // milliseconds::max() cannot overflow the deadlines computed from it.
+inline constexpr std::chrono::milliseconds kLongestTimeout = std::chrono::hours(24 * 30);
 std::chrono::milliseconds checked_timeout(const char* group, std::chrono::milliseconds timeout);
 // The limit of one wait: `requested` (capped likewise) when positive, else the group's.
-std::chrono::milliseconds wait_limit(std::chrono::milliseconds requested,
-                                     std::chrono::milliseconds group_timeout);
+inline std::chrono::milliseconds wait_limit(std::chrono::milliseconds requested,
+                                            std::chrono::milliseconds group_timeout) {
+  return requested.count() > 0 ? std::min(requested, kLongestTimeout) : group_timeout;
+}
 
 // "allreduce #17 on rank 1 timed out after 5000 ms (...)".
 std::string timeout_message(const std::string& what, int rank, std::chrono::milliseconds limit,
@@ -195,8 +209,13 @@ struct OpCounters {
 // Under the group's lock, before `op` is queued: numbers it (which names it), refuses it
 // (ember::Error) when the group broke earlier (`broken_message`), and in debug mode fills its
 // fingerprint (with the reduce op when `uses_reduce`).
-void stamp_op(QueuedOp& op, OpCounters& counters, int rank, bool broken,
-              const std::string& broken_message, bool debug, bool uses_reduce);
+void refuse_or_fingerprint(QueuedOp& op, int rank, bool broken, const std::string& broken_message,
+                           bool uses_reduce);
+inline void stamp_op(QueuedOp& op, OpCounters& counters, int rank, bool broken,
+                     const std::string& broken_message, bool debug, bool uses_reduce) {
+  op.seq = is_collective(op.kind) ? ++counters.collectives : ++counters.p2p;
+  if (broken || debug) refuse_or_fingerprint(op, rank, broken, broken_message, uses_reduce);
+}
 
 // Divides `count` elements at `data` of a floating dtype by `divisor` in place (kAvg).
 void divide_in_place(void* data, int64_t count, DType dtype, int divisor);
