@@ -586,9 +586,7 @@ void MpiProcessGroup::State::abort_hung_op(OpKind kind, int64_t seq,
   broken.store(true);
   detail::mark_mpi_job_broken();
   std::fprintf(stderr, "ember::Error: %s\n", message.c_str());
-  std::fflush(stderr);
-  MPI_Abort(MPI_COMM_WORLD, 1);
-  std::abort();
+  detail::abort_mpi_job();
 }
 
 // Once `op` ran: its tensors go (the op may outlive its run, queued or as the spare), unless
@@ -927,7 +925,7 @@ MpiProcessGroup::~MpiProcessGroup() {
   if (!finalized && state_->broken.load()) {
     // See the NOTE in the header: the abandoned collective would hang MPI_Finalize, and the
     // communication thread may be blocked inside it (see start_main).
-    MPI_Abort(MPI_COMM_WORLD, 1);
+    detail::abort_mpi_job();
   }
   {
     std::lock_guard<std::mutex> lock(state_->mutex);
@@ -938,7 +936,7 @@ MpiProcessGroup::~MpiProcessGroup() {
   state_->p2p_cv.notify_all();
   state_->wait_for_threads();
   // It broke while the threads ended: one may be stuck in MPI for good, so no join first.
-  if (!finalized && state_->broken.load()) MPI_Abort(MPI_COMM_WORLD, 1);
+  if (!finalized && state_->broken.load()) detail::abort_mpi_job();
   state_->thread.join();
   state_->p2p_thread.join();
   if (finalized) return;

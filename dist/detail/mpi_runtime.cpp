@@ -1,6 +1,10 @@
 #include "mpi_runtime.h"
 
 #include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
 
 namespace ember::dist::detail {
 
@@ -18,7 +22,7 @@ struct MpiFinalizer {
     MPI_Finalized(&finalized);
     if (!owned || finalized) return;
     if (g_job_broken.load()) {
-      MPI_Abort(MPI_COMM_WORLD, 1);
+      abort_mpi_job();
     } else {
       MPI_Finalize();
     }
@@ -119,6 +123,14 @@ MpiLock::~MpiLock() {
 }
 
 void mark_mpi_job_broken() { g_job_broken.store(true); }
+
+void abort_mpi_job() {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  std::abort();  // MPI_Abort does not return; should it, the process still ends
+}
 
 MPI_Datatype mpi_type(DType dtype) {
   switch (dtype) {

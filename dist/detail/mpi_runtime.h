@@ -18,6 +18,10 @@ namespace ember::dist::detail {
 void ensure_mpi_initialized();
 // Throws ember::Error("<what>: <MPI's error string> (code N)") when `code` is not MPI_SUCCESS.
 void check_mpi(int code, const std::string& what);
+// Ends the whole job with MPI_Abort(MPI_COMM_WORLD, 1). A report this process wrote just
+// before (the error that ends it) can be lost when the launcher tears the job down before
+// forwarding it, so output is flushed and forwarding given a moment (200 ms) first.
+[[noreturn]] void abort_mpi_job();
 
 // NOTE: under MPI_THREAD_SERIALIZED every MPI call ember makes holds this lock, so the
 // communication threads of several groups never call MPI at once; under MPI_THREAD_MULTIPLE
