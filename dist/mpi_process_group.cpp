@@ -221,6 +221,13 @@ struct Op final : detail::QueuedOp, std::enable_shared_from_this<Op> {
                    [this](const std::string& message) { state->break_group(message); });
   }
 
+  // A collective its waiter ran without failing is complete once counted finished
+  // (finish_inline_run): they finish in order, and every other outcome calls complete() first.
+  // Read only through a handle, so `seq` is this op's (it is reused only when nobody holds one).
+  bool completed_elsewhere() const override {
+    return seq != 0 && detail::is_collective(kind) && state->collectives_finished.load() >= seq;
+  }
+
   bool claim_for_inline_run(std::chrono::milliseconds limit);
   std::string run_inline(std::chrono::milliseconds limit);  // its failure, or ""
   void run_inline_staged(std::chrono::milliseconds limit);  // throws its failure
@@ -572,8 +579,9 @@ void Op::run_inline_staged(std::chrono::milliseconds limit) {
 
 void Op::finish_inline_run(const std::string& failure) {
   state->release_buffers(*this, !failure.empty());
-  complete(failure);
-  state->collective_finished();
+  if (!failure.empty()) complete(failure);
+  state->collective_finished();  // on success, this completes it (completed_elsewhere)
+  if (failure.empty()) wake_sleepers();
 }
 
 // A blocking MPI call run inline cannot be interrupted: when it outlives its deadline, the

@@ -119,11 +119,22 @@ class CompletionWork : public Work {
     cv_.notify_all();
   }
 
-  bool is_completed() override { return state_.load(std::memory_order_acquire) == kDone; }
+  bool is_completed() override { return done(); }
   // Somebody already sleeps on it: offering it to a waiter (offer_to_waiter) would be wasted.
   bool has_sleepers() const { return sleepers_.load(std::memory_order_relaxed) > 0; }
 
  protected:
+  // A backend may complete a successful op without complete(), by publishing its end some
+  // other way (the MPI group: its count of finished collectives), which saves complete()'s
+  // atomic exchange; this then says whether it did. That publication must be a seq_cst atomic
+  // read-modify-write followed by wake_sleepers(), as complete() orders its own.
+  virtual bool completed_elsewhere() const { return false; }
+  void wake_sleepers() {
+    if (sleepers_.load() == 0) return;
+    { std::lock_guard<std::mutex> lock(mutex_); }  // see complete()
+    cv_.notify_all();
+  }
+
   // Back to pending, for an op being reused: only when nobody else holds it.
   void reset_completion() {
     state_.store(kPending, std::memory_order_relaxed);
@@ -136,12 +147,12 @@ class CompletionWork : public Work {
   template <typename BreakGroup>
   void wait_completed(std::chrono::milliseconds limit, int rank, int size, const char* backend,
                       BreakGroup&& break_group) {
-    if (state_.load() != kDone) {
+    if (!done()) {
       std::unique_lock<std::mutex> lock(mutex_);
       sleepers_.fetch_add(1);  // ordered before the check of the state in the wait
-      const bool done = cv_.wait_for(lock, limit, [&] { return state_.load() == kDone; });
+      const bool finished = cv_.wait_for(lock, limit, [&] { return done(); });
       sleepers_.fetch_sub(1);
-      if (!done) {
+      if (!finished) {
         lock.unlock();
         const std::string message = timeout_message(name(), rank, limit, backend, size);
         break_group(message);
@@ -155,6 +166,8 @@ class CompletionWork : public Work {
   std::mutex mutex_;
   std::condition_variable cv_;
   enum : int { kPending, kFailing, kDone };
+  // Completed, by complete() or elsewhere (completed_elsewhere: then without a failure).
+  bool done() const { return state_.load() == kDone || completed_elsewhere(); }
   std::atomic<int> state_{kPending};  // error_ is final once it is kDone
   std::atomic<int> sleepers_{0};
   std::string error_;

@@ -138,6 +138,30 @@ TEST_F(MpiPaths, AnUnwaitedCollectiveAfterWaitedOnesStartsByItself) {
   expect_equal(b, full({256}, pg->size()));
 }
 
+TEST_F(MpiPaths, ASecondWaiterWakesWhenTheFirstWaitersRunFinishes) {
+  // Rank 0's first waiter runs the all-reduce itself (inline) and blocks in it until rank 1
+  // joins, 300 ms late; a second waiter on the same Work sleeps meanwhile and must be woken
+  // when that run finishes, not at the end of its 5 s limit.
+  auto pg = mpi_world();
+  if (pg->size() < 2) GTEST_SKIP() << "needs a peer";
+  Tensor summed = full({256}, 1.0);
+  if (pg->rank() == 0) {
+    WorkHandle reduce = pg->allreduce(summed);
+    std::thread first([&] { reduce->wait(); });
+    std::this_thread::sleep_for(50ms);  // the first waiter has claimed it by now
+    const auto start = std::chrono::steady_clock::now();
+    reduce->wait(5s);
+    const auto waited = std::chrono::steady_clock::now() - start;
+    first.join();
+    EXPECT_TRUE(reduce->is_completed());
+    EXPECT_LT(waited, 3s) << "the second waiter slept until its limit";
+  } else {
+    std::this_thread::sleep_for(300ms);
+    pg->allreduce(summed)->wait();
+  }
+  expect_equal(summed, full({256}, static_cast<double>(pg->size())));
+}
+
 TEST_F(MpiPaths, SendIssuedBehindAPendingAllreduceStartsOnceItFinishes) {
   // Rank 0's send waits for its all-reduce, which rank 1 joins late: the send/recv thread,
   // asleep meanwhile, must be woken when the all-reduce is counted finished.
