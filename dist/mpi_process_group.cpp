@@ -165,17 +165,6 @@ struct Op final : detail::QueuedOp, std::enable_shared_from_this<Op> {
   std::atomic<int> runner{kUnclaimed};
   std::atomic<int64_t> inline_limit_ms{0};  // a waiter's limit, for the watchdog
 
-  // detail::mpi_type_op(dtype, op), kept across reuse (it depends on nothing else): the same
-  // collective again, the commonest case, then needs no lookup. For whichever thread runs it.
-  detail::MpiTypeOp type_op(DType dtype, ReduceOp op) {
-    if (!typed_ || dtype != typed_dtype_ || op != typed_reduce_) {
-      typed_ = detail::mpi_type_op(dtype, op);
-      typed_dtype_ = dtype;
-      typed_reduce_ = op;
-    }
-    return *typed_;
-  }
-
   Op(std::shared_ptr<State> s, OpKind k) : QueuedOp(k), state(std::move(s)) {}
 
   // Every field back to its initial value but the group, for reuse as a new `k` (see
@@ -232,11 +221,6 @@ struct Op final : detail::QueuedOp, std::enable_shared_from_this<Op> {
   std::string run_inline(std::chrono::milliseconds limit);  // its failure, or ""
   void run_inline_staged(std::chrono::milliseconds limit);  // throws its failure
   void finish_inline_run(const std::string& failure);       // completes it
-
- private:
-  std::optional<detail::MpiTypeOp> typed_;  // see type_op
-  DType typed_dtype_ = kF32;
-  ReduceOp typed_reduce_ = ReduceOp::kSum;
 };
 
 // The message is built only on failure: these checks sit on every collective's fast path.
@@ -376,7 +360,7 @@ void start_main(State& s, Op& op) {
                         ? static_cast<int>(op.tensor.numel())
                         : 0;
   void* buf = op.host.defined() ? op.host.data_ptr() : nullptr;
-  const detail::MpiTypeOp tp = op.type_op(dtype, op.reduce);
+  const detail::MpiTypeOp tp = detail::mpi_type_op(dtype, op.reduce);
   const MPI_Datatype type = tp.type;
   MpiLock lock;
   int rc = MPI_SUCCESS;
@@ -538,8 +522,9 @@ std::string Op::run_inline(std::chrono::milliseconds limit) {
       void* data = tensor.data_ptr();
       {
         MpiLock lock;
-        check_op(*state, *this,
-                 allreduce_in_pieces(*state, *this, data, type_op(tensor.dtype(), reduce)));
+        check_op(
+            *state, *this,
+            allreduce_in_pieces(*state, *this, data, detail::mpi_type_op(tensor.dtype(), reduce)));
       }
       if (reduce == ReduceOp::kAvg) {
         detail::divide_in_place(data, tensor.numel(), tensor.dtype(), state->size);

@@ -111,12 +111,7 @@ class CompletionWork : public Work {
       error_ = error;
       state_.store(kDone);  // publishes error_
     }
-    // Both stores above are ordered before this load, as a sleeper's count is before its check.
-    if (sleepers_.load() == 0) return;
-    // A sleeper holds the mutex from its check of the state until it sleeps: taking it here
-    // means the notification cannot fall between the two.
-    { std::lock_guard<std::mutex> lock(mutex_); }
-    cv_.notify_all();
+    wake_sleepers();
   }
 
   bool is_completed() override { return done(); }
@@ -129,9 +124,12 @@ class CompletionWork : public Work {
   // atomic exchange; this then says whether it did. That publication must be a seq_cst atomic
   // read-modify-write followed by wake_sleepers(), as complete() orders its own.
   virtual bool completed_elsewhere() const { return false; }
+  // After the completion is published: the sleepers' count is read after that store, as a
+  // sleeper raises the count before it checks. A sleeper holds the mutex from its check until
+  // it sleeps: taking it here means the notification cannot fall between the two.
   void wake_sleepers() {
     if (sleepers_.load() == 0) return;
-    { std::lock_guard<std::mutex> lock(mutex_); }  // see complete()
+    { std::lock_guard<std::mutex> lock(mutex_); }
     cv_.notify_all();
   }
 
