@@ -52,6 +52,7 @@ struct MpiProcessGroup::State {
   int rank = 0, size = 1, local_rank = 0;
   ProcessGroupOptions options;
   bool debug = false;
+  const detail::MpiTypeTable mpi_types;  // made after MPI is initialised (make_state)
 
   std::mutex mutex;
   std::condition_variable cv;      // wakes the collective thread
@@ -118,9 +119,11 @@ struct MpiProcessGroup::State {
     collectives_finished.fetch_add(1);
     const bool wake_thread = thread_awaits_collective.load();
     const bool wake_p2p = p2p_awaits_collective.load();
-    if (!wake_thread && !wake_p2p) return;
-    // A sleeper holds the lock from raising its flag until it sleeps: taking it here means
-    // the notification cannot fall in between.
+    if (wake_thread || wake_p2p) wake_for_finished(wake_thread, wake_p2p);
+  }
+  // A sleeper holds the lock from raising its flag until it sleeps: taking it here means
+  // the notification cannot fall in between. Out of line: rare, and off the fast path.
+  [[gnu::noinline]] void wake_for_finished(bool wake_thread, bool wake_p2p) {
     { std::lock_guard<std::mutex> lock(mutex); }
     if (wake_thread) cv.notify_all();
     if (wake_p2p) p2p_cv.notify_all();
@@ -180,10 +183,7 @@ struct Op final : detail::QueuedOp, std::enable_shared_from_this<Op> {
     claimed.store(false, std::memory_order_relaxed);
     ready.reset();
     stage = Stage::kMain;
-    if (state->debug) {  // only debug mode fills these
-      fingerprint = Fingerprint{};
-      gathered.clear();
-    }
+    if (state->debug) reset_debug_fields();
     request = MPI_REQUEST_NULL;
     release_tensors();
     after = 0;
@@ -194,38 +194,54 @@ struct Op final : detail::QueuedOp, std::enable_shared_from_this<Op> {
   }
   void release_tensors() {  // see State::release_buffers
     if (tensor.defined()) tensor = Tensor();
-    if (host.defined()) host = Tensor();
-    if (packed.defined()) packed = Tensor();
-    if (!list.empty()) list.clear();
+    if (host.defined() || packed.defined() || !list.empty()) release_staging();
+  }
+  // Out of line, as the commonest collective, a CPU all-reduce, has none of these.
+  [[gnu::noinline]] void release_staging() {
+    host = Tensor();
+    packed = Tensor();
+    list.clear();
+  }
+  [[gnu::noinline]] void reset_debug_fields() {  // only debug mode fills these
+    fingerprint = Fingerprint{};
+    gathered.clear();
   }
 
+  // Kept short, with the rarer paths out of line: between two small collectives the program
+  // runs other code, so this path usually starts from a cold instruction cache, and each cache
+  // line of code it spans costs more than its instructions.
   void wait(std::chrono::milliseconds timeout) override {
     const auto limit = detail::wait_limit(timeout, state->options.timeout);
     if (claim_for_inline_run(limit)) {
-      const std::string failure = run_inline(limit);
-      if (failure.empty()) return;
-      throw Error(failure);
+      run_inline(limit);
+    } else {
+      wait_for_completion(limit);
     }
-    wait_completed(limit, state->rank, state->size, "mpi",
-                   [this](const std::string& message) { state->break_group(message); });
   }
 
   // A collective its waiter ran without failing is complete once counted finished
-  // (finish_inline_run): they finish in order, and every other outcome calls complete() first.
+  // (run_inline): they finish in order, and every other outcome calls complete() first.
   // Read only through a handle, so `seq` is this op's (it is reused only when nobody holds one).
   bool completed_elsewhere() const override {
     return seq != 0 && detail::is_collective(kind) && state->collectives_finished.load() >= seq;
   }
 
   bool claim_for_inline_run(std::chrono::milliseconds limit);
-  std::string run_inline(std::chrono::milliseconds limit);  // its failure, or ""
+  void run_inline(std::chrono::milliseconds limit);         // throws its failure
   void run_inline_staged(std::chrono::milliseconds limit);  // throws its failure
-  void finish_inline_run(const std::string& failure);       // completes it
+  [[noreturn, gnu::cold]] void fail_inline_run(const std::exception& e);
+  [[gnu::noinline]] void wait_for_completion(std::chrono::milliseconds limit);
 };
+
+[[noreturn, gnu::cold]] void report_mpi_failure(const State& s, const Op& op, int code) {
+  check_mpi(code, op.name() + " on rank " + std::to_string(s.rank));
+  std::abort();  // check_mpi threw: code is not MPI_SUCCESS
+}
 
 // The message is built only on failure: these checks sit on every collective's fast path.
 void check_op(const State& s, const Op& op, int code) {
-  if (code != MPI_SUCCESS) check_mpi(code, op.name() + " on rank " + std::to_string(s.rank));
+  if (code != MPI_SUCCESS) [[unlikely]]
+    report_mpi_failure(s, op, code);
 }
 
 // The failure of an issued operation, as its waiter gets it. Unless every rank skips it (a
@@ -360,7 +376,7 @@ void start_main(State& s, Op& op) {
                         ? static_cast<int>(op.tensor.numel())
                         : 0;
   void* buf = op.host.defined() ? op.host.data_ptr() : nullptr;
-  const detail::MpiTypeOp tp = detail::mpi_type_op(dtype, op.reduce);
+  const detail::MpiTypeOp tp = s.mpi_types(dtype, op.reduce);
   const MPI_Datatype type = tp.type;
   MpiLock lock;
   int rc = MPI_SUCCESS;
@@ -511,8 +527,7 @@ bool Op::claim_for_inline_run(std::chrono::milliseconds limit) {
   return true;
 }
 
-std::string Op::run_inline(std::chrono::milliseconds limit) {
-  std::string failure;
+void Op::run_inline(std::chrono::milliseconds limit) {
   try {
     // A break between the claim's check and its win (fail_queued left the op to it).
     if (state->broken.load()) throw Error(state->broken_message);
@@ -524,7 +539,7 @@ std::string Op::run_inline(std::chrono::milliseconds limit) {
         MpiLock lock;
         check_op(
             *state, *this,
-            allreduce_in_pieces(*state, *this, data, detail::mpi_type_op(tensor.dtype(), reduce)));
+            allreduce_in_pieces(*state, *this, data, state->mpi_types(tensor.dtype(), reduce)));
       }
       if (reduce == ReduceOp::kAvg) {
         detail::divide_in_place(data, tensor.numel(), tensor.dtype(), state->size);
@@ -533,10 +548,27 @@ std::string Op::run_inline(std::chrono::milliseconds limit) {
       run_inline_staged(limit);
     }
   } catch (const std::exception& e) {
-    failure = failure_of(*state, e);
+    fail_inline_run(e);
   }
-  finish_inline_run(failure);
-  return failure;
+  // A success leaves no request pending: its buffers go at once.
+  release_tensors();
+  state->collective_finished();  // this completes it (completed_elsewhere)
+  wake_sleepers();
+}
+
+// An inline run's failure: it breaks the group (see failure_of), completes the op with it,
+// counts it finished and throws it to the waiter.
+void Op::fail_inline_run(const std::exception& e) {
+  const std::string failure = failure_of(*state, e);
+  state->release_buffers(*this, true);
+  complete(failure);
+  state->collective_finished();
+  throw Error(failure);
+}
+
+void Op::wait_for_completion(std::chrono::milliseconds limit) {
+  wait_completed(limit, state->rank, state->size, "mpi",
+                 [this](const std::string& message) { state->break_group(message); });
 }
 
 void Op::run_inline_staged(std::chrono::milliseconds limit) {
@@ -560,13 +592,6 @@ void Op::run_inline_staged(std::chrono::milliseconds limit) {
     }
     std::this_thread::yield();
   }
-}
-
-void Op::finish_inline_run(const std::string& failure) {
-  state->release_buffers(*this, !failure.empty());
-  if (!failure.empty()) complete(failure);
-  state->collective_finished();  // on success, this completes it (completed_elsewhere)
-  if (failure.empty()) wake_sleepers();
 }
 
 // A blocking MPI call run inline cannot be interrupted: when it outlives its deadline, the
@@ -950,46 +975,63 @@ struct OpArgs {
   bool uses_reduce = false;  // debug mode compares the reduce op too
 };
 
-WorkHandle enqueue(const std::shared_ptr<State>& s, const OpArgs& args) {
-  bool wake = true;
-  // MPI counts elements in an int: an all-reduce goes in pieces, the others in one call.
-  if (args.tensor != nullptr && args.kind != OpKind::kAllreduce) {
-    EMBER_CHECK(args.tensor->numel() <= INT_MAX, detail::op_kind_name(args.kind),
-                "the MPI backend moves at most ", INT_MAX, " elements per call, got ",
-                args.tensor->numel());
+// MPI counts elements in an int: an all-reduce goes in pieces, the others in one call.
+[[noreturn, gnu::cold]] void refuse_count(const OpArgs& args) {
+  throw Error(ember::detail::str_cat(detail::op_kind_name(args.kind),
+                                     ": the MPI backend moves at most ", INT_MAX,
+                                     " elements per call, got ", args.tensor->numel()));
+}
+
+// Under the lock, when the spare cannot be reused where it stands (see enqueue): collectives
+// their waiters ran to the end leave the queue here, on the issuing thread, and a spare that
+// somebody else still holds, or none at all, gives way to a new op.
+[[gnu::noinline]] void renew_spare(const std::shared_ptr<State>& s, OpKind kind, int64_t finished) {
+  while (!s->queue.empty() && s->queue.front()->seq <= finished) s->queue.pop_front();
+  // Reused only when nobody else holds it: whoever dropped it last is done with it. (In a
+  // broken group it may hold tensors MPI still uses, and stamp_op refuses the new op.)
+  if (!s->spare || s->broken.load() || s->spare.use_count() != 1) {
+    s->spare = std::make_shared<Op>(s, kind);
   }
+}
+
+// What only some ops carry: the tensor list, and for a CUDA tensor the event that orders its
+// staging after the caller's stream.
+[[gnu::noinline]] void attach_rare_args(Op& op, const OpArgs& args) {
+  if (args.list != nullptr) op.list = *args.list;
+  if (op.tensor.defined() && op.tensor.is_cuda()) {
+    op.ready = std::make_unique<cuda::Event>();
+    op.ready->record(cuda::current_stream(op.tensor.device().index));
+  }
+}
+
+// Kept short, with the rarer paths out of line, for the reason Op::wait gives.
+WorkHandle enqueue(const std::shared_ptr<State>& s, const OpArgs& args) {
+  if (args.tensor != nullptr && args.kind != OpKind::kAllreduce && args.tensor->numel() > INT_MAX)
+    refuse_count(args);
   const bool collective = detail::is_collective(args.kind);
+  bool wake = false;
   WorkHandle handle;
   {
     std::lock_guard<std::mutex> lock(s->mutex);
     const int64_t finished = s->collectives_finished.load();
-    // Reused only when nobody else holds it: whoever dropped it last is done with it. (In a
-    // broken group it may hold tensors MPI still uses, and stamp_op refuses the new op.)
-    const bool reusable = s->spare && !s->broken.load();
-    bool queued = false;  // it keeps its place in the queue
-    if (collective && reusable && s->queue.size() == 1 && s->queue.front() == s->spare &&
-        s->spare->seq <= finished && s->spare.use_count() == 2) {
-      // The commonest case, a collective after one its waiter ran: the spare is alone in the
-      // queue, finished, held by the queue and `spare` only. It is reused where it stands,
-      // without a reference changing hands.
-      queued = true;
-    } else {
-      // Collectives their waiters ran to the end leave the queue here, on the issuing thread.
-      while (!s->queue.empty() && s->queue.front()->seq <= finished) s->queue.pop_front();
-      if (!reusable || s->spare.use_count() != 1) s->spare = std::make_shared<Op>(s, args.kind);
-    }
-    Op* const op = s->spare.get();                        // reused or new
-    std::atomic_thread_fence(std::memory_order_acquire);  // after use_count: see above
+    // The commonest case, a collective after one its waiter ran: the spare is alone in the
+    // queue, finished, held by the queue and `spare` only. It is reused where it stands,
+    // without a reference changing hands.
+    const bool queued = collective && s->spare && !s->broken.load() && s->queue.size() == 1 &&
+                        s->queue.front() == s->spare && s->spare->seq <= finished &&
+                        s->spare.use_count() == 2;
+    if (!queued) renew_spare(s, args.kind, finished);
+    Op* const op = s->spare.get();  // reused or new
+    // After the use_count read (here or in renew_spare): whoever dropped it is done with it.
+    std::atomic_thread_fence(std::memory_order_acquire);
     op->recycle(args.kind);
     try {
       if (args.tensor != nullptr) op->tensor = *args.tensor;
       op->reduce = args.reduce;
       op->peer = args.peer;
       op->tag = args.tag;
-      if (args.list != nullptr) op->list = *args.list;
-      if (op->tensor.defined() && op->tensor.is_cuda()) {
-        op->ready = std::make_unique<cuda::Event>();
-        op->ready->record(cuda::current_stream(op->tensor.device().index));
+      if (args.list != nullptr || (op->tensor.defined() && !op->tensor.is_cpu())) {
+        attach_rare_args(*op, args);
       }
       detail::stamp_op(*op, s->counters, s->rank, s->broken.load(), s->broken_message, s->debug,
                        args.uses_reduce);
@@ -1008,6 +1050,7 @@ WorkHandle enqueue(const std::shared_ptr<State>& s, const OpArgs& args) {
     } else {
       op->after = s->counters.collectives;  // issued before it: they finish first
       s->p2p_queue.push_back(s->spare);
+      wake = true;
     }
     handle = s->spare;
   }

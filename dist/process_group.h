@@ -14,6 +14,7 @@
 namespace ember::dist {
 
 enum class ReduceOp { kSum, kAvg, kMax, kMin };
+inline constexpr int kNumReduceOps = 4;
 
 // A collective in flight.
 class Work {

@@ -46,6 +46,13 @@ const char* reduce_op_name(ReduceOp op) {
   return "?";
 }
 
+// A sleeper holds the mutex from its check until it sleeps: taking it here means the
+// notification cannot fall between the two.
+void CompletionWork::notify_sleepers() {
+  { std::lock_guard<std::mutex> lock(mutex_); }
+  cv_.notify_all();
+}
+
 bool debug_from_env() {
   const char* value = std::getenv("EMBER_DIST_DEBUG");
   return value != nullptr && value[0] != '\0' && std::strcmp(value, "0") != 0;

@@ -125,12 +125,9 @@ class CompletionWork : public Work {
   // read-modify-write followed by wake_sleepers(), as complete() orders its own.
   virtual bool completed_elsewhere() const { return false; }
   // After the completion is published: the sleepers' count is read after that store, as a
-  // sleeper raises the count before it checks. A sleeper holds the mutex from its check until
-  // it sleeps: taking it here means the notification cannot fall between the two.
+  // sleeper raises the count before it checks.
   void wake_sleepers() {
-    if (sleepers_.load() == 0) return;
-    { std::lock_guard<std::mutex> lock(mutex_); }
-    cv_.notify_all();
+    if (sleepers_.load() != 0) notify_sleepers();
   }
 
   // Back to pending, for an op being reused: only when nobody else holds it.
@@ -161,6 +158,7 @@ class CompletionWork : public Work {
   }
 
  private:
+  void notify_sleepers();  // out of line: rare, and off the fast path's cache lines
   std::mutex mutex_;
   std::condition_variable cv_;
   enum : int { kPending, kFailing, kDone };

@@ -82,6 +82,9 @@ const char* level_name(int level) {
 
 }  // namespace
 
+// Serialised until MPI is known to allow MPI_THREAD_MULTIPLE.
+std::atomic<std::mutex*> g_mpi_call_mutex{&g_serialized_mutex};
+
 void check_mpi(int code, const std::string& what) {
   if (code == MPI_SUCCESS) return;
   char text[MPI_MAX_ERROR_STRING] = {};
@@ -111,15 +114,8 @@ void ensure_mpi_initialized() {
               level_name(provided),
               "; ember's communication thread needs MPI_THREAD_SERIALIZED or better (initialise "
               "MPI with MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...) or let ember do it)");
+  g_mpi_call_mutex.store(provided >= MPI_THREAD_MULTIPLE ? nullptr : &g_serialized_mutex);
   g_thread_level.store(provided);
-}
-
-MpiLock::MpiLock()
-    : mutex_(g_thread_level.load() < MPI_THREAD_MULTIPLE ? &g_serialized_mutex : nullptr) {
-  if (mutex_ != nullptr) mutex_->lock();
-}
-MpiLock::~MpiLock() {
-  if (mutex_ != nullptr) mutex_->unlock();
 }
 
 void mark_mpi_job_broken() { g_job_broken.store(true); }
@@ -131,6 +127,8 @@ void abort_mpi_job() {
   MPI_Abort(MPI_COMM_WORLD, 1);
   std::abort();  // MPI_Abort does not return; should it, the process still ends
 }
+
+namespace {
 
 MPI_Datatype mpi_type(DType dtype) {
   switch (dtype) {
@@ -158,9 +156,17 @@ MpiTypeOp mpi_type_op(DType dtype, ReduceOp op) {
   if (dtype == kF16) return {MPI_UINT16_T, half_ops().half[index]};
   if (dtype == kBF16) return {MPI_UINT16_T, half_ops().bf16[index]};
   if (dtype == kBool) return {MPI_UINT8_T, index == 2 ? MPI_MIN : MPI_MAX};
-  // A switch, not a static table: this runs on every collective, and the table's guarded
-  // initialisation cost more than the choice.
   return {mpi_type(dtype), index == 0 ? MPI_SUM : index == 1 ? MPI_MAX : MPI_MIN};
+}
+
+}  // namespace
+
+MpiTypeTable::MpiTypeTable() {
+  for (int d = 0; d < kNumDTypes; ++d) {
+    for (int r = 0; r < kNumReduceOps; ++r) {
+      table_[d][r] = mpi_type_op(static_cast<DType>(d), static_cast<ReduceOp>(r));
+    }
+  }
 }
 
 }  // namespace ember::dist::detail

@@ -4,6 +4,7 @@
 
 #include <mpi.h>
 
+#include <atomic>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -23,13 +24,22 @@ void check_mpi(int code, const std::string& what);
 // forwarding it, so output is flushed and forwarding given a moment (200 ms) first.
 [[noreturn]] void abort_mpi_job();
 
+// Under MPI_THREAD_SERIALIZED, the lock every MPI call ember makes holds; null under
+// MPI_THREAD_MULTIPLE (set when ember initialises MPI or finds it initialised).
+extern std::atomic<std::mutex*> g_mpi_call_mutex;
+
 // NOTE: under MPI_THREAD_SERIALIZED every MPI call ember makes holds this lock, so the
 // communication threads of several groups never call MPI at once; under MPI_THREAD_MULTIPLE
 // it is a no-op. The program's own MPI calls must then not run concurrently with ember's.
+// Inline: it wraps every collective, and a call out of line costs its fast path more.
 class MpiLock {
  public:
-  MpiLock();
-  ~MpiLock();
+  MpiLock() : mutex_(g_mpi_call_mutex.load(std::memory_order_relaxed)) {
+    if (mutex_ != nullptr) mutex_->lock();
+  }
+  ~MpiLock() {
+    if (mutex_ != nullptr) mutex_->unlock();
+  }
   MpiLock(const MpiLock&) = delete;
   MpiLock& operator=(const MpiLock&) = delete;
 
@@ -45,10 +55,19 @@ struct MpiTypeOp {
   MPI_Datatype type;
   MPI_Op op;
 };
-// The MPI datatype and reduction for `dtype`: f16 and bf16 use ember's own MPI_Ops (summed in
-// float, rounded once per step); bool is a byte with sum = max (logical or), min = and.
-// kAvg reduces with sum (the caller divides).
-MPI_Datatype mpi_type(DType dtype);
-MpiTypeOp mpi_type_op(DType dtype, ReduceOp op);
+// The MPI datatype and reduction for each dtype and ReduceOp, looked up on every collective:
+// f16 and bf16 use ember's own MPI_Ops (summed in float, rounded once per step); bool is a
+// byte with sum = max (logical or), min = and. kAvg reduces with sum (the caller divides).
+// Made once MPI is initialised (ember's f16 and bf16 reductions are MPI objects).
+class MpiTypeTable {
+ public:
+  MpiTypeTable();
+  MpiTypeOp operator()(DType dtype, ReduceOp op) const {
+    return table_[static_cast<int>(dtype)][static_cast<int>(op)];
+  }
+
+ private:
+  MpiTypeOp table_[kNumDTypes][kNumReduceOps];
+};
 
 }  // namespace ember::dist::detail
