@@ -254,7 +254,8 @@ struct DistributedDataParallel::Reducer {
     for (size_t i = params.size(); i-- > 0;) {
       if (!seen[i]) order.push_back(static_cast<int64_t>(i));
     }
-    Tensor t = from_vector<int64_t>(order, {static_cast<int64_t>(order.size())});
+    Tensor t = from_vector<int64_t>(order, {static_cast<int64_t>(order.size())})
+                   .to(group->tensor_device());
     if (group->size() > 1) group->broadcast(t, 0)->wait();
     std::vector<size_t> agreed;
     for (int64_t i : t.to_vector<int64_t>()) agreed.push_back(static_cast<size_t>(i));
@@ -345,7 +346,8 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
   if (pg.size() > 1) {
     // Same parameters everywhere: first the counts, then one fingerprint per parameter.
     const auto n = static_cast<int64_t>(r.params.size());
-    const auto counts = gather(pg, from_vector<int64_t>({n}, {1}));
+    const Device where = pg.tensor_device();
+    const auto counts = gather(pg, from_vector<int64_t>({n}, {1}).to(where));
     for (int rank = 0; rank < pg.size(); ++rank) {
       const auto c = counts[static_cast<size_t>(rank)].item<int64_t>();
       EMBER_CHECK(c == n, kOp, "rank ", pg.rank(), " has ", n, " parameters but rank ", rank,
@@ -355,7 +357,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
     for (size_t i = 0; i < r.params.size(); ++i)
       prints.push_back(fingerprint(r.names[i], r.params[i]));
     if (!prints.empty()) {
-      const auto all = gather(pg, from_vector<int64_t>(prints, {n}));
+      const auto all = gather(pg, from_vector<int64_t>(prints, {n}).to(where));
       for (int rank = 0; rank < pg.size(); ++rank) {
         const auto theirs = all[static_cast<size_t>(rank)].to_vector<int64_t>();
         for (size_t i = 0; i < prints.size(); ++i) {

@@ -3,12 +3,7 @@
 #include <sstream>
 #include <vector>
 
-#include <ember/config.h>
 #include <ember/tensor/ops.h>
-
-#if EMBER_WITH_CUDA
-#include "nccl_process_group.h"
-#endif
 
 namespace ember::dist {
 
@@ -25,13 +20,8 @@ std::map<std::string, double> average_across_ranks(const std::map<std::string, d
   }
   packed.push_back(static_cast<double>(values.size()));
   packed.push_back(static_cast<double>(hash));
-  Device where = kCPU;  // NCCL moves CUDA tensors only: there they travel through its GPU
-#if EMBER_WITH_CUDA
-  if (const auto* nccl = dynamic_cast<const NcclProcessGroup*>(&group)) {
-    where = cuda_device(nccl->device());
-  }
-#endif
-  Tensor t = from_vector<double>(packed, {static_cast<int64_t>(packed.size())}).to(where);
+  Tensor t =
+      from_vector<double>(packed, {static_cast<int64_t>(packed.size())}).to(group.tensor_device());
   const size_t n = values.size();
   group.allreduce(t, ReduceOp::kSum)->wait();
   const std::vector<double> sums = t.to_vector<double>();  // ordered after the all-reduce

@@ -459,9 +459,11 @@ NcclProcessGroup::~NcclProcessGroup() {
   std::lock_guard<std::mutex> lock(s.broken_mutex);
   if (s.comm == nullptr) return;
   ncclCommDestroy(s.comm);
+  s.comm = nullptr;  // a Work that outlives the group must not reach the freed communicator
 }
 
 int NcclProcessGroup::device() const { return state_->device; }
+Device NcclProcessGroup::tensor_device() const { return cuda_device(state_->device); }
 
 WorkHandle NcclProcessGroup::allreduce(const Tensor& tensor, ReduceOp op) {
   detail::check_tensor("allreduce", tensor);

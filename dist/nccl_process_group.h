@@ -40,6 +40,7 @@ class NcclProcessGroup : public ProcessGroup {
 
   std::string backend() const override { return "nccl"; }
   int device() const;
+  Device tensor_device() const override;
   WorkHandle allreduce(const Tensor& tensor, ReduceOp op = ReduceOp::kSum) override;
   WorkHandle broadcast(const Tensor& tensor, int root) override;
   WorkHandle allgather(const std::vector<Tensor>& outputs, const Tensor& input) override;

@@ -52,6 +52,9 @@ class ProcessGroup {
   int size() const { return size_; }
   int local_rank() const { return local_rank_; }
   virtual std::string backend() const = 0;  // "mpi", "nccl", "tcp", "single"
+  // Where ember's own small exchanges over this group (DDP's checks, average_across_ranks)
+  // keep their tensors: the CPU, or an NCCL group's GPU (NCCL moves CUDA tensors only).
+  virtual Device tensor_device() const { return kCPU; }
 
   virtual WorkHandle allreduce(const Tensor& tensor, ReduceOp op = ReduceOp::kSum) = 0;
   virtual WorkHandle broadcast(const Tensor& tensor, int root) = 0;

@@ -180,6 +180,7 @@ TEST(WorldGroup, RankAndSize) {
   EXPECT_GE(pg.rank(), 0);
   EXPECT_LT(pg.rank(), pg.size());
   EXPECT_GE(pg.local_rank(), 0);
+  EXPECT_EQ(pg.tensor_device(), kCPU);  // the CPU backends keep their own exchanges there
   if (const char* size = std::getenv("OMPI_COMM_WORLD_SIZE")) {
     EXPECT_EQ(pg.size(), std::atoi(size));
   }
@@ -753,6 +754,7 @@ TEST(NcclGroup, BlockingWaitHoldsTheHost) {
 TEST(NcclGroup, AverageAcrossRanksTravelsThroughTheGroupsGpu) {
   EMBER_REQUIRE_CUDA();
   auto group = nccl_world_of_one();
+  EXPECT_EQ(group->tensor_device(), cuda_device(group->device()));
   const auto mean = average_across_ranks({{"loss", 2.5}, {"accuracy", 0.75}}, *group);
   EXPECT_DOUBLE_EQ(mean.at("loss"), 2.5);
   EXPECT_DOUBLE_EQ(mean.at("accuracy"), 0.75);
