@@ -37,7 +37,11 @@ find_package(CUDAToolkit REQUIRED)
 function(ember_find_vendor_library prefix header libname soversion root)
   set(names NAMES ${libname} lib${libname}.so.${soversion} NAMES_PER_DIR)
   set(suffixes lib lib64 lib/x86_64-linux-gnu)
-  set(given ${root} $ENV{${prefix}_ROOT})
+  # The CMake variable wins over the environment: one root, so one install.
+  set(given ${root})
+  if(NOT given)
+    set(given $ENV{${prefix}_ROOT})
+  endif()
   if(given)
     # A root given (a wheel's folder) is searched alone, so it wins over any other copy, also
     # over what an earlier configure cached, and the header and library come from one install.

@@ -58,9 +58,14 @@ gpu_host_env() {
   # wheels' other libraries (cuBLAS, the runtime) are left to the toolkit ember builds with.
   local site wheel_libs=""
   site="$(python3 -c 'import nvidia, os; print(os.path.dirname(list(nvidia.__path__)[0]))' 2>/dev/null || true)"
-  if [ -n "$site" ]; then
-    export EMBER_CUDNN_ROOT="$site/nvidia/cudnn" EMBER_NCCL_ROOT="$site/nvidia/nccl"
-    wheel_libs="$EMBER_CUDNN_ROOT/lib:$EMBER_NCCL_ROOT/lib:"
+  # Each only where that wheel is installed: a root given without its files stops configure.
+  if [ -n "$site" ] && [ -f "$site/nvidia/cudnn/include/cudnn.h" ]; then
+    export EMBER_CUDNN_ROOT="$site/nvidia/cudnn"
+    wheel_libs="$EMBER_CUDNN_ROOT/lib:"
+  fi
+  if [ -n "$site" ] && [ -f "$site/nvidia/nccl/include/nccl.h" ]; then
+    export EMBER_NCCL_ROOT="$site/nvidia/nccl"
+    wheel_libs="$wheel_libs$EMBER_NCCL_ROOT/lib:"
   fi
   export LD_LIBRARY_PATH="$r/usr/lib/$multiarch:$r/lib/$multiarch:$r/usr/lib/$multiarch/openblas-pthread:$r/usr/lib/$multiarch/openmpi/lib:${wheel_libs}/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   export LIBRARY_PATH="$r/usr/lib/$multiarch:$r/lib/$multiarch"
