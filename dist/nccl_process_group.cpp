@@ -565,11 +565,13 @@ WorkHandle NcclProcessGroup::reduce_scatter(const Tensor& output, const std::vec
 
 WorkHandle NcclProcessGroup::barrier() {
   State& s = *state_;
+  Issue issue(s, OpKind::kBarrier, nullptr, -1, -1);
+  // Made under the issue's lock: no other thread's NCCL call on this (non-blocking)
+  // communicator is still settling while work goes onto its stream.
   Tensor token = [&] {
     cuda::StreamGuard guard(s.stream);
     return zeros({1}, TensorOptions(kF32, cuda_device(s.device)));
   }();
-  Issue issue(s, OpKind::kBarrier, nullptr, -1, -1);
   issue.call([&](ncclComm_t comm) {
     return ncclAllReduce(token.data_ptr(), token.data_ptr(), 1, ncclFloat32, ncclSum, comm,
                          s.stream.handle());
