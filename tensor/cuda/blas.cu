@@ -24,7 +24,7 @@ BlasHandle& blas_handle(int device) {
   BlasHandle& h = (*handles)[static_cast<size_t>(device)];
   std::lock_guard<std::mutex> lock(h.mutex);
   if (h.handle == nullptr) {
-    CudaDeviceGuard guard(device);
+    cuda::DeviceGuard guard(device);
     cublasHandle_t created = nullptr;
     EMBER_CUBLAS_CHECK(cublasCreate(&created));
     EMBER_CUBLAS_CHECK(cublasSetMathMode(created, CUBLAS_DEFAULT_MATH));  // no TF32

@@ -8,8 +8,6 @@
 
 namespace ember::detail {
 
-using CudaDeviceGuard = cuda::DeviceGuard;
-
 // ember::Error naming `op` unless `device` is a visible CUDA ordinal.
 void check_cuda_device(int device, const char* op);
 // `device`, or the current device for -1, checked as above.
@@ -23,7 +21,7 @@ struct KernelContext {
   explicit KernelContext(const Tensor& t)
       : guard(t.device().index), stream(current_cuda_stream(t.device().index)) {}
   explicit KernelContext(int device) : guard(device), stream(current_cuda_stream(device)) {}
-  CudaDeviceGuard guard;
+  cuda::DeviceGuard guard;
   cudaStream_t stream;
 };
 

@@ -17,7 +17,7 @@ class CudaDeviceMemory final : public DeviceMemory {
   explicit CudaDeviceMemory(int device) : device_(device) {}
 
   void* raw_alloc(size_t nbytes) override {
-    CudaDeviceGuard guard(device_);
+    cuda::DeviceGuard guard(device_);
     void* ptr = nullptr;
     const cudaError_t status = cudaMalloc(&ptr, nbytes);
     if (status == cudaErrorMemoryAllocation) {
@@ -29,12 +29,12 @@ class CudaDeviceMemory final : public DeviceMemory {
   }
 
   void raw_free(void* ptr) override {
-    CudaDeviceGuard guard(device_);
+    cuda::DeviceGuard guard(device_);
     EMBER_CUDA_CHECK(cudaFree(ptr));
   }
 
   void* record_event(void* stream) override {
-    CudaDeviceGuard guard(device_);
+    cuda::DeviceGuard guard(device_);
     cudaEvent_t event = nullptr;
     EMBER_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
     const cudaError_t status = cudaEventRecord(event, static_cast<cudaStream_t>(stream));
@@ -72,13 +72,13 @@ class CudaAllocator final : public Allocator {
 
   DataPtr allocate(size_t nbytes) override {
     if (nbytes == 0) return nullptr;
-    CudaDeviceGuard guard(device_);
+    cuda::DeviceGuard guard(device_);
     void* ptr = cache_.allocate(nbytes, current_cuda_stream(device_));
     CachingAllocator* cache = &cache_;
     const int device = device_;
     return DataPtr(ptr, [cache, device](void* p) {
       try {
-        CudaDeviceGuard free_guard(device);
+        cuda::DeviceGuard free_guard(device);
         cache->free(p);
       } catch (...) {
         // A deleter cannot throw; the only failures here are a dying CUDA context.
@@ -176,7 +176,7 @@ void reset_peak_stats(int device) {
 
 void empty_cache() {
   for (int device = 0; device < device_count(); ++device) {
-    detail::CudaDeviceGuard guard(device);
+    cuda::DeviceGuard guard(device);
     detail::cuda_allocator(device).cache().empty_cache();
   }
 }

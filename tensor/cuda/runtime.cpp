@@ -86,8 +86,6 @@ DeviceGuard::~DeviceGuard() {
   if (previous_ >= 0) cudaSetDevice(previous_);  // a destructor cannot report a failure
 }
 
-using detail::CudaDeviceGuard;
-
 bool is_available() { return device_count() > 0; }
 
 int device_count() {
@@ -116,7 +114,7 @@ void set_device(int device) {
 
 void synchronize(int device) {
   device = detail::resolve_cuda_device(device, "synchronize");
-  CudaDeviceGuard guard(device);
+  cuda::DeviceGuard guard(device);
   EMBER_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
@@ -128,7 +126,7 @@ Stream Stream::create(int device, bool high_priority) {
   cudaStream_t& stream =
       pool.streams[priority_class][pool.next[priority_class]++ % detail::kStreamsPerPool];
   if (stream == nullptr) {
-    CudaDeviceGuard guard(device);
+    cuda::DeviceGuard guard(device);
     int least = 0, greatest = 0;
     EMBER_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
     EMBER_CUDA_CHECK(cudaStreamCreateWithPriority(&stream, cudaStreamNonBlocking,
@@ -138,12 +136,12 @@ Stream Stream::create(int device, bool high_priority) {
 }
 
 void Stream::synchronize() const {
-  CudaDeviceGuard guard(device_);
+  cuda::DeviceGuard guard(device_);
   EMBER_CUDA_CHECK(cudaStreamSynchronize(handle_));
 }
 
 bool Stream::query() const {
-  CudaDeviceGuard guard(device_);
+  cuda::DeviceGuard guard(device_);
   const cudaError_t status = cudaStreamQuery(handle_);
   if (status == cudaErrorNotReady) {
     cudaGetLastError();
@@ -201,7 +199,7 @@ Event& Event::operator=(Event&& other) noexcept {
 }
 
 void Event::record(Stream stream) {
-  CudaDeviceGuard guard(stream.device());
+  cuda::DeviceGuard guard(stream.device());
   if (handle_ == nullptr) {  // created on first record, on the stream's device
     EMBER_CUDA_CHECK(cudaEventCreateWithFlags(
         &handle_, enable_timing_ ? cudaEventDefault : cudaEventDisableTiming));
@@ -211,7 +209,7 @@ void Event::record(Stream stream) {
 
 void Event::wait(Stream stream) const {
   if (handle_ == nullptr) return;  // never recorded: nothing to wait for
-  CudaDeviceGuard guard(stream.device());
+  cuda::DeviceGuard guard(stream.device());
   EMBER_CUDA_CHECK(cudaStreamWaitEvent(stream.handle(), handle_, 0));
 }
 
