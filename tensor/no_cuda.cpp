@@ -59,7 +59,7 @@ float Event::elapsed_ms(const Event& /*end*/) const { no_cuda("Event::elapsed_ms
 MemoryStats memory_stats(int /*device*/) { no_cuda("memory_stats"); }
 void reset_peak_stats(int /*device*/) { no_cuda("reset_peak_stats"); }
 void empty_cache() { no_cuda("empty_cache"); }
-void record_stream(void* /*ptr*/, Stream /*stream*/) { no_cuda("record_stream"); }
+bool record_stream(void* /*ptr*/, Stream /*stream*/) { no_cuda("record_stream"); }
 
 }  // namespace cuda
 }  // namespace ember

@@ -181,13 +181,13 @@ void empty_cache() {
   }
 }
 
-void record_stream(void* ptr, Stream stream) {
-  if (ptr == nullptr) return;
+bool record_stream(void* ptr, Stream stream) {
+  if (ptr == nullptr) return false;
   cudaPointerAttributes attributes{};
   EMBER_CUDA_CHECK(cudaPointerGetAttributes(&attributes, ptr));
   EMBER_CHECK(attributes.type == cudaMemoryTypeDevice, "record_stream",
               "the pointer is not CUDA device memory");
-  detail::cuda_allocator(attributes.device).cache().record_stream(ptr, stream.handle());
+  return detail::cuda_allocator(attributes.device).cache().record_stream(ptr, stream.handle());
 }
 
 }  // namespace ember::cuda

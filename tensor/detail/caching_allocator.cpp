@@ -249,13 +249,13 @@ void CachingAllocator::free(void* ptr) {
   block->stream_uses.clear();
 }
 
-void CachingAllocator::record_stream(void* ptr, void* stream) {
+bool CachingAllocator::record_stream(void* ptr, void* stream) {
   State& s = *state_;
   std::lock_guard lock(s.mutex);
   auto it = s.live.find(ptr);
-  EMBER_CHECK(it != s.live.end(), "record_stream", "pointer ", ptr,
-              " is not a live block of the CUDA caching allocator");
+  if (it == s.live.end()) return false;
   if (stream != it->second->stream) it->second->stream_uses.insert(stream);
+  return true;
 }
 
 void CachingAllocator::empty_cache() {

@@ -35,7 +35,8 @@ class CachingAllocator {
   // out of memory even after releasing the cache.
   void* allocate(size_t nbytes, void* stream);
   void free(void* ptr);
-  void record_stream(void* ptr, void* stream);
+  // False, recording nothing, when `ptr` is not one of its live blocks.
+  bool record_stream(void* ptr, void* stream);
   void empty_cache();
   cuda::MemoryStats stats() const;
   void reset_peak_stats();

@@ -167,7 +167,10 @@ TEST(Cuda, EventsOrderWorkAcrossStreams) {
   {
     cuda::StreamGuard guard(consumer);
     total = data.sum();
-    cuda::record_stream(data.storage().data(), consumer);  // data is in use on `consumer` too
+    // data is in use on `consumer` too
+    EXPECT_TRUE(cuda::record_stream(data.storage().data(), consumer));
+    // Memory inside the block is no block of the allocator: nothing to record.
+    EXPECT_FALSE(cuda::record_stream(static_cast<char*>(data.storage().data()) + 256, consumer));
   }
   data = Tensor();  // freed while `consumer` may still read it
   consumer.synchronize();
