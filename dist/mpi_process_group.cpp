@@ -39,12 +39,6 @@ enum class SpinResult {
   kWorkPastItsWindow  // a lone new collective nobody claimed within kClaimWindow: start it
 };
 
-// A debug-mode mismatch: every rank sees it and skips the collective, so the group goes on.
-// Any other failure of an issued operation breaks the group (failure_of).
-struct Mismatch : Error {
-  using Error::Error;
-};
-
 }  // namespace
 
 struct MpiProcessGroup::State {
@@ -247,7 +241,7 @@ void check_op(const State& s, const Op& op, int code) {
 // The failure of an issued operation, as its waiter gets it. Unless every rank skips it (a
 // debug-mode mismatch), it breaks the group first: see the NOTE (failure) in the header.
 std::string failure_of(State& s, const std::exception& e) {
-  if (dynamic_cast<const Mismatch*>(&e) == nullptr) s.break_group(e.what());
+  if (dynamic_cast<const detail::FingerprintMismatch*>(&e) == nullptr) s.break_group(e.what());
   return e.what();
 }
 
@@ -274,23 +268,38 @@ cuda::Stream staging_stream(int device) {
   return streams[d];
 }
 
+// For a scope: the staging stream of `device` current, with its device (so pinned buffers
+// and copies make no context on another device), and ordered after the caller's work on the
+// op's tensors (the event recorded at issue). Reads and writes of them alike go after it: a
+// recv must not land in a tensor the caller's stream still uses.
+struct Staging {
+  Staging(const Op& op, int device) : stream(staging_stream(device)), guard(stream) {
+    if (op.ready) op.ready->wait(stream);
+  }
+  cuda::Stream stream;
+  cuda::StreamGuard guard;
+};
+
+// ember's own threads take the device of the CUDA tensors they stage as theirs, for good: a
+// guard that restored such a thread's default device would make a context on device 0, in
+// every rank whatever its GPU.
+void adopt_device(const Op& op) {
+  if (op.tensor.defined() && op.tensor.is_cuda()) cuda::set_device(op.tensor.device().index);
+}
+
 // The host buffer MPI uses for `t`: `t` itself on the CPU, else a pinned copy (filled from
-// the device when `fill`), made on the staging stream after the caller's recorded event.
+// the device when `fill`).
 Tensor stage_in(const Op& op, const Tensor& t, bool fill) {
   if (t.is_cpu()) return t;
+  const Staging staging(op, t.device().index);
   Tensor pinned = empty(t.sizes(), TensorOptions(t.dtype()).with_pinned_memory());
-  if (fill) {
-    const cuda::Stream stream = staging_stream(t.device().index);
-    if (op.ready) op.ready->wait(stream);
-    cuda::StreamGuard guard(stream);
-    pinned.copy_(t);  // blocking: done on return
-  }
+  if (fill) pinned.copy_(t);  // blocking: done on return
   return pinned;
 }
 
-void stage_out(const Tensor& dst, const Tensor& host) {
+void stage_out(const Op& op, const Tensor& dst, const Tensor& host) {
   if (dst.is_same(host) || dst.is_cpu()) return;
-  cuda::StreamGuard guard(staging_stream(dst.device().index));
+  const Staging staging(op, dst.device().index);
   Tensor(dst).copy_(host);  // blocking: the device holds the result once this returns
 }
 
@@ -311,6 +320,8 @@ void prepare_packed(Op& op, bool fill) {
   }
   const Tensor& like = op.list[0];
   const int64_t n = like.numel();
+  std::optional<Staging> staging;
+  if (like.is_cuda()) staging.emplace(op, like.device().index);
   op.packed = empty({static_cast<int64_t>(op.list.size()) * n},
                     TensorOptions(like.dtype()).with_pinned_memory(like.is_cuda()));
   op.packed_data = op.packed.data_ptr();
@@ -320,10 +331,7 @@ void prepare_packed(Op& op, bool fill) {
     if (like.is_cpu()) {
       std::memcpy(slot.data_ptr(), op.list[r].data_ptr(), like.nbytes());
     } else {
-      const cuda::Stream stream = staging_stream(like.device().index);
-      if (op.ready) op.ready->wait(stream);
-      cuda::StreamGuard guard(stream);
-      slot.copy_(op.list[r]);
+      slot.copy_(op.list[r]);  // blocking: done on return
     }
   }
 }
@@ -337,7 +345,7 @@ void unpack(Op& op) {
     if (like.is_cpu()) {
       std::memcpy(op.list[r].data_ptr(), slot.data_ptr(), like.nbytes());
     } else {
-      stage_out(op.list[r], slot);
+      stage_out(op, op.list[r], slot);
     }
   }
 }
@@ -455,17 +463,17 @@ void finish(State& s, Op& op) {
     case OpKind::kReduceScatter:
       if (avg)
         detail::divide_in_place(op.host.data_ptr(), op.host.numel(), op.host.dtype(), s.size);
-      stage_out(op.tensor, op.host);
+      stage_out(op, op.tensor, op.host);
       break;
     case OpKind::kReduce:
       if (s.rank != op.peer) break;
       if (avg)
         detail::divide_in_place(op.host.data_ptr(), op.host.numel(), op.host.dtype(), s.size);
-      stage_out(op.tensor, op.host);
+      stage_out(op, op.tensor, op.host);
       break;
     case OpKind::kBroadcast:
     case OpKind::kRecv:
-      stage_out(op.tensor, op.host);
+      stage_out(op, op.tensor, op.host);
       break;
     case OpKind::kAllgather:
       unpack(op);
@@ -487,7 +495,7 @@ bool advance(State& s, Op& op) {
   if (!flag) return false;
   if (op.stage == Op::Stage::kFingerprint) {
     const std::string mismatch = detail::compare_fingerprints(op.gathered, s.rank);
-    if (!mismatch.empty()) throw Mismatch(op.name() + ": " + mismatch);
+    if (!mismatch.empty()) throw detail::FingerprintMismatch(op.name() + ": " + mismatch);
     start_main(s, op);
     return false;
   }
@@ -731,6 +739,7 @@ void MpiProcessGroup::State::run() {
       // A break since the check above (fail_queued found it taken): no MPI call any more.
       if (broken.load()) throw Error(broken_message);
       op->started = Clock::now();
+      adopt_device(*op);
       start(*this, *op);  // an all-reduce blocks in here
       while (!advance(*this, *op)) {
         if (broken.load()) {         // another collective timed out: this one is abandoned too
@@ -865,6 +874,7 @@ void MpiProcessGroup::State::run_p2p() {
       }
       try {
         op->started = Clock::now();
+        adopt_device(*op);
         start(*this, *op);
         active.push_back(op);
       } catch (const std::exception& e) {

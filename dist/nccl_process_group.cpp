@@ -9,9 +9,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <utility>
 
 #include <ember/tensor/allocator.h>
 #include <ember/tensor/cuda.h>
@@ -193,13 +195,19 @@ struct NcclProcessGroup::State {
   }
 
   // Aborts the communicator (unblocking its kernels) and remembers why. Never during a call
-  // on it from another thread: they hold broken_mutex too (with_comm).
+  // on it from another thread: every call holds broken_mutex (with_comm) and finds the
+  // communicator gone once it is taken here. The abort itself runs without the lock: it frees
+  // device memory, which can wait on the whole device, and the watchdog and other threads
+  // must not wait behind it.
   void break_group(const std::string& message) {
-    std::lock_guard<std::mutex> lock(broken_mutex);
-    if (broken.exchange(true)) return;
-    broken_message = message;
-    ncclCommAbort(comm);  // nothing more to report if this fails too
-    comm = nullptr;
+    ncclComm_t aborted = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(broken_mutex);
+      if (broken.exchange(true)) return;
+      broken_message = message;
+      aborted = std::exchange(comm, nullptr);
+    }
+    if (aborted != nullptr) ncclCommAbort(aborted);  // nothing more to report if this fails too
   }
 
   // Polls until `event` completed; ember::Error (and a broken group) on an asynchronous
@@ -314,6 +322,10 @@ void check_device(const char* op, const Tensor& t, int device) {
 }
 
 // Everything one call needs: the issue lock, its name and its ordering against the caller.
+// NOTE: once the sequence number is taken, the other ranks go on into the operation whatever
+// happens here, so any failure on this rank from then on (an allocation, a copy, the NCCL
+// call) breaks the group: a later operation here would pair with theirs. Only a debug-mode
+// mismatch, which every rank sees and skips, leaves it usable.
 class Issue {
  public:
   Issue(State& s, OpKind kind, const Tensor* t, int root, int reduce)
@@ -327,12 +339,29 @@ class Issue {
           name_ + " on rank " + std::to_string(s.rank) +
           ": the process group cannot be used after an earlier failure: " + s.broken_message);
     }
-    device_.emplace(s.device);
-    // A stream waits for an event's record at the time of the call: re-recording is safe.
-    s.ready.record(cuda::current_stream(s.device));
-    s.ready.wait(s.stream);
-    if (s.debug && collective) check_fingerprints(Fingerprint::of(kind, seq, t, root, reduce));
+    try {
+      device_.emplace(s.device);
+      // A stream waits for an event's record at the time of the call: re-recording is safe.
+      s.ready.record(cuda::current_stream(s.device));
+      s.ready.wait(s.stream);
+      if (s.debug && collective) check_fingerprints(Fingerprint::of(kind, seq, t, root, reduce));
+    } catch (const detail::FingerprintMismatch&) {
+      throw;
+    } catch (const std::exception& e) {
+      s.break_group(e.what());
+      throw;
+    }
   }
+  // Left by an exception before finish(): see the NOTE above. (A failed call() broke the
+  // group with its own message already.)
+  ~Issue() {
+    if (!finished_ && std::uncaught_exceptions() > uncaught_)
+      s_.break_group(name_ + " on rank " + std::to_string(s_.rank) +
+                     " failed on this rank after the other ranks went into it");
+  }
+  Issue(const Issue&) = delete;
+  Issue& operator=(const Issue&) = delete;
+
   const std::string& name() const { return name_; }
   // Makes the NCCL call `nccl(comm)`. Its failure breaks the group: the other ranks went on
   // into this collective, so a later one here would pair with theirs.
@@ -347,8 +376,12 @@ class Issue {
     }
   }
   WorkHandle finish(std::shared_ptr<State> s, std::vector<Tensor> keep, bool blocking = false) {
+    // Blocks of the caching allocator are not reused before the NCCL stream is done with them;
+    // memory the caller owns (from_blob) is the caller's to keep until the wait.
     for (const Tensor& t : keep) cuda::record_stream(t.storage().data(), s->stream);
-    return std::make_shared<NcclWork>(std::move(s), name_, std::move(keep), blocking);
+    WorkHandle work = std::make_shared<NcclWork>(std::move(s), name_, std::move(keep), blocking);
+    finished_ = true;
+    return work;
   }
 
  private:
@@ -358,7 +391,9 @@ class Issue {
     std::memcpy(host.data_ptr(), &mine, sizeof(Fingerprint));
     Tensor all_host = empty({bytes * s_.size}, TensorOptions(kU8).with_pinned_memory());
     cuda::StreamGuard guard(s_.stream);
-    Tensor dev = host.to(cuda_device(s_.device));
+    // Not blocking: the stream may be held up behind a hung collective, and host_wait below
+    // is what bounds the wait.
+    Tensor dev = host.to(cuda_device(s_.device), /*non_blocking=*/true);
     Tensor all_dev = empty({bytes * s_.size}, TensorOptions(kU8, cuda_device(s_.device)));
     call([&](ncclComm_t comm) {
       return ncclAllGather(dev.data_ptr(), all_dev.data_ptr(), static_cast<size_t>(bytes),
@@ -378,13 +413,15 @@ class Issue {
     std::vector<Fingerprint> all(static_cast<size_t>(s_.size));
     std::memcpy(all.data(), all_host.data_ptr(), all.size() * sizeof(Fingerprint));
     const std::string mismatch = detail::compare_fingerprints(all, s_.rank);
-    EMBER_CHECK(mismatch.empty(), name_, mismatch);
+    if (!mismatch.empty()) throw detail::FingerprintMismatch(name_ + ": " + mismatch);
   }
 
   State& s_;
   std::lock_guard<std::mutex> lock_;
   std::string name_;
   std::optional<cuda::DeviceGuard> device_;  // the caller's device comes back
+  const int uncaught_ = std::uncaught_exceptions();
+  bool finished_ = false;
 };
 
 // A [size * numel] scratch tensor on the NCCL stream's pool.
@@ -435,9 +472,15 @@ NcclProcessGroup::NcclProcessGroup(int rank, int size, int local_rank, int devic
   config.blocking = 0;
   const std::string what =
       "ncclCommInitRank (rank " + std::to_string(rank) + " of " + std::to_string(size) + ")";
-  const ncclResult_t code = ncclCommInitRankConfig(&s.comm, size, nccl_id, rank, &config);
-  check_nccl(code, s.comm, what);  // no other thread uses the group yet
-  s.settle(code, what);
+  try {
+    const ncclResult_t code = ncclCommInitRankConfig(&s.comm, size, nccl_id, rank, &config);
+    check_nccl(code, s.comm, what);  // no other thread uses the group yet
+    s.settle(code, what);
+  } catch (...) {
+    // A communicator that failed to start still holds NCCL's threads and memory.
+    if (s.comm != nullptr) ncclCommAbort(std::exchange(s.comm, nullptr));
+    throw;
+  }
   s.watchdog = std::thread([state = state_.get()] { state->run_watchdog(); });
 }
 

@@ -48,7 +48,10 @@ class NcclProcessGroup : public ProcessGroup {
   WorkHandle reduce_scatter(const Tensor& output, const std::vector<Tensor>& inputs,
                             ReduceOp op = ReduceOp::kSum) override;
   WorkHandle barrier() override;
-  // NCCL matches point-to-point operations by order, not tag: `tag` must be 0.
+  // NCCL matches point-to-point operations by order, not tag: `tag` must be 0. Each runs on
+  // the group's one stream in issue order, so two ranks that both send to each other before
+  // they receive wait on each other once a message outgrows NCCL's buffers (until the
+  // timeout): order the exchange (the lower rank sends first, the higher receives first).
   WorkHandle send(const Tensor& tensor, int dst, int tag = 0) override;
   WorkHandle recv(const Tensor& tensor, int src, int tag = 0) override;
 

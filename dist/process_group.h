@@ -38,8 +38,9 @@ struct ProcessGroupOptions {
   bool debug = false;
   // NCCL: every wait holds the host until its collective is done and raises ember::Error on
   // a timeout or an NCCL error, instead of ordering the stream under the watchdog (PyTorch's
-  // TORCH_NCCL_BLOCKING_WAIT); the watchdog then never ends the process, and a collective
-  // nobody waits on reports nothing. Other backends always hold the host.
+  // TORCH_NCCL_BLOCKING_WAIT). The watchdog then ends the process only when the group is
+  // destroyed with a collective nobody waited on still unfinished past its deadline.
+  // Other backends always hold the host.
   bool blocking_wait = false;
 };
 

@@ -213,11 +213,6 @@ void combine(void* dst, const void* src, int64_t n, DType dtype, ReduceOp op) {
 
 struct Op;
 
-// A debug-mode mismatch: every rank sees it and skips the collective, so the group goes on.
-struct Mismatch : Error {
-  using Error::Error;
-};
-
 }  // namespace
 
 struct TcpProcessGroup::State {
@@ -541,7 +536,7 @@ void run_collective(State& s, Op& op, std::chrono::milliseconds limit) {
     for (auto& f : all) regions.push_back({reinterpret_cast<char*>(&f), sizeof(Fingerprint)});
     ring_allgather(debug, regions, kU8, 0);
     const std::string mismatch = detail::compare_fingerprints(all, s.rank);
-    if (!mismatch.empty()) throw Mismatch(op.name() + ": " + mismatch);
+    if (!mismatch.empty()) throw detail::FingerprintMismatch(op.name() + ": " + mismatch);
   }
   const Ctx c{s, op, static_cast<int32_t>(op.kind), deadline, limit};
   const DType dtype = op.tensor.defined() ? op.tensor.dtype() : kI32;
@@ -609,7 +604,7 @@ std::string run_guarded(State& s, Op& op, std::chrono::milliseconds limit) {
   op.started = Clock::now();
   try {
     run_collective(s, op, limit);
-  } catch (const Mismatch& e) {
+  } catch (const detail::FingerprintMismatch& e) {
     return e.what();  // every rank skips it: the group is still in step
   } catch (const std::exception& e) {
     s.break_group(e.what());

@@ -76,6 +76,11 @@ struct Fingerprint {
 };
 // The error debug mode reports on every rank when fingerprints differ, or "" when they agree.
 std::string compare_fingerprints(const std::vector<Fingerprint>& all, int rank);
+// Thrown for such a mismatch: every rank sees it and skips the collective, so, unlike any
+// other failure of an issued operation, it leaves the group in step and usable.
+struct FingerprintMismatch : Error {
+  using Error::Error;
+};
 
 // A group's timeout, checked (positive) and capped at 30 days, so a "never" value such as
 // milliseconds::max() cannot overflow the deadlines computed from it.
