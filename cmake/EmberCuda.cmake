@@ -42,11 +42,15 @@ function(ember_find_vendor_library prefix header libname soversion root)
   if(NOT given)
     set(given $ENV{${prefix}_ROOT})
   endif()
-  if(given)
-    # A root given (a wheel's folder) is searched alone, so it wins over any other copy, also
-    # over what an earlier configure cached, and the header and library come from one install.
+  # What an earlier configure found under another root (or none) is searched for again.
+  if(NOT "${given}" STREQUAL "${EMBER_${prefix}_SEARCHED_ROOT}")
     unset(EMBER_${prefix}_INCLUDE_DIR CACHE)
     unset(EMBER_${prefix}_LIBRARY CACHE)
+  endif()
+  set(EMBER_${prefix}_SEARCHED_ROOT "${given}" CACHE INTERNAL "the root the cached paths are from")
+  if(given)
+    # A root given (a wheel's folder) is searched alone, so it wins over any other copy and the
+    # header and library come from one install.
     find_path(EMBER_${prefix}_INCLUDE_DIR ${header} PATHS ${given} PATH_SUFFIXES include
       NO_DEFAULT_PATH)
     find_library(EMBER_${prefix}_LIBRARY ${names} PATHS ${given} PATH_SUFFIXES ${suffixes}
