@@ -40,8 +40,10 @@ gpu_host_fetch() {
 gpu_host_env() {
   local dir="$1"
   export EMBER_DEB_ROOT=/tmp/ember-debroot
-  # Unpacked once per folder of .deb files: the stamp names the folder.
-  if [ "$(cat "$EMBER_DEB_ROOT/.unpacked-from" 2>/dev/null)" != "$(cd "$dir" && pwd)" ]; then
+  # Unpacked once per set of .deb files: the stamp names the folder and its files.
+  local stamp
+  stamp="$(cd "$dir" && pwd && ls -- *.deb)"
+  if [ "$(cat "$EMBER_DEB_ROOT/.unpacked-from" 2>/dev/null)" != "$stamp" ]; then
     rm -rf "$EMBER_DEB_ROOT"
     mkdir -p "$EMBER_DEB_ROOT"
     for deb in "$dir"/*.deb; do dpkg -x "$deb" "$EMBER_DEB_ROOT" || return 1; done
@@ -51,7 +53,7 @@ gpu_host_env() {
       target="$(readlink "$link")"
       if [[ "$target" == /* ]]; then ln -sfn "$EMBER_DEB_ROOT$target" "$link"; fi
     done
-    (cd "$dir" && pwd) >"$EMBER_DEB_ROOT/.unpacked-from"
+    printf '%s\n' "$stamp" >"$EMBER_DEB_ROOT/.unpacked-from"
   fi
   local r="$EMBER_DEB_ROOT" multiarch=x86_64-linux-gnu
   # The wheels' cuDNN and NCCL, when this python has them (else the toolkit's own); the
@@ -74,7 +76,9 @@ gpu_host_env() {
   export PKG_CONFIG_SYSROOT_DIR="$r"
   # Open MPI finds its plugins, help texts and orted under OPAL_PREFIX; Debian installs it
   # under the names mpirun/mpicxx through alternatives, which dpkg -x does not set up.
-  export OPAL_PREFIX="$r/usr" PMIX_INSTALL_PREFIX="$r/usr/lib/$multiarch/pmix2"
+  export OPAL_PREFIX="$r/usr"
+  # PMIx does not read OPAL_PREFIX: it is told where its plugins are.
+  export PMIX_MCA_mca_base_component_path="$r/usr/lib/$multiarch/pmix2/lib/pmix"
   export PATH="$r/usr/bin:$PATH"
   export OMPI_MCA_btl=self,vader OMPI_MCA_pml=ob1 PMIX_MCA_pcompress_base_silence_warning=1
   ln -sf orterun "$r/usr/bin/mpirun"
