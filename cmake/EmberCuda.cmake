@@ -39,8 +39,11 @@ function(ember_find_vendor_library prefix header libname soversion root)
   set(suffixes lib lib64 lib/x86_64-linux-gnu)
   # The CMake variable wins over the environment: one root, so one install.
   set(given ${root})
-  if(NOT given)
+  if(NOT given AND NOT "$ENV{${prefix}_ROOT}" STREQUAL "")
+    # Kept like a -D root, so CMake re-run by the build without the variable keeps it too.
     set(given $ENV{${prefix}_ROOT})
+    set(EMBER_${prefix}_ROOT "${given}" CACHE PATH "Where ${prefix} lives (from ${prefix}_ROOT)"
+      FORCE)
   endif()
   # What an earlier configure found under another root (or none) is searched for again.
   if(NOT "${given}" STREQUAL "${EMBER_${prefix}_SEARCHED_ROOT}")

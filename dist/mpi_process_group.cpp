@@ -269,12 +269,12 @@ cuda::Stream staging_stream(int device) {
 }
 
 // For a scope: the staging stream of `device` current, with its device (so pinned buffers
-// and copies make no context on another device), and ordered after the caller's work on the
-// op's tensors (the event recorded at issue). Reads and writes of them alike go after it: a
-// recv must not land in a tensor the caller's stream still uses.
+// and copies make no context on another device). When it `copies` the op's tensors, it is
+// ordered after the caller's work on them (the event recorded at issue) first: reads and
+// writes alike, as a recv must not land in a tensor the caller's stream still uses.
 struct Staging {
-  Staging(const Op& op, int device) : stream(staging_stream(device)), guard(stream) {
-    if (op.ready) op.ready->wait(stream);
+  Staging(const Op& op, int device, bool copies) : stream(staging_stream(device)), guard(stream) {
+    if (copies && op.ready) op.ready->wait(stream);
   }
   cuda::Stream stream;
   cuda::StreamGuard guard;
@@ -291,7 +291,7 @@ void adopt_device(const Op& op) {
 // the device when `fill`).
 Tensor stage_in(const Op& op, const Tensor& t, bool fill) {
   if (t.is_cpu()) return t;
-  const Staging staging(op, t.device().index);
+  const Staging staging(op, t.device().index, /*copies=*/fill);
   Tensor pinned = empty(t.sizes(), TensorOptions(t.dtype()).with_pinned_memory());
   if (fill) pinned.copy_(t);  // blocking: done on return
   return pinned;
@@ -299,7 +299,7 @@ Tensor stage_in(const Op& op, const Tensor& t, bool fill) {
 
 void stage_out(const Op& op, const Tensor& dst, const Tensor& host) {
   if (dst.is_same(host) || dst.is_cpu()) return;
-  const Staging staging(op, dst.device().index);
+  const Staging staging(op, dst.device().index, /*copies=*/true);
   Tensor(dst).copy_(host);  // blocking: the device holds the result once this returns
 }
 
@@ -321,7 +321,7 @@ void prepare_packed(Op& op, bool fill) {
   const Tensor& like = op.list[0];
   const int64_t n = like.numel();
   std::optional<Staging> staging;
-  if (like.is_cuda()) staging.emplace(op, like.device().index);
+  if (like.is_cuda()) staging.emplace(op, like.device().index, /*copies=*/fill);
   op.packed = empty({static_cast<int64_t>(op.list.size()) * n},
                     TensorOptions(like.dtype()).with_pinned_memory(like.is_cuda()));
   op.packed_data = op.packed.data_ptr();

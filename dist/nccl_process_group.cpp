@@ -355,9 +355,12 @@ class Issue {
   // Left by an exception before finish(): see the NOTE above. (A failed call() broke the
   // group with its own message already.)
   ~Issue() {
-    if (!finished_ && std::uncaught_exceptions() > uncaught_)
+    if (finished_ || std::uncaught_exceptions() <= uncaught_) return;
+    try {
       s_.break_group(name_ + " on rank " + std::to_string(s_.rank) +
                      " failed on this rank after the other ranks went into it");
+    } catch (...) {  // out of memory while unwinding: the caller gets the first failure
+    }
   }
   Issue(const Issue&) = delete;
   Issue& operator=(const Issue&) = delete;

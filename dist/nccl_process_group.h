@@ -10,7 +10,7 @@
 // (the watchdog leaves that collective to them): on a timeout or an error the communicator is
 // aborted, the Work throws ember::Error naming the collective, its number and the rank, and
 // every later call on the group throws. Under blocking_wait the watchdog ends the process only
-// when the group is destroyed with an operation nobody waited on still unfinished past its
+// when the group is destroyed with an operation nobody waited on that failed or is past its
 // deadline. A failed NCCL call breaks the group the same way: the other ranks went on.
 #pragma once
 
@@ -50,8 +50,8 @@ class NcclProcessGroup : public ProcessGroup {
   WorkHandle barrier() override;
   // NCCL matches point-to-point operations by order, not tag: `tag` must be 0. Each runs on
   // the group's one stream in issue order, so two ranks that both send to each other before
-  // they receive wait on each other once a message outgrows NCCL's buffers (until the
-  // timeout): order the exchange (the lower rank sends first, the higher receives first).
+  // they receive may wait on each other (until the timeout), whatever the size: order the
+  // exchange (the lower rank sends first, the higher receives first).
   WorkHandle send(const Tensor& tensor, int dst, int tag = 0) override;
   WorkHandle recv(const Tensor& tensor, int src, int tag = 0) override;
 

@@ -39,7 +39,7 @@ struct ProcessGroupOptions {
   // NCCL: every wait holds the host until its collective is done and raises ember::Error on
   // a timeout or an NCCL error, instead of ordering the stream under the watchdog (PyTorch's
   // TORCH_NCCL_BLOCKING_WAIT). The watchdog then ends the process only when the group is
-  // destroyed with a collective nobody waited on still unfinished past its deadline.
+  // destroyed with a collective nobody waited on that failed or is past its deadline.
   // Other backends always hold the host.
   bool blocking_wait = false;
 };

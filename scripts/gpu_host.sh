@@ -42,7 +42,7 @@ gpu_host_env() {
   export EMBER_DEB_ROOT=/tmp/ember-debroot
   # Unpacked once per set of .deb files: the stamp names the folder and its files.
   local stamp
-  stamp="$(cd "$dir" && pwd && ls -- *.deb)"
+  stamp="$(cd "$dir" && pwd && printf '%s\n' *.deb)" || return 1
   if [ "$(cat "$EMBER_DEB_ROOT/.unpacked-from" 2>/dev/null)" != "$stamp" ]; then
     rm -rf "$EMBER_DEB_ROOT"
     mkdir -p "$EMBER_DEB_ROOT"

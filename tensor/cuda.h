@@ -108,8 +108,8 @@ void reset_peak_stats(int device = -1);
 // Returns every cached block that holds no live tensor to the driver.
 void empty_cache();
 // Marks `ptr` (a storage's data) as used by `stream`, so the caching allocator does not reuse
-// its block before the work queued there finishes. False, recording nothing, for device
-// memory the allocator does not own (from_blob's): its owner orders its reuse, as in PyTorch.
+// its block before the work queued there finishes. False, recording nothing, for memory the
+// allocator does not own (from_blob's): its owner orders its reuse, as in PyTorch.
 bool record_stream(void* ptr, Stream stream);
 
 }  // namespace ember::cuda

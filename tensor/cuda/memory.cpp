@@ -185,8 +185,8 @@ bool record_stream(void* ptr, Stream stream) {
   if (ptr == nullptr) return false;
   cudaPointerAttributes attributes{};
   EMBER_CUDA_CHECK(cudaPointerGetAttributes(&attributes, ptr));
-  EMBER_CHECK(attributes.type == cudaMemoryTypeDevice, "record_stream",
-              "the pointer is not CUDA device memory");
+  // Managed, host or unknown memory is never the caching allocator's.
+  if (attributes.type != cudaMemoryTypeDevice) return false;
   return detail::cuda_allocator(attributes.device).cache().record_stream(ptr, stream.handle());
 }
 
