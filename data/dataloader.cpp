@@ -7,6 +7,7 @@
 #include <map>
 #include <mutex>
 #include <numeric>
+#include <string_view>
 #include <thread>
 #include <utility>
 
@@ -172,22 +173,85 @@ int64_t DataLoader::size() const {
   return batches_for(options_.sampler ? options_.sampler->size() : dataset_->size());
 }
 
+bool DataLoader::sampler_moves_on() const {
+  return sampler_selections_seen_ &&
+         *sampler_selections_seen_ == options_.sampler->epoch_selections();
+}
+
+void DataLoader::set_epoch(uint64_t epoch) {
+  if (options_.sampler)
+    options_.sampler->set_epoch(epoch);
+  else
+    epoch_ = epoch;
+}
+
+uint64_t DataLoader::epoch() const {
+  if (!options_.sampler) return epoch_;
+  return options_.sampler->epoch() + (sampler_moves_on() ? 1 : 0);
+}
+
 DataLoader::Iterator DataLoader::begin() {
   run_.reset();  // joins the workers of an epoch still in flight
-  const uint64_t epoch = epoch_++;
+  uint64_t epoch = 0;
   std::vector<int64_t> order;
-  if (options_.sampler) {
-    options_.sampler->set_epoch(epoch);
-    order = options_.sampler->indices();
-  } else if (options_.shuffle) {
-    order = random_permutation(dataset_->size(), options_.seed, epoch);
+  if (Sampler* sampler = options_.sampler.get()) {
+    if (sampler_moves_on()) sampler->set_epoch(sampler->epoch() + 1);
+    sampler_selections_seen_ = sampler->epoch_selections();
+    epoch = sampler->epoch();
+    order = sampler->indices();
   } else {
-    order.resize(static_cast<size_t>(dataset_->size()));
-    std::iota(order.begin(), order.end(), int64_t{0});
+    epoch = epoch_++;
+    if (options_.shuffle) {
+      order = random_permutation(dataset_->size(), options_.seed, epoch);
+    } else {
+      order.resize(static_cast<size_t>(dataset_->size()));
+      std::iota(order.begin(), order.end(), int64_t{0});
+    }
   }
   run_ = std::make_unique<Run>(*this, epoch, std::move(order));
   return Iterator(run_.get());
 }
+
+namespace {
+
+// One field of a batch (the data, or tensor targets) stacked into [count, ...]: the first
+// sample fixes its shape and dtype, and every other sample must match them.
+struct StackedField {
+  const char* what;  // "data" or "target"
+  Tensor batch{};
+  Shape sample_shape{};
+  size_t sample_bytes = 0;
+  int64_t first_index = -1;
+
+  template <typename Allocate>
+  void put(int64_t k, int64_t index, const Tensor& sample, Allocate&& allocate) {
+    EMBER_CHECK(sample.defined(), "dataset", "returned an undefined ", what, " tensor");
+    if (!batch.defined()) {
+      batch = allocate(sample.sizes(), sample.dtype());
+      first_index = index;
+      sample_shape = sample.sizes();
+      sample_bytes = sample.nbytes();
+    } else {
+      EMBER_CHECK(sample.sizes() == sample_shape && sample.dtype() == batch.dtype(), "collate",
+                  "its ", what, " is ", sample.dtype(), " ", shape_str(sample.sizes()),
+                  " but the batch's first sample (index ", first_index, ") is ", batch.dtype(),
+                  " ", shape_str(sample_shape),
+                  std::string_view(what) == "data"
+                      ? "; transform them to one size (e.g. Resize, CenterCrop)"
+                      : "");
+    }
+    if (sample.is_cpu() && sample.is_contiguous()) {
+      if (sample_bytes > 0) {
+        std::memcpy(static_cast<char*>(batch.data_ptr()) + k * sample_bytes, sample.data_ptr(),
+                    sample_bytes);
+      }
+    } else {
+      batch.select(0, k).copy_(sample);
+    }
+  }
+};
+
+}  // namespace
 
 Batch DataLoader::load_batch(uint64_t epoch, const std::vector<int64_t>& order, int64_t batch,
                              const std::atomic<bool>* stop) const {
@@ -197,13 +261,24 @@ Batch DataLoader::load_batch(uint64_t epoch, const std::vector<int64_t>& order, 
   // NOTE: pinned batches are not pooled here: after the caller drops a batch, a non_blocking
   // copy to the GPU may still be reading it, which only the pinned allocator knows.
   const bool pinned = options_.pin_memory && cuda::is_available();
+  auto batch_of = [count](const Shape& sample_shape) {
+    Shape shape{count};
+    shape.insert(shape.end(), sample_shape.begin(), sample_shape.end());
+    return shape;
+  };
+  auto pooled = [&](const Shape& sample_shape, DType dtype) {
+    return pinned ? empty(batch_of(sample_shape), TensorOptions(dtype).with_pinned_memory())
+                  : pool_->acquire(batch_of(sample_shape), dtype);
+  };
+  auto fresh = [&](const Shape& sample_shape, DType dtype) {
+    return empty(batch_of(sample_shape), TensorOptions(dtype).with_pinned_memory(pinned));
+  };
+
   Batch out;
   out.indices.assign(order.begin() + first, order.begin() + first + count);
-  out.target = empty({count}, TensorOptions(kI64).with_pinned_memory(pinned));
-  int64_t* targets = out.target.data_ptr<int64_t>();
-  int64_t first_index = -1;
-  Shape sample_shape;
-  size_t sample_bytes = 0;
+  StackedField data{"data"}, target_tensors{"target"};
+  std::vector<int64_t> class_targets;
+  class_targets.reserve(static_cast<size_t>(count));
   for (int64_t k = 0; k < count; ++k) {
     if (stop != nullptr && stop->load(std::memory_order_relaxed)) break;
     const int64_t index = out.indices[static_cast<size_t>(k)];
@@ -215,36 +290,27 @@ Batch DataLoader::load_batch(uint64_t epoch, const std::vector<int64_t>& order, 
         SampleRng rng(options_.seed, epoch, index);
         example.data = options_.transform->apply(example.data, rng);
       }
-      const Tensor& data = example.data;
-      EMBER_CHECK(data.defined(), "dataset", "returned an undefined tensor");
-      if (k == 0) {
-        Shape shape{count};
-        shape.insert(shape.end(), data.sizes().begin(), data.sizes().end());
-        out.data = pinned ? empty(shape, TensorOptions(data.dtype()).with_pinned_memory())
-                          : pool_->acquire(shape, data.dtype());
-        first_index = index;
-        sample_shape = data.sizes();
-        sample_bytes = data.nbytes();
-      } else {
-        EMBER_CHECK(data.sizes() == sample_shape && data.dtype() == out.data.dtype(), "collate",
-                    "its data is ", data.dtype(), " ", shape_str(data.sizes()),
-                    " but the batch's first sample (index ", first_index, ") is ", out.data.dtype(),
-                    " ", shape_str(sample_shape),
-                    "; transform them to one size (e.g. Resize, CenterCrop)");
-      }
-      if (data.is_cpu() && data.is_contiguous()) {
-        if (sample_bytes > 0) {
-          std::memcpy(static_cast<char*>(out.data.data_ptr()) + k * sample_bytes, data.data_ptr(),
-                      sample_bytes);
-        }
-      } else {
-        out.data.select(0, k).copy_(data);
-      }
-      targets[k] = example.target;
+      data.put(k, index, example.data, pooled);
+      const bool tensor_target = example.target_tensor.defined();
+      EMBER_CHECK(k == 0 || tensor_target == target_tensors.batch.defined(), "collate",
+                  "its target is ", tensor_target ? "a tensor" : "a class index",
+                  " but the batch's first sample (index ", data.first_index, ") has ",
+                  tensor_target ? "a class index" : "a tensor");
+      if (tensor_target)
+        target_tensors.put(k, index, example.target_tensor, fresh);
+      else
+        class_targets.push_back(example.target);
     } catch (const std::exception& e) {
       throw Error(ember::detail::str_cat("DataLoader: sample ", index, " (batch ", batch,
                                          " of epoch ", epoch, ") failed: ", e.what()));
     }
+  }
+  out.data = std::move(data.batch);
+  if (target_tensors.batch.defined()) {
+    out.target = std::move(target_tensors.batch);
+  } else {
+    out.target = fresh({}, kI64);
+    std::copy(class_targets.begin(), class_targets.end(), out.target.data_ptr<int64_t>());
   }
   return out;
 }

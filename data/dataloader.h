@@ -3,9 +3,14 @@
 //   DataLoader loader(dataset, {.batch_size = 128, .shuffle = true, .seed = 1,
 //                               .num_workers = 2, .transform = augment});
 //   for (int epoch = 0; epoch < 10; ++epoch) {
-//     loader.set_epoch(epoch);
+//     loader.set_epoch(epoch);  // or, with a sampler, sampler->set_epoch(epoch) as in PyTorch
 //     for (const Batch& batch : loader) step(batch.data, batch.target);
 //   }
+//
+// Which epoch a pass loads: with a sampler, the sampler's epoch (set_epoch() on either the
+// sampler or the loader selects it; a pass not preceded by one moves the sampler on to the
+// epoch after the last pass). Without one, the loader's own counter, which set_epoch() sets
+// and each pass advances.
 //
 // Batch k of an epoch holds the samples at positions [k*B, (k+1)*B) of the sampler's order
 // for that epoch, each transformed with a SampleRng of (seed, epoch, dataset index). A batch
@@ -23,6 +28,7 @@
 #include <cstdint>
 #include <iterator>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include <ember/tensor/tensor.h>
@@ -35,7 +41,7 @@ namespace ember::data {
 
 struct Batch {
   Tensor data;                   // [B, ...]: the samples stacked, in their dtype
-  Tensor target;                 // [B] i64
+  Tensor target;                 // [B] i64 class indices, or the examples' target_tensor stacked
   std::vector<int64_t> indices;  // the dataset index of each sample
 };
 
@@ -47,7 +53,7 @@ struct DataLoaderOptions {
   int num_workers = 0;      // 0: load in the calling thread, on demand
   int prefetch_factor = 2;  // batches each worker may have loaded ahead of the caller
   bool pin_memory = false;  // page-locked batches for non_blocking copies (when CUDA is present)
-  std::shared_ptr<Sampler> sampler = nullptr;  // overrides shuffle; the loader sets its epoch
+  std::shared_ptr<Sampler> sampler = nullptr;  // overrides shuffle; its epoch is the loader's
   std::shared_ptr<const Transform> transform = nullptr;  // applied to each example's data
 };
 
@@ -60,9 +66,10 @@ class DataLoader {
 
   // Batches per epoch (for progress bars).
   int64_t size() const;
-  // The epoch the next begin() loads; each begin() then moves on to the next one.
-  void set_epoch(uint64_t epoch) { epoch_ = epoch; }
-  uint64_t epoch() const { return epoch_; }
+  // Selects the epoch the next begin() loads (with a sampler: sampler->set_epoch(epoch)).
+  void set_epoch(uint64_t epoch);
+  // The epoch the next begin() loads, unless set_epoch() selects another.
+  uint64_t epoch() const;
   const Dataset& dataset() const { return *dataset_; }
   const DataLoaderOptions& options() const { return options_; }
 
@@ -75,6 +82,8 @@ class DataLoader {
  private:
   struct Run;
   int64_t batches_for(int64_t samples) const;
+  // True when the sampler's epoch was not selected since the last pass.
+  bool sampler_moves_on() const;
   // Batch `batch` of an epoch whose sampler order is `order`; returns early (incomplete)
   // once `stop` is set.
   Batch load_batch(uint64_t epoch, const std::vector<int64_t>& order, int64_t batch,
@@ -83,7 +92,10 @@ class DataLoader {
   struct BufferPool;
   std::shared_ptr<const Dataset> dataset_;
   DataLoaderOptions options_;
-  uint64_t epoch_ = 0;
+  uint64_t epoch_ = 0;  // without a sampler
+  // The sampler's epoch_selections() right after the last pass chose its epoch; equal at
+  // the next begin() means nobody selected an epoch since, and the sampler moves on.
+  std::optional<uint64_t> sampler_selections_seen_;
   std::unique_ptr<BufferPool> pool_;  // declared before run_: the workers use it
   std::unique_ptr<Run> run_;
 };

@@ -17,19 +17,23 @@ TensorDataset::TensorDataset(Tensor data, Tensor targets) {
   EMBER_CHECK(data.dim() >= 1, "TensorDataset", "data must have a leading example dim, got a ",
               data.dim(), "-d tensor");
   EMBER_CHECK(data.is_cpu(), "TensorDataset", "data must be on the CPU, got ", data.device());
-  EMBER_CHECK(targets.dim() == 1 && is_integral(targets.dtype(), true), "TensorDataset",
-              "targets must be a 1-d integer tensor, got ", targets.dtype(), " ",
-              shape_str(targets.sizes()));
+  EMBER_CHECK(targets.dim() >= 1, "TensorDataset",
+              "targets must have a leading example dim, got a 0-d tensor");
+  EMBER_CHECK(targets.is_cpu(), "TensorDataset", "targets must be on the CPU, got ",
+              targets.device());
   EMBER_CHECK(targets.size(0) == data.size(0), "TensorDataset", "data has ", data.size(0),
               " examples but targets has ", targets.size(0), " (data ", shape_str(data.sizes()),
               ")");
   data_ = std::move(data);
-  targets_ = targets.to_vector<int64_t>();
+  has_class_targets_ = targets.dim() == 1 && is_integral(targets.dtype(), false);
+  if (has_class_targets_) class_targets_ = targets.to_vector<int64_t>();
+  targets_ = std::move(targets);
 }
 
 Example TensorDataset::get(int64_t index) const {
   check_index(index, "TensorDataset::get");
-  return {data_.select(0, index), targets_[static_cast<size_t>(index)]};
+  if (!has_class_targets_) return {data_.select(0, index), 0, targets_.select(0, index)};
+  return {data_.select(0, index), class_targets_[static_cast<size_t>(index)], {}};
 }
 
 }  // namespace ember::data

@@ -1,8 +1,12 @@
 // Samplers decide which dataset indices an epoch visits, and in what order.
 //
 // A sampler's order is a pure function of its settings and the epoch, so every process and
-// every worker count sees the same sequence; the DataLoader calls set_epoch() before each
-// epoch. The distributed sampler (dist/) implements the same interface.
+// every worker count sees the same sequence. As in PyTorch, the sampler's epoch is the one
+// the DataLoader loads: `sampler->set_epoch(e)` before iterating selects epoch e (a resumed
+// run in a fresh loader included). A loader whose sampler was not given an epoch since its
+// last pass moves the sampler on to the next epoch itself, so forgetting set_epoch() does not
+// repeat one shuffle every epoch. The distributed sampler (dist/) implements the same
+// interface.
 #pragma once
 
 #include <cstdint>
@@ -18,11 +22,19 @@ class Sampler {
   // How many indices one epoch yields.
   virtual int64_t size() const = 0;
   // Selects the epoch whose order indices() returns; shuffling samplers reseed from it.
-  virtual void set_epoch(uint64_t epoch) { epoch_ = epoch; }
+  // An override must call Sampler::set_epoch().
+  virtual void set_epoch(uint64_t epoch) {
+    epoch_ = epoch;
+    ++epoch_selections_;
+  }
   uint64_t epoch() const { return epoch_; }
+  // How many times set_epoch() has been called: the DataLoader tells from it whether the
+  // epoch was chosen since its last pass.
+  uint64_t epoch_selections() const { return epoch_selections_; }
 
  private:
   uint64_t epoch_ = 0;
+  uint64_t epoch_selections_ = 0;
 };
 
 // 0, 1, ..., size - 1 every epoch.

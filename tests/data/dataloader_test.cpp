@@ -63,8 +63,47 @@ TEST(TensorDataset, RowsAreViewsWithTheirTargets) {
   EXPECT_EMBER_ERROR(ds->get(-1), "index -1 is out of range");
   EXPECT_EMBER_ERROR(TensorDataset(zeros({3, 2}), zeros({4}, kI64)),
                      "data has 3 examples but targets has 4");
-  EXPECT_EMBER_ERROR(TensorDataset(zeros({3, 2}), zeros({3})),
-                     "targets must be a 1-d integer tensor");
+  EXPECT_EMBER_ERROR(TensorDataset(zeros({3, 2}), zeros({})),
+                     "targets must have a leading example dim");
+}
+
+TEST(DataLoader, FloatAndMultiLabelTargetsAreStackedInTheirDtype) {
+  // Regression: one f64 value per example; multi-label: a row of 3 flags per example.
+  const Tensor x = arange(12, kF32).view({6, 2});
+  const Tensor values = arange(6, kF64) * 0.5;
+  const Tensor labels =
+      from_vector(std::vector<float>{1, 0, 1, 0, 1, 1, 0, 0, 0, 1, 1, 1, 0, 1, 0, 1, 0, 0}, {6, 3});
+  for (int workers : {0, 2}) {
+    DataLoader regression(std::make_shared<TensorDataset>(x, values),
+                          {.batch_size = 4, .shuffle = true, .seed = 3, .num_workers = workers});
+    for (const Batch& b : regression) {
+      ASSERT_EQ(b.target.dtype(), kF64);
+      ASSERT_EQ(b.target.sizes(), (Shape{static_cast<int64_t>(b.indices.size())}));
+      for (size_t k = 0; k < b.indices.size(); ++k)
+        EXPECT_EQ(b.target.to_vector<double>()[k], 0.5 * static_cast<double>(b.indices[k]));
+    }
+    DataLoader multi_label(std::make_shared<TensorDataset>(x, labels),
+                           {.batch_size = 4, .num_workers = workers});
+    const auto batches = collect(multi_label);
+    ASSERT_EQ(batches.size(), 2u);
+    EXPECT_EQ(batches[0].target.sizes(), (Shape{4, 3}));
+    EXPECT_EQ(batches[0].target.dtype(), kF32);
+    EXPECT_TRUE(equal(batches[1].target, labels.slice(0, 4, 6)));
+  }
+}
+
+TEST(DataLoader, ABatchMixingClassAndTensorTargetsIsRefused) {
+  struct Mixed : Dataset {
+    int64_t size() const override { return 4; }
+    Example get(int64_t index) const override {
+      if (index < 2) return {zeros({2}), index};
+      return {.data = zeros({2}), .target_tensor = ones({1})};
+    }
+  };
+  DataLoader loader(std::make_shared<Mixed>(), {.batch_size = 4});
+  EXPECT_EMBER_ERROR(collect(loader),
+                     "sample 2 (batch 0 of epoch 0) failed: collate: its target is a tensor but "
+                     "the batch's first sample (index 0) has a class index");
 }
 
 TEST(DataLoader, SequentialBatchesCollateIntoContiguousTensors) {
@@ -211,6 +250,33 @@ class OddReverseSampler : public Sampler {
  private:
   int64_t n_;
 };
+
+TEST(DataLoader, TheSamplersEpochIsTheOneLoaded) {
+  // The PyTorch habit: a fresh loader (a resumed run), the epoch chosen on the sampler.
+  auto sampler = std::make_shared<RandomSampler>(20, 5);
+  DataLoader loader(small_dataset(20), {.batch_size = 6, .num_workers = 2, .sampler = sampler});
+  sampler->set_epoch(3);
+  EXPECT_EQ(loader.epoch(), 3u);
+  auto order_of = [&] {
+    std::vector<int64_t> order;
+    for (const Batch& b : loader) order.insert(order.end(), b.indices.begin(), b.indices.end());
+    return order;
+  };
+  EXPECT_EQ(order_of(), random_permutation(20, 5, 3));
+  // Chosen again before every pass, as a PyTorch loop does, including a repeat of an epoch.
+  for (uint64_t epoch : {4, 4, 9}) {
+    sampler->set_epoch(epoch);
+    EXPECT_EQ(order_of(), random_permutation(20, 5, epoch)) << "epoch " << epoch;
+  }
+  // Not chosen: the sampler moves on to the next epoch instead of repeating one.
+  EXPECT_EQ(loader.epoch(), 10u);
+  EXPECT_EQ(order_of(), random_permutation(20, 5, 10));
+  EXPECT_EQ(sampler->epoch(), 10u);
+  // loader.set_epoch() selects the sampler's epoch: one source of truth.
+  loader.set_epoch(2);
+  EXPECT_EQ(sampler->epoch(), 2u);
+  EXPECT_EQ(order_of(), random_permutation(20, 5, 2));
+}
 
 TEST(DataLoader, UsesAnySamplerAndSetsItsEpoch) {
   auto sampler = std::make_shared<OddReverseSampler>(10);

@@ -1,9 +1,15 @@
 // DistributedSampler: PyTorch's sharding and padding rules (every rank's shard is computed
-// here for several world sizes), set_epoch, and a mid-epoch restore through a DataLoader.
+// here for several world sizes), set_epoch, a mid-epoch restore through a DataLoader, and a
+// resumed training run that selects its epochs the PyTorch way.
 #include <algorithm>
 #include <set>
 
+#include <ember/data/dataloader.h>
 #include <ember/dist/distributed_sampler.h>
+#include <ember/nn/layers.h>
+#include <ember/optim/sgd.h>
+#include <ember/tensor/layer_ops.h>
+#include <ember/tensor/random.h>
 
 #include "dist_test_util.h"
 
@@ -117,6 +123,56 @@ TEST(DistributedSampler, ResumesMidEpochThroughTheDataLoader) {
   EXPECT_EMBER_ERROR(resumed->set_position(13), "position 13 is outside [0, 12]");
   EXPECT_EMBER_ERROR(DistributedSampler(10, 2, 2), "rank 2 is outside [0, 2)");
   EXPECT_EMBER_ERROR(DistributedSampler(10, 0, 0), "num_replicas must be positive");
+}
+
+// A run in the shape of a PyTorch script: rank 1 of 2's shard, sampler->set_epoch(e) before
+// each epoch, the model and optimizer saved after `stop_after` epochs and loaded into fresh
+// objects (a fresh sampler and loader too) that train the remaining epochs. Returns every
+// step's loss.
+std::vector<double> train_with_sampler(int64_t epochs, int64_t stop_after) {
+  Generator gen(11);
+  auto data = std::make_shared<data::TensorDataset>(randn({30, 4}, kF64, &gen),
+                                                    randint(0, 3, {30}, kI64, &gen));
+  std::vector<double> losses;
+  nn::NamedTensors saved_model;
+  optim::StateDict saved_optimizer;
+  for (int64_t start = 0, end = 0; start < epochs; start = end) {
+    manual_seed(5);
+    nn::Linear model(4, 3);
+    model.to(kF64);
+    optim::SGD sgd(model.parameters(), {.lr = 0.2, .momentum = 0.9});
+    if (start > 0) {
+      model.load_state_dict(saved_model);
+      sgd.load_state_dict(saved_optimizer);
+    }
+    auto sampler =
+        std::make_shared<DistributedSampler>(30, 2, 1, DistributedSamplerOptions{.seed = 7});
+    data::DataLoader loader(data, {.batch_size = 4, .num_workers = 2, .sampler = sampler});
+    end = start < stop_after ? stop_after : epochs;
+    for (int64_t epoch = start; epoch < end; ++epoch) {
+      sampler->set_epoch(static_cast<uint64_t>(epoch));
+      for (const data::Batch& batch : loader) {
+        sgd.zero_grad();
+        Tensor loss = cross_entropy(model(batch.data), batch.target);
+        loss.backward();
+        sgd.step();
+        losses.push_back(loss.item<double>());
+      }
+    }
+    saved_model.clear();
+    for (const auto& [name, t] : model.state_dict()) saved_model.emplace_back(name, t.clone());
+    saved_optimizer = sgd.state_dict();
+  }
+  return losses;
+}
+
+TEST(DistributedSampler, AResumedRunSelectingItsEpochLikePyTorchEqualsTheUninterruptedOne) {
+  const std::vector<double> uninterrupted = train_with_sampler(4, 4);
+  ASSERT_EQ(uninterrupted.size(), 16u);  // 4 epochs of 15 samples, batches of 4
+  // Stopped after epoch 1 (and after epoch 3 of a longer run cut short): every loss equals
+  // the uninterrupted run's, so the fresh loader shuffled epochs 2 and 3 as epochs 2 and 3.
+  EXPECT_EQ(train_with_sampler(4, 2), uninterrupted);
+  EXPECT_EQ(train_with_sampler(4, 3), uninterrupted);
 }
 
 }  // namespace
