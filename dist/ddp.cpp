@@ -388,7 +388,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
 
 DistributedDataParallel::~DistributedDataParallel() = default;
 
-Tensor DistributedDataParallel::forward(const Tensor& input) {
+bool DistributedDataParallel::prepare_forward() {
   Reducer& r = *reducer_;
   if (options_.broadcast_buffers && group_->size() > 1) {
     std::vector<Tensor> buffers;
@@ -398,30 +398,47 @@ Tensor DistributedDataParallel::forward(const Tensor& input) {
   const bool sync = sync_enabled_ && GradMode::is_enabled() && is_training();
   if (sync) r.arm();
   r.point_grads();
-  Tensor output = module_->forward(input);
-  if (sync && options_.find_unused_parameters) {
-    // Walk the graph from the output: parameters it does not reach get no gradient.
-    std::unordered_set<const AutogradMeta*> reached;
-    std::unordered_set<const autograd::Node*> visited;
-    std::vector<autograd::Node*> stack;
+  return sync;
+}
+
+void DistributedDataParallel::mark_unreached_parameters(const nn::TensorList& outputs) {
+  // Walk the graph from the outputs: parameters it does not reach get no gradient.
+  Reducer& r = *reducer_;
+  std::unordered_set<const AutogradMeta*> reached;
+  std::unordered_set<const autograd::Node*> visited;
+  std::vector<autograd::Node*> stack;
+  for (const Tensor& output : outputs) {
     if (output.defined() && output.requires_grad() && output.grad_fn())
       stack.push_back(output.grad_fn().get());
     if (output.defined() && output.is_leaf()) reached.insert(output.autograd_meta());
-    while (!stack.empty()) {
-      autograd::Node* node = stack.back();
-      stack.pop_back();
-      if (!visited.insert(node).second) continue;
-      if (auto* acc = dynamic_cast<autograd::AccumulateGrad*>(node))
-        reached.insert(acc->leaf().autograd_meta());
-      for (const auto& edge : node->next_edges()) {
-        if (edge.valid()) stack.push_back(edge.node.get());
-      }
-    }
-    for (size_t i = 0; i < r.params.size(); ++i) {
-      if (!reached.count(r.params[i].autograd_meta())) r.mark_ready(i, false);
+  }
+  while (!stack.empty()) {
+    autograd::Node* node = stack.back();
+    stack.pop_back();
+    if (!visited.insert(node).second) continue;
+    if (auto* acc = dynamic_cast<autograd::AccumulateGrad*>(node))
+      reached.insert(acc->leaf().autograd_meta());
+    for (const auto& edge : node->next_edges()) {
+      if (edge.valid()) stack.push_back(edge.node.get());
     }
   }
+  for (size_t i = 0; i < r.params.size(); ++i) {
+    if (!reached.count(r.params[i].autograd_meta())) r.mark_ready(i, false);
+  }
+}
+
+Tensor DistributedDataParallel::forward(const Tensor& input) {
+  const bool sync = prepare_forward();
+  Tensor output = module_->forward(input);
+  if (sync && options_.find_unused_parameters) mark_unreached_parameters({output});
   return output;
+}
+
+nn::TensorList DistributedDataParallel::forward_list(const nn::TensorList& inputs) {
+  const bool sync = prepare_forward();
+  nn::TensorList outputs = module_->forward_list(inputs);
+  if (sync && options_.find_unused_parameters) mark_unreached_parameters(outputs);
+  return outputs;
 }
 
 void DistributedDataParallel::synchronize() {

@@ -50,7 +50,7 @@ struct DDPOptions {
   size_t broadcast_bucket_bytes = size_t{256} << 20;
   // kBF16 or kF16: buckets travel in this dtype (divided by the world size first, so the
   // sum cannot overflow) and are cast back. Unset: full precision.
-  std::optional<DType> compression;
+  std::optional<DType> compression{};
   // Rebuild the buckets once after the first iteration from the observed gradient order.
   bool rebuild_buckets = true;
 };
@@ -62,8 +62,10 @@ class DistributedDataParallel : public nn::Module {
   ~DistributedDataParallel() override;
 
   // Broadcasts buffers (when asked), points gradients into the buckets and, unless inside
-  // no_sync(), arms the hooks for the coming backward.
+  // no_sync(), arms the hooks for the coming backward; then runs the wrapped module's
+  // forward (one input and output) or forward_list (several: (*ddp)(image, mask)).
   Tensor forward(const Tensor& input) override;
+  nn::TensorList forward_list(const nn::TensorList& inputs) override;
   std::string name() const override { return "DistributedDataParallel"; }
 
   // Waits until every bucket's all-reduce finished and the averaged gradients are in
@@ -100,6 +102,11 @@ class DistributedDataParallel : public nn::Module {
   struct Reducer;  // the bucket state the autograd hooks share
 
  private:
+  // Readies the buckets for the coming backward; true when this forward's backward syncs.
+  bool prepare_forward();
+  // With find_unused_parameters: marks ready the parameters no output's graph reaches.
+  void mark_unreached_parameters(const nn::TensorList& outputs);
+
   std::shared_ptr<nn::Module> module_;
   std::shared_ptr<ProcessGroup> group_;
   DDPOptions options_;

@@ -6,8 +6,40 @@
 
 namespace ember::nn {
 
-Tensor Module::forward(const Tensor&) {
-  throw Error(name() + ": this module has no single-input forward");
+namespace {
+// The module whose default forward() or forward_list() is running on this thread: the
+// other default finding it there means the module overrides neither.
+thread_local const Module* falling_back = nullptr;
+
+class FallbackScope {
+ public:
+  FallbackScope(const Module* module) : previous_(falling_back) {
+    EMBER_CHECK(falling_back != module, module->name(),
+                "defines neither forward(input) nor forward_list(inputs)");
+    falling_back = module;
+  }
+  ~FallbackScope() { falling_back = previous_; }
+  FallbackScope(const FallbackScope&) = delete;
+  FallbackScope& operator=(const FallbackScope&) = delete;
+
+ private:
+  const Module* previous_;
+};
+}  // namespace
+
+Tensor Module::forward(const Tensor& input) {
+  FallbackScope scope(this);
+  TensorList outputs = forward_list({input});
+  EMBER_CHECK(outputs.size() == 1, name(), "forward_list returns ", outputs.size(),
+              " outputs; call forward_list() (or module(a, b, ...)) instead of forward(input)");
+  return std::move(outputs[0]);
+}
+
+TensorList Module::forward_list(const TensorList& inputs) {
+  FallbackScope scope(this);
+  EMBER_CHECK(inputs.size() == 1, name(), "takes one input (forward(input)) but was given ",
+              inputs.size());
+  return {forward(inputs[0])};
 }
 
 Tensor& Module::register_parameter(std::string name, Tensor tensor, bool requires_grad) {

@@ -13,6 +13,9 @@
 
 namespace ember::nn {
 
+// The inputs or outputs of a module with several (Module::forward_list).
+using TensorList = std::vector<Tensor>;
+
 // Name/tensor pairs in registration order ("layer1.0.conv1.weight", ...).
 using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 
@@ -23,10 +26,23 @@ class Module {
   Module(const Module&) = delete;
   Module& operator=(const Module&) = delete;
 
-  // The layer's computation; modules without a single-input forward (containers of other
-  // shapes, losses) throw ember::Error.
+  // The computation. A layer with one input and one output overrides forward(); a model
+  // with several inputs or outputs (a pair of images, inputs and a mask, two heads)
+  // overrides forward_list(). Each falls back on the other, so either form calls any module:
+  // forward(x) is forward_list({x})'s one output, and forward_list({x}) is {forward(x)}.
+  //
+  //   struct TwoHeads : nn::Module {
+  //     TensorList forward_list(const TensorList& in) override { ... return {logits, box}; }
+  //   };
+  //   TensorList out = model(image, mask);   // out[0]: logits, out[1]: box
   virtual Tensor forward(const Tensor& input);
+  virtual TensorList forward_list(const TensorList& inputs);
   Tensor operator()(const Tensor& input) { return forward(input); }
+  TensorList operator()(const TensorList& inputs) { return forward_list(inputs); }
+  template <typename... More>
+  TensorList operator()(const Tensor& first, const Tensor& second, const More&... more) {
+    return forward_list(TensorList{first, second, more...});
+  }
   // The type name used in printing and errors ("Conv2d", "ResNet", ...).
   virtual std::string name() const = 0;
 

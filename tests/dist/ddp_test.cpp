@@ -180,6 +180,47 @@ TEST(DistributedDataParallel, UnusedParametersAreReadyWithZeroGradients) {
   EXPECT_TRUE(ddp->buckets_rebuilt());
 }
 
+// A model of two inputs and two outputs (forward_list), and a head that only the second
+// output uses: DDP forwards both inputs, walks both outputs' graphs for unused parameters,
+// and averages the gradients of a loss made from both outputs.
+class Siamese : public nn::Module {
+ public:
+  explicit Siamese(uint64_t seed) {
+    manual_seed(seed);
+    body = register_module("body", std::make_shared<nn::Linear>(4, 6));
+    head = register_module("head", std::make_shared<nn::Linear>(6, 3));
+    unused = register_module("unused", std::make_shared<nn::Linear>(6, 3));
+  }
+  nn::TensorList forward_list(const nn::TensorList& in) override {
+    return {relu(body->forward(in.at(0))), head->forward(relu(body->forward(in.at(1))))};
+  }
+  std::string name() const override { return "Siamese"; }
+  std::shared_ptr<nn::Linear> body, head, unused;
+};
+
+TEST(DistributedDataParallel, ForwardsSeveralInputsAndOutputs) {
+  auto pg = world();
+  auto ddp = std::make_shared<DistributedDataParallel>(std::make_shared<Siamese>(3), pg,
+                                                       DDPOptions{.find_unused_parameters = true});
+  Siamese reference(3);
+  optim::SGD sgd(ddp->parameters(), sgd_options());
+  optim::SGD ref_sgd(reference.parameters(), sgd_options());
+  for (int step = 0; step < 3; ++step) {
+    auto [a, y] = batch({2 * pg->size(), 4}, 40 + step);
+    auto [b, unused_target] = batch({2 * pg->size(), 4}, 50 + step);
+    auto loss_of = [&](const nn::TensorList& out, const Tensor& target) {
+      return (out.at(0) * out.at(0)).mean() + cross_entropy(out.at(1), target);
+    };
+    ref_sgd.zero_grad();
+    loss_of(reference(a, b), y).backward();
+    ref_sgd.step();
+    sgd.zero_grad();
+    loss_of((*ddp)(shard_rows(a, *pg), shard_rows(b, *pg)), shard_rows(y, *pg)).backward();
+    sgd.step();
+  }
+  expect_same_state(ddp->module(), reference, 1e-5, 1e-6);
+}
+
 TEST(DistributedDataParallel, MissingGradientNamesTheParameter) {
   auto pg = world();
   auto ddp = std::make_shared<DistributedDataParallel>(std::make_shared<TwoHeads>(5), pg);

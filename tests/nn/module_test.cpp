@@ -135,6 +135,48 @@ TEST(NnModule, ResNetParameterCounts) {
   EXPECT_EMBER_ERROR(nn::resnet("resnet19"), "resnet: unknown model \"resnet19\"");
 }
 
+// Two inputs (a pair of feature vectors) and two outputs (a score per input), the way a
+// PyTorch module with forward(self, a, b) is written.
+class PairScorer : public nn::Module {
+ public:
+  PairScorer() { fc = register_module("fc", std::make_shared<nn::Linear>(3, 1)); }
+  nn::TensorList forward_list(const nn::TensorList& in) override {
+    return {fc->forward(in.at(0)), fc->forward(in.at(1)) * 2.0};
+  }
+  std::string name() const override { return "PairScorer"; }
+  std::shared_ptr<nn::Linear> fc;
+};
+
+TEST(NnModule, SeveralInputsAndOutputs) {
+  manual_seed(2);
+  PairScorer model;
+  const Tensor a = ones({2, 3}), b = full({2, 3}, 0.5);
+  nn::TensorList out = model(a, b);
+  ASSERT_EQ(out.size(), 2u);
+  testing::expect_close(out[0], model.fc->forward(a), 0, 0);
+  testing::expect_close(out[1], model.fc->forward(b) * 2.0, 0, 0);
+  (out[0].sum() + out[1].sum()).backward();
+  // d/dW of sum(a W^T) + 2 sum(b W^T) = column sums of a + 2 b: 2 * 1 + 2 * (2 * 0.5) = 4.
+  testing::expect_close(model.fc->weight.grad(), full({1, 3}, 4.0), 1e-6, 0);
+  struct TwoOutputs : nn::Module {
+    nn::TensorList forward_list(const nn::TensorList& in) override { return {in[0], in[0]}; }
+    std::string name() const override { return "TwoOutputs"; }
+  } two_outputs;
+  EXPECT_EMBER_ERROR(two_outputs(a),
+                     "TwoOutputs: forward_list returns 2 outputs; call "
+                     "forward_list() (or module(a, b, ...)) instead");
+
+  // A single-input module is called either way; a module defining neither form says so.
+  nn::Linear fc(3, 2);
+  EXPECT_EQ(fc(nn::TensorList{a}).size(), 1u);
+  testing::expect_close(fc(nn::TensorList{a})[0], fc(a), 0, 0);
+  EXPECT_EMBER_ERROR(fc(a, b), "Linear: takes one input (forward(input)) but was given 2");
+  struct Empty : nn::Module {
+    std::string name() const override { return "Empty"; }
+  } empty;
+  EXPECT_EMBER_ERROR(empty(a), "Empty: defines neither forward(input) nor forward_list(inputs)");
+}
+
 TEST(NnModule, ConstructorErrors) {
   EXPECT_EMBER_ERROR(nn::Linear(0, 3), "Linear: features must be positive");
   EXPECT_EMBER_ERROR(nn::Conv2d(3, 8, 3, nn::Conv2dOptions{{1, 1}, {0, 0}, {1, 1}, 2, true}),
