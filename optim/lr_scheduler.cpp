@@ -86,19 +86,20 @@ StateDict LRScheduler::state_dict() const {
 
 void LRScheduler::load_state_dict(const StateDict& dict) {
   const StateDict expected = state_dict();
-  // A state of another schedule (here or in a child) is named as such.
+  // The state of another schedule (this one's or a child's, by the prefix of its keys) is
+  // named as such.
   for (const auto& [key, value] : expected.scalars) {
-    const auto at = key.rfind("type.", 0) == 0 ? std::string::npos : key.find(".type.");
-    if (key.rfind("type.", 0) != 0 && at == std::string::npos) continue;
-    const std::string prefix = at == std::string::npos ? "" : key.substr(0, at + 1);
+    const size_t at = key.rfind("type.", 0) == 0 ? 0 : key.find(".type.");
+    if (at == std::string::npos) continue;
+    const std::string prefix = at == 0 ? "" : key.substr(0, at + 1);
     const std::string want = key.substr(prefix.size() + 5);
     const std::string got = type_at(dict, prefix);
     EMBER_CHECK(!got.empty() || !prefix.empty(), name_,
-                "load_state_dict: the state names no scheduler type (no \"type.", want,
-                "\" key); expected the state of a ", want);
+                "load_state_dict: the state names no scheduler (no \"type.", want,
+                "\" key); expected the state of ", want);
     EMBER_CHECK(got.empty() || got == want, name_, "load_state_dict: ",
-                prefix.empty() ? "the state" : "the state at \"" + prefix + "\"", " is a ", got,
-                "'s, not a ", want, "'s");
+                prefix.empty() ? "the state" : "the state at \"" + prefix + "\"", " is from ", got,
+                ", not ", want);
   }
   const auto it = dict.scalars.find("last_epoch");
   EMBER_CHECK(it != dict.scalars.end() && it->second >= 0 && it->second == std::floor(it->second),

@@ -521,11 +521,10 @@ TEST(LRScheduler, StateOfAnotherScheduleIsRefused) {
   StepLR step(*optimizer, 3);
   ExponentialLR exponential(*optimizer, 0.9);
   EXPECT_EMBER_ERROR(exponential.load_state_dict(step.state_dict()),
-                     "ExponentialLR: load_state_dict: the state is a StepLR's, not a "
-                     "ExponentialLR's");
+                     "ExponentialLR: load_state_dict: the state is from StepLR, not ExponentialLR");
   ReduceLROnPlateau plateau(*optimizer);
   EXPECT_EMBER_ERROR(plateau.load_state_dict(step.state_dict()),
-                     "the state is a StepLR's, not a ReduceLROnPlateau's");
+                     "the state is from StepLR, not ReduceLROnPlateau");
 
   auto sequential = [&](bool exponential_second) {
     Schedules parts;
@@ -541,16 +540,16 @@ TEST(LRScheduler, StateOfAnotherScheduleIsRefused) {
   with_step->step();
   const std::vector<double> before = with_step->get_last_lr();
   EXPECT_EMBER_ERROR(with_step->load_state_dict(sequential(true)->state_dict()),
-                     "SequentialLR: load_state_dict: the state at \"schedulers.1.\" is a "
-                     "ExponentialLR's, not a StepLR's");
+                     "SequentialLR: load_state_dict: the state at \"schedulers.1.\" is from "
+                     "ExponentialLR, not StepLR");
   EXPECT_EQ(with_step->last_epoch(), 1);  // unchanged
   EXPECT_EQ(with_step->get_last_lr(), before);
 
   StateDict untyped = step.state_dict();
   untyped.scalars.erase("type.StepLR");
   EXPECT_EMBER_ERROR(step.load_state_dict(untyped),
-                     "StepLR: load_state_dict: the state names no "
-                     "scheduler type");
+                     "StepLR: load_state_dict: the state names no scheduler (no \"type.StepLR\" "
+                     "key); expected the state of StepLR");
   StateDict extra = step.state_dict();
   extra.scalars["best"] = 1.0;
   EXPECT_EMBER_ERROR(step.load_state_dict(extra), "StepLR: load_state_dict: unexpected \"best\"");
