@@ -466,8 +466,8 @@ void SequentialLR::init() {
               milestones_.size());
   for (size_t i = 0; i < milestones_.size(); ++i) {
     const int64_t previous = i == 0 ? 0 : milestones_[i - 1];
-    EMBER_CHECK(milestones_[i] > previous, name(), "milestones must increase from > 0, got ",
-                milestones_[i], " after ", previous);
+    EMBER_CHECK(milestones_[i] > previous, name(), "milestones must be > 0 and increasing, got ",
+                milestones_[i], i == 0 ? " first" : " after " + std::to_string(previous));
   }
   for (size_t i = 0; i < schedulers_.size(); ++i) {
     LRScheduler* child = schedulers_[i].get();

@@ -591,8 +591,13 @@ TEST(LRScheduler, CompositesRejectBadArguments) {
   EXPECT_EMBER_ERROR(SequentialLR(*optimizer, {}, {}), "SequentialLR: needs at least one");
   EXPECT_EMBER_ERROR(
       SequentialLR(*optimizer,
+                   two(make_unique<LinearLR>(*optimizer), make_unique<StepLR>(*optimizer, 3)),
+                   {-4}),
+      "SequentialLR: milestones must be > 0 and increasing, got -4 first");
+  EXPECT_EMBER_ERROR(
+      SequentialLR(*optimizer,
                    two(make_unique<LinearLR>(*optimizer), make_unique<StepLR>(*optimizer, 3)), {0}),
-      "SequentialLR: milestones must increase from > 0, got 0 after 0");
+      "SequentialLR: milestones must be > 0 and increasing, got 0 first");
   EXPECT_EMBER_ERROR(
       SequentialLR(
           *optimizer,
