@@ -106,7 +106,8 @@ std::unique_ptr<optim::LRScheduler> make_schedule(const apps::TrainOptions& o,
         optimizer, std::vector<int64_t>{total / 2 - warmup, total * 3 / 4 - warmup}, 0.1);
   }
   if (warmup == 0) {
-    return after ? std::move(after) : std::make_unique<optim::LinearWarmup>(optimizer, 0, 1.0);
+    if (after) return after;
+    return std::make_unique<optim::LambdaLR>(optimizer, [](int64_t) { return 1.0; });
   }
   return after ? std::make_unique<optim::LinearWarmup>(std::move(after), warmup)
                : std::make_unique<optim::LinearWarmup>(optimizer, warmup);
