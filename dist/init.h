@@ -23,8 +23,8 @@ struct LaunchEnv {
   int rank = 0;
   int world_size = 1;
   int local_rank = 0;
-  std::string master_addr;  // empty when unset
-  int master_port = 0;      // 0 when unset
+  std::string master_addr{};  // empty when unset
+  int master_port = 0;        // 0 when unset
 };
 LaunchEnv read_launch_env();
 

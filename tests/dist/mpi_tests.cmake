@@ -7,6 +7,13 @@ foreach(np 2 3)
   set_tests_properties(dist_mpi_np${np} PROPERTIES TIMEOUT 300 LABELS "dist;mpi" PROCESSORS ${np})
 endforeach()
 
+# dist's headers as a PyTorch user writes C++ (designated initializers leaving fields out),
+# compiled under -Wall -Wextra -Wshadow -Werror: building the dist tests builds it.
+add_library(ember_dist_user_style OBJECT ${CMAKE_CURRENT_SOURCE_DIR}/dist/user_style_headers.cpp)
+target_link_libraries(ember_dist_user_style PRIVATE ember::ember)
+target_compile_options(ember_dist_user_style PRIVATE -Wall -Wextra -Wshadow -Werror)
+add_dependencies(ember_dist_tests ember_dist_user_style)
+
 add_executable(ember_dist_failure ${CMAKE_CURRENT_SOURCE_DIR}/dist/failure_main.cpp)
 target_link_libraries(ember_dist_failure PRIVATE ember::ember ember_warnings)
 set(EMBER_EXPECT_FAILURE ${CMAKE_CURRENT_SOURCE_DIR}/dist/expect_failure.sh)
