@@ -2,7 +2,6 @@
 // writes them. Run alone (the single-process backend), under mpirun (mpi) and torchrun-style
 // (tcp): the answers are checked against the world the launcher made.
 #include <chrono>
-#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -23,11 +22,14 @@ InitOptions cpu_init() {
   return init;
 }
 
-// The backend init_process_group() picks on the CPU for the launcher that started the test.
+// The backend init_process_group() picks on the CPU for the launcher that started the test:
+// MPI for mpirun, and for srun without MASTER_ADDR; TCP for torchrun-style launches.
 std::string launched_backend() {
-  if (std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr) return "mpi";
-  if (std::getenv("RANK") != nullptr) return "tcp";
-  return "single";
+  const LaunchEnv launch = read_launch_env();
+  if (launch.launcher == "none") return "single";
+  if (launch.launcher == "mpirun" || (launch.launcher == "slurm" && launch.master_addr.empty()))
+    return "mpi";
+  return "tcp";
 }
 
 constexpr const char* kNotInitialized =
