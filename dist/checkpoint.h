@@ -35,7 +35,7 @@ struct Checkpoint {
   nn::Module* model = nullptr;
   optim::Optimizer* optimizer = nullptr;
   optim::LRScheduler* scheduler = nullptr;
-  std::map<std::string, Generator*> generators;  // e.g. {{"default", &default_generator()}}
+  std::map<std::string, Generator*> generators{};  // e.g. {{"default", &default_generator()}}
   DistributedSampler* sampler = nullptr;
   // Saved: the sampler's position() plus this many samples of its current indices() already
   // consumed. Loading restores the sampler's epoch and position and resets this to 0.
@@ -55,8 +55,8 @@ void load_checkpoint(const std::string& path, Checkpoint& checkpoint, Device dev
 
 // The raw contents of a checkpoint file, validated: tensors (on `device`) and metadata.
 struct CheckpointFile {
-  std::map<std::string, Tensor> tensors;
-  std::map<std::string, std::string> metadata;
+  std::map<std::string, Tensor> tensors{};
+  std::map<std::string, std::string> metadata{};
 };
 CheckpointFile read_checkpoint(const std::string& path, Device device = kCPU);
 

@@ -1,8 +1,10 @@
 // The dist module's umbrella header: process groups (MPI, NCCL, TCP, single process),
-// init_process_group, the TCP store, and what is built on them (DDP, SyncBatchNorm,
-// DistributedSampler, checkpoints, metrics).
+// init_process_group and torch.distributed-style free functions on its default group
+// (all_reduce, barrier, get_rank, ...), the TCP store, and what is built on them (DDP,
+// SyncBatchNorm, DistributedSampler, checkpoints, metrics).
 #pragma once
 
+#include <ember/dist/api.h>
 #include <ember/dist/checkpoint.h>
 #include <ember/dist/ddp.h>
 #include <ember/dist/distributed_sampler.h>

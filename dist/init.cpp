@@ -3,10 +3,13 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <utility>
 
 #include <ember/config.h>
 #include <ember/tensor/cuda.h>
 
+#include "detail/default_group.h"
 #include "detail/mpi_runtime.h"
 #include "detail/shared_store.h"
 #include "mpi_process_group.h"
@@ -79,6 +82,31 @@ std::string pick_backend(const InitOptions& options, const LaunchEnv& launch, De
   return launched_by_mpi(launch) ? "mpi" : "tcp";
 }
 
+// The default group (init_process_group to destroy_process_group). Never destroyed itself:
+// the handler that releases the group at exit may run after static destructors.
+struct DefaultGroup {
+  std::mutex mutex;                     // guards group
+  std::mutex init_mutex;                // one init_process_group at a time
+  std::shared_ptr<ProcessGroup> group;  // null when there is none
+};
+DefaultGroup& default_group() {
+  static auto* instance = new DefaultGroup;
+  return *instance;
+}
+
+// Releases the default group at exit (registered after each init, so it runs before the
+// MPI finaliser and the CUDA runtime's teardown, both set up earlier).
+void release_default_group_at_exit() {
+  std::shared_ptr<ProcessGroup> group;
+  {
+    std::lock_guard<std::mutex> lock(default_group().mutex);
+    group = std::move(default_group().group);
+  }
+  // Destroyed here, outside the lock.
+}
+
+std::shared_ptr<ProcessGroup> make_process_group(const InitOptions& options);
+
 }  // namespace
 
 LaunchEnv read_launch_env() {
@@ -100,6 +128,56 @@ LaunchEnv read_launch_env() {
 }
 
 std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
+  DefaultGroup& d = default_group();
+  std::lock_guard<std::mutex> init_lock(d.init_mutex);
+  {
+    std::lock_guard<std::mutex> lock(d.mutex);
+    EMBER_CHECK(d.group == nullptr, kOp, "the default process group is already initialized (",
+                d.group->backend(), " backend, rank ", d.group->rank(), " of ", d.group->size(),
+                "); call destroy_process_group() first");
+  }
+  std::shared_ptr<ProcessGroup> group = make_process_group(options);
+  {
+    std::lock_guard<std::mutex> lock(d.mutex);
+    d.group = group;
+  }
+  std::atexit(release_default_group_at_exit);
+  return group;
+}
+
+bool is_initialized() {
+  DefaultGroup& d = default_group();
+  std::lock_guard<std::mutex> lock(d.mutex);
+  return d.group != nullptr;
+}
+
+std::shared_ptr<ProcessGroup> detail::default_group_for(const char* op) {
+  DefaultGroup& d = default_group();
+  std::lock_guard<std::mutex> lock(d.mutex);
+  EMBER_CHECK(d.group != nullptr, op,
+              "the default process group is not initialized; call init_process_group() first");
+  return d.group;
+}
+
+std::shared_ptr<ProcessGroup> get_default_group() {
+  return detail::default_group_for("get_default_group");
+}
+
+void destroy_process_group() {
+  DefaultGroup& d = default_group();
+  std::shared_ptr<ProcessGroup> group;
+  {
+    std::lock_guard<std::mutex> lock(d.mutex);
+    EMBER_CHECK(d.group != nullptr, "destroy_process_group",
+                "the default process group is not initialized; call init_process_group() first");
+    group = std::move(d.group);
+  }
+  // The group ends here, outside the lock, unless somebody else still holds it.
+}
+
+namespace {
+
+std::shared_ptr<ProcessGroup> make_process_group(const InitOptions& options) {
   const LaunchEnv launch = read_launch_env();
   const Device device = pick_device(options);
   const std::string backend = pick_backend(options, launch, device);
@@ -186,5 +264,7 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
   throw Error("init_process_group: the NCCL backend needs ember built with CUDA");
 #endif
 }
+
+}  // namespace
 
 }  // namespace ember::dist

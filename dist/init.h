@@ -1,5 +1,6 @@
 // init_process_group(): one call at the top of a training program makes the process group
-// the launcher set up, whichever launcher it was.
+// the launcher set up, whichever launcher it was, and makes it the default group that the
+// torch.distributed-style free functions use (see api.h). destroy_process_group() ends it.
 #pragma once
 
 #include <memory>
@@ -22,8 +23,8 @@ struct LaunchEnv {
   int rank = 0;
   int world_size = 1;
   int local_rank = 0;
-  std::string master_addr;  // empty when unset
-  int master_port = 0;      // 0 when unset
+  std::string master_addr{};  // empty when unset
+  int master_port = 0;        // 0 when unset
 };
 LaunchEnv read_launch_env();
 
@@ -35,14 +36,31 @@ struct InitOptions {
   std::string backend = "auto";
   // Where the tensors live; unset: CUDA when a GPU is visible, else the CPU. With CUDA each
   // process is bound to GPU local_rank (made its current device).
-  std::optional<Device> device;
-  ProcessGroupOptions group;
+  std::optional<Device> device{};
+  ProcessGroupOptions group{};
 };
 
-// Builds the process group for this job. Bootstrap follows the launcher: MPI ranks meet over
-// MPI (NCCL's unique id travels over MPI_Bcast); otherwise rank 0 serves a TcpStore on
-// MASTER_ADDR:MASTER_PORT, where the TCP backend's ranks exchange their addresses and NCCL's
-// unique id is published. MPI is initialised (MPI_THREAD_MULTIPLE) only when a backend needs it.
+// Builds the process group for this job and makes it the default group, which the free
+// functions of <ember/dist/api.h> (all_reduce, barrier, get_rank, ...) use, as in
+// torch.distributed. Bootstrap follows the launcher: MPI ranks meet over MPI (NCCL's unique id
+// travels over MPI_Bcast); otherwise rank 0 serves a TcpStore on MASTER_ADDR:MASTER_PORT, where
+// the TCP backend's ranks exchange their addresses and NCCL's unique id is published. MPI is
+// initialised (MPI_THREAD_MULTIPLE) only when a backend needs it.
+// Returns the default group too, for code that passes the group around (DDP, SyncBatchNorm).
+// A second call while a default group exists throws ember::Error, as PyTorch does; after
+// destroy_process_group() it may be called again. A call that throws leaves none.
 std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options = {});
+
+// True between init_process_group() and destroy_process_group().
+bool is_initialized();
+
+// The default group; ember::Error when there is none (call init_process_group() first).
+std::shared_ptr<ProcessGroup> get_default_group();
+
+// Releases the default group (ember::Error when there is none). The group itself ends once
+// nobody holds it: at once unless the caller kept init_process_group()'s result, or a DDP
+// wrapper still holds it; its destructor waits for the collectives issued on it. One never
+// destroyed is released when the program exits (before MPI is finalised).
+void destroy_process_group();
 
 }  // namespace ember::dist

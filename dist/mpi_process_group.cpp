@@ -98,6 +98,7 @@ struct MpiProcessGroup::State {
       if (!broken.load()) {
         broken_message = message;
         broken.store(true);
+        detail::report_broken_group("mpi", rank, message);
         detail::mark_mpi_job_broken();
         fail_queued();  // now, even while the collective thread is stuck in MPI
       }

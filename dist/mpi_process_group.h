@@ -30,7 +30,10 @@
 // one rank breaks that rank's group the same way: one that fails before MPI (a staging copy)
 // leaves its peers inside the operation, so a later one here would pair with theirs, and
 // after an MPI error MPI's state is undefined. Only a debug-mode mismatch, which every rank
-// sees, leaves the group in step. Destroying a group waits for what was issued; when a
+// sees, leaves the group in step. When the group breaks, the reason is written to stderr
+// ("ember::dist: the mpi process group broke on rank 1: ..."), once: a group destroyed while
+// the error unwinds (declared inside the try that catches it) ends the job before the catch
+// can print. Destroying a group waits for what was issued; when a
 // collective the thread runs (an all-reduce nobody waited on) finishes nothing for the
 // timeout plus a second, it is reported like a timed-out one and MPI_Abort ends the job.
 #pragma once

@@ -207,6 +207,7 @@ struct NcclProcessGroup::State {
       broken_message = message;
       aborted = std::exchange(comm, nullptr);
     }
+    detail::report_broken_group("nccl", rank, message);
     if (aborted != nullptr) ncclCommAbort(aborted);  // nothing more to report if this fails too
   }
 

@@ -12,6 +12,8 @@
 // every later call on the group throws. Under blocking_wait the watchdog ends the process only
 // when the group is destroyed with an operation nobody waited on that failed or is past its
 // deadline. A failed NCCL call breaks the group the same way: the other ranks went on.
+// Either way the reason reaches stderr first: the watchdog's message, or, when a wait breaks
+// the group, "ember::dist: the nccl process group broke on rank 1: ..." (once).
 #pragma once
 
 #include <array>

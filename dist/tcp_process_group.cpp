@@ -262,6 +262,7 @@ struct TcpProcessGroup::State {
       broken_message = message;
       broken.store(true);
     }
+    detail::report_broken_group("tcp", rank, message);
     for (const int fd : coll_fd)
       if (fd >= 0) ::shutdown(fd, SHUT_RDWR);
     for (const int fd : p2p_fd)

@@ -20,8 +20,10 @@
 // NOTE (failure): an operation that does not finish within the group's timeout, or whose peer
 // closed its connection, raises ember::Error naming the operation, its sequence number and the
 // rank; the group is then broken: its connections are shut down (so peers waiting on this rank
-// fail at once instead of at their own timeout) and every later call throws. Unlike MPI, the
-// process can go on and exit normally.
+// fail at once instead of at their own timeout) and every later call throws; the reason is
+// written to stderr once ("ember::dist: the tcp process group broke on rank 1: ..."), in case
+// the launcher stops this process before it reports the error. Unlike MPI, the process can go
+// on and exit normally.
 #pragma once
 
 #include <memory>

@@ -1,5 +1,6 @@
 #include "common.h"
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
@@ -167,6 +168,12 @@ void offer_to_waiter(std::unique_lock<std::mutex>& lock, QueuedOp& op) {
     std::this_thread::yield();
   }
   lock.lock();
+}
+
+void report_broken_group(const std::string& backend, int rank, const std::string& message) {
+  std::fprintf(stderr, "ember::dist: the %s process group broke on rank %d: %s\n", backend.c_str(),
+               rank, message.c_str());
+  std::fflush(stderr);
 }
 
 std::string timeout_message(const std::string& what, int rank, std::chrono::milliseconds limit,

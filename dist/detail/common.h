@@ -92,6 +92,13 @@ inline std::chrono::milliseconds wait_limit(std::chrono::milliseconds requested,
   return requested.count() > 0 ? std::min(requested, kLongestTimeout) : group_timeout;
 }
 
+// Writes why a group broke to stderr (flushed): "ember::dist: the mpi process group broke on
+// rank 1: <message>". Each backend calls it once per group, when the group breaks, so the
+// reason is on record even when the process ends before the caller reports the ember::Error
+// (the MPI backend's destructor ends the job with MPI_Abort, possibly while the exception
+// unwinds; a launcher stops the other ranks once one fails). Nothing is written otherwise.
+void report_broken_group(const std::string& backend, int rank, const std::string& message);
+
 // "allreduce #17 on rank 1 timed out after 5000 ms (...)".
 std::string timeout_message(const std::string& what, int rank, std::chrono::milliseconds limit,
                             const std::string& backend, int size);

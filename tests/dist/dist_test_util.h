@@ -1,7 +1,7 @@
 // Helpers for the dist tests: the group under test and small deterministic models and data.
 // The backend is EMBER_TEST_BACKEND: "mpi" (the default: the world mpirun made, or a world of
-// one) or "tcp" (ranks started torchrun-style by torchrun_style.sh, met through
-// init_process_group).
+// one) or "tcp" (ranks started torchrun-style by torchrun_style.sh, met through the TcpStore
+// at MASTER_ADDR:MASTER_PORT).
 #pragma once
 
 #include <chrono>
@@ -11,6 +11,7 @@
 
 #include <ember/dist/init.h>
 #include <ember/dist/mpi_process_group.h>
+#include <ember/dist/tcp_process_group.h>
 
 #include "test_util.h"
 
@@ -21,15 +22,28 @@ inline std::string test_backend() {
   return backend != nullptr && backend[0] != '\0' ? backend : "mpi";
 }
 
-// A fresh group over all ranks on the backend under test.
+// A fresh group over all ranks on the backend under test. Made directly, not by
+// init_process_group: tests make many groups, and only one can be the default group.
 inline std::shared_ptr<ProcessGroup> make_group(const ProcessGroupOptions& options) {
-  if (test_backend() == "mpi") return std::make_shared<MpiProcessGroup>(options);
-  InitOptions init;
-  init.backend = test_backend();
-  init.device = kCPU;
-  init.group = options;
-  return init_process_group(init);
+  const std::string backend = test_backend();
+  if (backend == "mpi") return std::make_shared<MpiProcessGroup>(options);
+  EMBER_CHECK(backend == "tcp", "make_group", "EMBER_TEST_BACKEND=", backend,
+              " is not a backend of the dist tests (mpi or tcp)");
+  const LaunchEnv launch = read_launch_env();
+  return std::make_shared<TcpProcessGroup>(launch.master_addr, launch.master_port, launch.rank,
+                                           launch.world_size, launch.local_rank, options);
 }
+
+// Destroys the default group, if any, when the scope ends: tests that call
+// init_process_group() leave none behind for the next test, even when they fail.
+struct DefaultGroupGuard {
+  DefaultGroupGuard() = default;
+  DefaultGroupGuard(const DefaultGroupGuard&) = delete;
+  DefaultGroupGuard& operator=(const DefaultGroupGuard&) = delete;
+  ~DefaultGroupGuard() {
+    if (is_initialized()) destroy_process_group();
+  }
+};
 
 // The same; a broken test fails after a minute instead of hanging.
 inline std::shared_ptr<ProcessGroup> world() {

@@ -1,6 +1,6 @@
 // Not a gtest: a job that is meant to fail, run by expect_failure.sh with 2 ranks, under
 // mpirun (backend mpi, the default) or torchrun_style.sh (backend tcp).
-//   failure_main skip|exit|queued|unwaited|local [mpi|tcp]
+//   failure_main skip|exit|queued|unwaited|local|caught|unwound [mpi|tcp]
 //   skip: rank 1 skips the second allreduce; rank 0 must raise ember::Error within the
 //         group's 2 s timeout, and the job must end non-zero instead of hanging.
 //   exit: rank 1 dies after the first allreduce; the job must end non-zero, promptly.
@@ -12,20 +12,74 @@
 //   local: (mpi) rank 0 sends 8 elements where rank 1 receives 4, so MPI fails the receive on
 //         rank 1 alone; after an MPI error its group is broken, and its next collective is
 //         refused at once ("rank 1: refused: ...").
+//   caught: the user's way: init_process_group() inside a try, whose catch prints the error;
+//         rank 0 never joins barrier #1, so rank 1's times out after 3 s. Its message must
+//         reach stderr although the broken group then ends the job.
+//   unwound: as caught, but the group is an object declared inside the try: it is destroyed
+//         while the exception unwinds (under MPI its destructor ends the job with MPI_Abort
+//         before the catch runs), and still the message must reach stderr.
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <memory>
+#include <string>
 #include <thread>
 
 #include <ember/dist/dist.h>
 #include <ember/tensor/ops.h>
 
+namespace {
+
+// caught / unwound: rank 1's barrier #1 times out inside a try, as a user writes it.
+int lost_error(const std::string& mode, const std::string& backend) {
+  using namespace std::chrono_literals;
+  namespace dist = ember::dist;
+  const bool default_group = mode == "caught";
+  const dist::LaunchEnv launch = dist::read_launch_env();
+  try {
+    dist::ProcessGroupOptions options;
+    options.timeout = 3000ms;
+    std::shared_ptr<dist::ProcessGroup> pg;
+    if (default_group) {
+      dist::InitOptions init;
+      init.device = ember::kCPU;
+      init.backend = backend;
+      init.group = options;
+      pg = dist::init_process_group(init);
+    } else if (backend == "mpi") {
+      pg = std::make_shared<dist::MpiProcessGroup>(options);
+    } else {
+      pg = std::make_shared<dist::TcpProcessGroup>(launch.master_addr, launch.master_port,
+                                                   launch.rank, launch.world_size,
+                                                   launch.local_rank, options);
+    }
+    if (pg->rank() == 0) {
+      std::this_thread::sleep_for(60s);  // skips the barrier; the launcher ends us before this
+      return 0;
+    }
+    if (default_group) {
+      dist::barrier();
+    } else {
+      pg->barrier()->wait();
+    }
+    std::fprintf(stderr, "rank 1: barrier #1 unexpectedly completed\n");
+    return 0;
+  } catch (const ember::Error& e) {
+    std::fprintf(stderr, "rank %d: caught: %s\n", launch.rank, e.what());
+    return 1;
+  }
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   using namespace std::chrono_literals;
   const std::string mode = argc > 1 ? argv[1] : "skip";
+  const std::string backend = argc > 2 ? argv[2] : "mpi";
+  if (mode == "caught" || mode == "unwound") return lost_error(mode, backend);
   ember::dist::InitOptions options;
   options.device = ember::kCPU;
-  options.backend = argc > 2 ? argv[2] : "mpi";
+  options.backend = backend;
   options.group.timeout = 2000ms;
   auto pg = ember::dist::init_process_group(options);
   ember::Tensor t = ember::ones({1024});

@@ -4,6 +4,7 @@
 
 #include <ember/dist/dist.h>
 
+#include "dist_test_util.h"
 #include "test_util.h"
 
 namespace ember::dist {
@@ -50,6 +51,7 @@ TEST(LaunchEnv, NoLauncherIsASingleProcess) {
   EXPECT_EQ(e.local_rank, 0);
   InitOptions options;
   options.device = kCPU;
+  testing::DefaultGroupGuard guard;
   auto pg = init_process_group(options);
   EXPECT_EQ(pg->backend(), "single");
   EXPECT_EQ(pg->size(), 1);
@@ -162,6 +164,7 @@ TEST(LaunchEnv, UnderMpirunInitGivesTheMpiGroup) {
   InitOptions options;
   options.device = kCPU;
   options.group.timeout = std::chrono::seconds(60);
+  testing::DefaultGroupGuard guard;
   auto pg = init_process_group(options);
   EXPECT_EQ(pg->backend(), "mpi");
   EXPECT_EQ(pg->rank(), std::atoi(std::getenv("OMPI_COMM_WORLD_RANK")));
@@ -179,6 +182,7 @@ TEST(LaunchEnv, TorchrunStyleInitGivesTheTcpGroupOnTheCpu) {
   InitOptions options;
   options.device = kCPU;
   options.group.timeout = std::chrono::seconds(60);
+  testing::DefaultGroupGuard guard;
   auto pg = init_process_group(options);
   EXPECT_EQ(pg->backend(), "tcp");
   EXPECT_EQ(pg->rank(), std::atoi(std::getenv("RANK")));

@@ -7,6 +7,13 @@ foreach(np 2 3)
   set_tests_properties(dist_mpi_np${np} PROPERTIES TIMEOUT 300 LABELS "dist;mpi" PROCESSORS ${np})
 endforeach()
 
+# dist's headers as a PyTorch user writes C++ (designated initializers leaving fields out),
+# compiled under -Wall -Wextra -Wshadow -Werror: building the dist tests builds it.
+add_library(ember_dist_user_style OBJECT ${CMAKE_CURRENT_SOURCE_DIR}/dist/user_style_headers.cpp)
+target_link_libraries(ember_dist_user_style PRIVATE ember::ember)
+target_compile_options(ember_dist_user_style PRIVATE -Wall -Wextra -Wshadow -Werror)
+add_dependencies(ember_dist_tests ember_dist_user_style)
+
 add_executable(ember_dist_failure ${CMAKE_CURRENT_SOURCE_DIR}/dist/failure_main.cpp)
 target_link_libraries(ember_dist_failure PRIVATE ember::ember ember_warnings)
 set(EMBER_EXPECT_FAILURE ${CMAKE_CURRENT_SOURCE_DIR}/dist/expect_failure.sh)
@@ -26,8 +33,16 @@ add_test(NAME dist_mpi_failure_local
   COMMAND ${EMBER_EXPECT_FAILURE} 60
     "rank 1: refused: allreduce #2: rank 1: the process group cannot be used after an earlier failure: recv #1 on rank 1"
     ${EMBER_MPIRUN} ${MPIEXEC_NUMPROC_FLAG} 2 $<TARGET_FILE:ember_dist_failure> local)
+# A collective that fails inside the user's try: its message reaches stderr although the
+# broken group ends the job (with the default group, or with a group destroyed by unwinding).
+foreach(mode caught unwound)
+  add_test(NAME dist_mpi_failure_${mode}
+    COMMAND ${EMBER_EXPECT_FAILURE} 60 "barrier #1 on rank 1 timed out after 3000 ms"
+      ${EMBER_MPIRUN} ${MPIEXEC_NUMPROC_FLAG} 2 $<TARGET_FILE:ember_dist_failure> ${mode})
+endforeach()
 set_tests_properties(dist_mpi_failure_skip dist_mpi_failure_exit dist_mpi_failure_queued
-  dist_mpi_failure_unwaited dist_mpi_failure_local PROPERTIES
+  dist_mpi_failure_unwaited dist_mpi_failure_local dist_mpi_failure_caught
+  dist_mpi_failure_unwound PROPERTIES
   TIMEOUT 120 LABELS "dist;mpi" PROCESSORS 2)
 
 # The same suite and failures on the TCP backend, launched torchrun-style without mpirun.

@@ -806,6 +806,7 @@ TEST(NcclGroup, InitProcessGroupMakesAWorldOfOneWhenAsked) {
   InitOptions init;
   init.backend = "nccl";
   init.group = test_options();
+  testing::DefaultGroupGuard guard;
   auto pg = init_process_group(init);
   EXPECT_EQ(pg->backend(), "nccl");
   Tensor t = ones({8}, cuda_device(0));

@@ -15,7 +15,13 @@ add_test(NAME dist_tcp_failure_skip
 add_test(NAME dist_tcp_failure_exit
   COMMAND ${EMBER_EXPECT_FAILURE} 60 "allreduce #2 on rank 0: rank 1 closed its connection"
     ${EMBER_TORCHRUN} 2 $<TARGET_FILE:ember_dist_failure> exit tcp)
-set_tests_properties(dist_tcp_failure_skip dist_tcp_failure_exit PROPERTIES
+foreach(mode caught unwound)
+  add_test(NAME dist_tcp_failure_${mode}
+    COMMAND ${EMBER_EXPECT_FAILURE} 60 "barrier #1 on rank 1 timed out after 3000 ms"
+      ${EMBER_TORCHRUN} 2 $<TARGET_FILE:ember_dist_failure> ${mode} tcp)
+endforeach()
+set_tests_properties(dist_tcp_failure_skip dist_tcp_failure_exit dist_tcp_failure_caught
+  dist_tcp_failure_unwound PROPERTIES
   TIMEOUT 120 LABELS "dist;tcp" PROCESSORS 2)
 
 if(TARGET ember-train)
