@@ -62,6 +62,16 @@ for file in usr/include/ember/ember.h usr/include/ember/version.h usr/lib/cmake/
 done
 if grep -q -E '\./usr/include/|\.so -> ' "$work/runtime.list"; then fail "ember holds development files"; fi
 
+# apt can install both here: their Depends are met by this machine's packages (a simulation,
+# nothing is installed).
+if command -v apt-get >/dev/null; then
+  apt-get install -s "$runtime" "$dev" >"$work/apt.log" 2>&1 || {
+    cat "$work/apt.log" >&2
+    fail "apt-get install -s of the packages fails"
+  }
+  grep -q -E '^Conf ember-dev ' "$work/apt.log" || fail "apt-get install -s does not configure ember-dev"
+fi
+
 # Unpacked as apt would install them, in a root of their own.
 dpkg -x "$runtime" "$work/root"
 dpkg -x "$dev" "$work/root"
