@@ -42,6 +42,9 @@ set(CPACK_GENERATOR DEB)
 set(CPACK_PACKAGE_NAME ${EMBER_DEB_RUNTIME_NAME})
 set(CPACK_PACKAGE_VENDOR "ember developers")
 set(CPACK_PACKAGE_VERSION ${PROJECT_VERSION})
+# Each package's description below starts with its own summary line; CPack prepends the
+# summary only when it differs from CPack's default, so it is left at that default.
+set(CPACK_PACKAGE_DESCRIPTION_SUMMARY "${CMAKE_PROJECT_NAME} built using CMake")
 set(CPACK_PACKAGE_CONTACT ${EMBER_DEB_MAINTAINER})
 set(CPACK_PACKAGING_INSTALL_PREFIX /usr)
 set(CPACK_STRIP_FILES ON)
