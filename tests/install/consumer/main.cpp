@@ -3,9 +3,12 @@
 // writes first, with the answers checked. Exit status 0 when every answer is right.
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include <unistd.h>
 
 #include <ember/ember.h>
 
@@ -37,9 +40,7 @@ int main() {
     // unit square, where least squares is exact.
     manual_seed(0);
     nn::Linear layer(2, 1);
-    optim::SGDOptions options;
-    options.lr = 0.5;
-    optim::SGD optimizer(layer.parameters(), options);
+    optim::SGD optimizer(layer.parameters(), {.lr = 0.5});
     const Tensor inputs = from_vector<float>({0, 0, 1, 0, 0, 1, 1, 1}, {4, 2});
     const Tensor targets = from_vector<float>({0.5f, 2.5f, -0.5f, 1.5f}, {4, 1});
     double loss = 0;
@@ -55,6 +56,20 @@ int main() {
     check(loss < 1e-8, "SGD drives the loss to 0");
     check(std::fabs(w[0] - 2) < 1e-3 && std::fabs(w[1] + 1) < 1e-3 && std::fabs(b - 0.5f) < 1e-3,
           "SGD finds weight (2, -1) and bias 0.5");
+
+    // dist: a checkpoint of the fitted layer, written and read back into a fresh one.
+    const std::string path = (std::filesystem::temp_directory_path() /
+                              ("ember-consumer-" + std::to_string(getpid()) + ".safetensors"))
+                                 .string();
+    dist::save_checkpoint(path, {.model = &layer, .step = 500});
+    nn::Linear restored(2, 1);
+    dist::Checkpoint into{.model = &restored};
+    dist::load_checkpoint(path, into);
+    std::filesystem::remove(path);
+    check(restored.weight.to_vector<float>() == w && restored.bias.item<float>() == b &&
+              into.step == 500,
+          "a checkpoint restores the layer and the step");
+
     std::printf("consumer: ember %s, loss %.3g, weight (%.4f, %.4f), bias %.4f\n",
                 std::string(version()).c_str(), loss, w[0], w[1], b);
   } catch (const Error& e) {
