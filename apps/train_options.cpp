@@ -1,6 +1,8 @@
 #include "train_options.h"
 
+#include <ember/version.h>
 #include <CLI/CLI.hpp>
+#include <string>
 
 namespace ember::apps {
 
@@ -25,6 +27,8 @@ int parse_train_options(int argc, char** argv, TrainOptions& o) {
   CLI::App app{
       "ember-train: train a ResNet on CIFAR-10/100 or (Fashion-)MNIST, on one CPU, one GPU or many "
       "ranks under mpirun/srun/torchrun"};
+  app.set_version_flag("--version", "ember-train " + std::string(ember::version()),
+                       "Print ember's version and exit");
   app.add_option("--data", o.data, "Folder holding cifar-10-batches-bin/ or cifar-100-binary/");
   app.add_option("--dataset", o.dataset,
                  "auto: CIFAR-10 when present under --data, else Fashion-MNIST")

@@ -34,7 +34,8 @@ done
 # nlohmann-json, CLI11, clang-format, and the Fashion-MNIST data set the data tests read.
 # OpenMP comes with GCC (libgomp, part of build-essential). Slurm and munge are for the srun
 # test (tests/dist/slurm.sh), which starts its own daemons; srun --mpi=pmix loads libpmix.so
-# from libpmix-dev.
+# from libpmix-dev. dpkg-dev (dpkg-shlibdeps), file and lintian build and check the Debian
+# packages (cpack -G DEB; tests/install/deb_test.sh).
 packages=(
   build-essential cmake ninja-build ccache pkg-config git
   libopenblas-dev libdnnl-dev
@@ -46,6 +47,7 @@ packages=(
   gnuplot-nox
   iproute2
   slurmd slurmctld slurm-client munge libpmix-dev
+  dpkg-dev file lintian
 )
 
 missing=()

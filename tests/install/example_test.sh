@@ -1,20 +1,19 @@
 #!/usr/bin/env bash
-# Installs the build into a scratch prefix, then configures, builds and runs the DDP example
-# (apps/example) out of tree against the installed package: alone and under mpirun -np 2 on
-# the CPU, and alone on the GPU where one is visible.
-#   example_test.sh <build dir> <source dir> <ON when ember was built with CUDA>
+# Configures, builds and runs the DDP example (apps/example) out of tree against an installed
+# ember (the prefix the install_prefix test filled): alone and under mpirun -np 2 on the CPU,
+# and alone on the GPU where one is visible.
+#   example_test.sh <install prefix> <source dir> <ON when ember was built with CUDA>
 set -euo pipefail
-build_dir="$1"
+prefix="$1"
 source_dir="$2"
 with_cuda="${3:-OFF}"
 work="$(mktemp -d "${TMPDIR:-/tmp}/ember-install-test.XXXXXX")"
 trap 'rm -rf "$work"' EXIT
 
-cmake --install "$build_dir" --prefix "$work/prefix" >/dev/null
-test -f "$work/prefix/include/ember/ember.h"
-test -f "$work/prefix/lib/cmake/Ember/EmberConfig.cmake"
+test -f "$prefix/include/ember/ember.h"
+test -f "$prefix/lib/cmake/Ember/EmberConfig.cmake"
 cmake -S "$source_dir/apps/example" -B "$work/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DCMAKE_PREFIX_PATH="$work/prefix" >/dev/null
+  -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
 cmake --build "$work/build" >/dev/null
 "$work/build/ddp_example"
 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \

@@ -1,0 +1,80 @@
+// The program the install tests build against each installed ember (cmake --install, the
+// Debian packages), with the README's CMake snippet and with pkg-config: what a PyTorch user
+// writes first, with the answers checked. Exit status 0 when every answer is right.
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <unistd.h>
+
+#include <ember/ember.h>
+
+namespace {
+int failures = 0;
+void check(bool ok, const char* what) {
+  if (!ok) {
+    std::fprintf(stderr, "consumer: wrong: %s\n", what);
+    ++failures;
+  }
+}
+}  // namespace
+
+int main() {
+  using namespace ember;
+  try {
+    // The library loaded is the one the headers describe.
+    check(version() == std::string_view(EMBER_VERSION), "ember::version() == EMBER_VERSION");
+
+    // Autograd: y = sum(3x^2 + x) = 48 at x = (1, 2, 3); dy/dx = 6x + 1.
+    Tensor x = from_vector<double>({1, 2, 3}, {3});
+    x.requires_grad_();
+    Tensor y = (x * x * 3 + x).sum();
+    y.backward();
+    check(y.item<double>() == 48, "sum(3x^2 + x) at x = (1, 2, 3) is 48");
+    check(x.grad().to_vector<double>() == std::vector<double>({7, 13, 19}), "dy/dx = 6x + 1");
+
+    // nn + optim: SGD fits a Linear layer to t = 2a - b + 0.5 on the four corners of the
+    // unit square, where least squares is exact.
+    manual_seed(0);
+    nn::Linear layer(2, 1);
+    optim::SGD optimizer(layer.parameters(), {.lr = 0.5});
+    const Tensor inputs = from_vector<float>({0, 0, 1, 0, 0, 1, 1, 1}, {4, 2});
+    const Tensor targets = from_vector<float>({0.5f, 2.5f, -0.5f, 1.5f}, {4, 1});
+    double loss = 0;
+    for (int step = 0; step < 500; ++step) {
+      optimizer.zero_grad();
+      Tensor l = mse_loss(layer.forward(inputs), targets);
+      l.backward();
+      optimizer.step();
+      loss = l.item<double>();
+    }
+    const std::vector<float> w = layer.weight.to_vector<float>();
+    const float b = layer.bias.item<float>();
+    check(loss < 1e-8, "SGD drives the loss to 0");
+    check(std::fabs(w[0] - 2) < 1e-3 && std::fabs(w[1] + 1) < 1e-3 && std::fabs(b - 0.5f) < 1e-3,
+          "SGD finds weight (2, -1) and bias 0.5");
+
+    // dist: a checkpoint of the fitted layer, written and read back into a fresh one.
+    const std::string path = (std::filesystem::temp_directory_path() /
+                              ("ember-consumer-" + std::to_string(getpid()) + ".safetensors"))
+                                 .string();
+    dist::save_checkpoint(path, {.model = &layer, .step = 500});
+    nn::Linear restored(2, 1);
+    dist::Checkpoint into{.model = &restored};
+    dist::load_checkpoint(path, into);
+    std::filesystem::remove(path);
+    check(restored.weight.to_vector<float>() == w && restored.bias.item<float>() == b &&
+              into.step == 500,
+          "a checkpoint restores the layer and the step");
+
+    std::printf("consumer: ember %s, loss %.3g, weight (%.4f, %.4f), bias %.4f\n",
+                std::string(version()).c_str(), loss, w[0], w[1], b);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "consumer: %s\n", e.what());
+    return 1;
+  }
+  return failures == 0 ? 0 : 1;
+}
