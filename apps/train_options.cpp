@@ -1,6 +1,6 @@
 #include "train_options.h"
 
-#include <ember/version.h>
+#include <ember/tensor/version.h>
 #include <CLI/CLI.hpp>
 #include <string>
 

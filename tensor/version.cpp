@@ -1,5 +1,6 @@
+#include "version.h"
+
 #include <ember/config.h>
-#include <ember/version.h>
 
 namespace ember {
 
