@@ -43,7 +43,9 @@ Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias = {}
 // ---- losses ---------------------------------------------------------------------------
 // As torch.nn.functional: each takes an options struct written like PyTorch's keyword
 // arguments, e.g. cross_entropy(logits, target, {.weight = w, .label_smoothing = 0.1}).
-// Fields keep PyTorch's keyword order (designated initializers must follow it).
+// Fields keep PyTorch's keyword order (designated initializers must follow it); every field
+// has a default member initializer, so skipping fields stays quiet under -Wextra. Floating
+// targets of another dtype promote as in PyTorch (f32 logits, f64 probabilities: f64 loss).
 
 enum class Reduction { kNone, kMean, kSum };
 

@@ -189,6 +189,13 @@ TEST(Losses, ProbabilityTargetsPromoteLikePyTorch) {
   const Tensor loss = cross_entropy(x, p);
   EXPECT_EQ(loss.dtype(), kF64);
   EXPECT_NEAR(loss.item<double>(), -sum(log_softmax(x.to(kF64), 1) * p).item<double>() / 3.0, 1e-6);
+  // Likewise the regression losses; the input's gradient keeps the input's dtype.
+  Tensor y = x.clone();
+  y.requires_grad_();
+  const Tensor mse = mse_loss(y, p);
+  EXPECT_EQ(mse.dtype(), kF64);
+  mse.backward();
+  EXPECT_EQ(y.grad().dtype(), kF32);
 }
 
 TEST(Losses, BCEWithLogitsStaysFiniteForLargeLogits) {
