@@ -198,6 +198,27 @@ TEST(Losses, ProbabilityTargetsPromoteLikePyTorch) {
   EXPECT_EQ(y.grad().dtype(), kF32);
 }
 
+// Whether the backward graph of `loss` holds a node named `name`.
+bool graph_has(const Tensor& loss, const std::string& name) {
+  std::vector<std::shared_ptr<autograd::Node>> todo = {loss.grad_fn()};
+  while (!todo.empty()) {
+    const auto node = todo.back();
+    todo.pop_back();
+    if (!node) continue;
+    if (node->name() == name) return true;
+    for (const auto& edge : node->next_edges()) todo.push_back(edge.node);
+  }
+  return false;
+}
+
+TEST(Losses, ClassIndicesWithoutWeightsUseTheFusedKernel) {
+  const Tensor x = leaf({2, 4, 3}, 9), t = from_vector<int64_t>({0, 3, 1, 2, 2, 3}, {2, 3});
+  EXPECT_TRUE(graph_has(cross_entropy(x, t, {.label_smoothing = 0.1}), "CrossEntropyBackward"));
+  EXPECT_TRUE(graph_has(cross_entropy(x.select(2, 0), t.select(1, 0)), "CrossEntropyBackward"));
+  const Tensor w = from_vector<double>({1.0, 2.0, 3.0, 4.0});
+  EXPECT_FALSE(graph_has(cross_entropy(x, t, {.weight = w}), "CrossEntropyBackward"));
+}
+
 TEST(Losses, BCEWithLogitsStaysFiniteForLargeLogits) {
   const Tensor x = from_vector<double>({800.0, -800.0, 0.0}, {3});
   const Tensor y = from_vector<double>({0.0, 1.0, 0.5});
