@@ -125,7 +125,7 @@ EvalResult evaluate(nn::Module& model, data::DataLoader& loader, Device device,
   for (const data::Batch& batch : loader) {
     const Tensor x = batch.data.to(device, true), y = batch.target.to(device, true);
     const Tensor logits = model.forward(x);
-    loss_sum += cross_entropy(logits, y, Reduction::kSum).item<double>();
+    loss_sum += cross_entropy(logits, y, {.reduction = Reduction::kSum}).item<double>();
     correct += sum(eq(argmax(logits, 1), y)).item<double>();
     count += static_cast<double>(y.numel());
   }
@@ -295,7 +295,7 @@ int run(const apps::TrainOptions& o) {
       const Tensor x = batch.data.to(device, true), y = batch.target.to(device, true);
       optimizer->zero_grad();
       const Tensor logits = trained->forward(x);
-      const Tensor loss = cross_entropy(logits, y, Reduction::kMean, -100, o.label_smoothing);
+      const Tensor loss = cross_entropy(logits, y, {.label_smoothing = o.label_smoothing});
       loss.backward();
       optimizer->step();
       schedule->step();

@@ -1,47 +1,61 @@
-// Loss modules: callables of (input, target) with PyTorch's options.
+// Loss modules: callables of (input, target) holding the options of the functional form in
+// layer_ops.h, constructed as PyTorch's with keyword arguments:
+//   nn::CrossEntropyLoss loss({.label_smoothing = 0.05});
+//   nn::BCEWithLogitsLoss bce({.pos_weight = w});
 #pragma once
+
+#include <utility>
 
 #include <ember/tensor/layer_ops.h>
 
 namespace ember::nn {
 
-class CrossEntropyLoss {
+namespace loss_detail {
+
+// A loss module: `Fn` is the functional form, `Options` its options struct.
+template <typename Options, Tensor (*Fn)(const Tensor&, const Tensor&, const Options&)>
+class Loss {
  public:
-  explicit CrossEntropyLoss(Reduction reduction = Reduction::kMean, int64_t ignore_index = -100,
-                            double label_smoothing = 0.0)
-      : reduction_(reduction), ignore_index_(ignore_index), label_smoothing_(label_smoothing) {}
-  Tensor operator()(const Tensor& logits, const Tensor& target) const {
-    return cross_entropy(logits, target, reduction_, ignore_index_, label_smoothing_);
+  explicit Loss(Options options = {}) : options_(std::move(options)) {}
+  Tensor forward(const Tensor& input, const Tensor& target) const {
+    return Fn(input, target, options_);
   }
-
- private:
-  Reduction reduction_;
-  int64_t ignore_index_;
-  double label_smoothing_;
-};
-
-class NLLLoss {
- public:
-  explicit NLLLoss(Reduction reduction = Reduction::kMean, int64_t ignore_index = -100)
-      : reduction_(reduction), ignore_index_(ignore_index) {}
-  Tensor operator()(const Tensor& log_probs, const Tensor& target) const {
-    return nll_loss(log_probs, target, reduction_, ignore_index_);
-  }
-
- private:
-  Reduction reduction_;
-  int64_t ignore_index_;
-};
-
-class MSELoss {
- public:
-  explicit MSELoss(Reduction reduction = Reduction::kMean) : reduction_(reduction) {}
   Tensor operator()(const Tensor& input, const Tensor& target) const {
-    return mse_loss(input, target, reduction_);
+    return forward(input, target);
   }
+  const Options& options() const { return options_; }
+  Options& options() { return options_; }
 
  private:
-  Reduction reduction_;
+  Options options_;
+};
+
+}  // namespace loss_detail
+
+class CrossEntropyLoss : public loss_detail::Loss<CrossEntropyOptions, &cross_entropy> {
+ public:
+  using Loss::Loss;
+};
+class NLLLoss : public loss_detail::Loss<NLLLossOptions, &nll_loss> {
+ public:
+  using Loss::Loss;
+};
+class MSELoss : public loss_detail::Loss<LossOptions, &mse_loss> {
+ public:
+  using Loss::Loss;
+};
+class L1Loss : public loss_detail::Loss<LossOptions, &l1_loss> {
+ public:
+  using Loss::Loss;
+};
+class SmoothL1Loss : public loss_detail::Loss<SmoothL1LossOptions, &smooth_l1_loss> {
+ public:
+  using Loss::Loss;
+};
+class BCEWithLogitsLoss
+    : public loss_detail::Loss<BCEWithLogitsOptions, &binary_cross_entropy_with_logits> {
+ public:
+  using Loss::Loss;
 };
 
 }  // namespace ember::nn

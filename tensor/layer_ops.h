@@ -40,16 +40,73 @@ Tensor dropout(const Tensor& input, double p, bool training, Generator* gen = nu
 // input [..., in], weight [out, in], bias [out] (or undefined): input @ weight^T + bias.
 Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias = {});
 
+// ---- losses ---------------------------------------------------------------------------
+// As torch.nn.functional: each takes an options struct written like PyTorch's keyword
+// arguments, e.g. cross_entropy(logits, target, {.weight = w, .label_smoothing = 0.1}).
+// Fields keep PyTorch's keyword order (designated initializers must follow it); every field
+// has a default member initializer, so skipping fields stays quiet under -Wextra. Floating
+// targets of another dtype promote as in PyTorch (f32 logits, f64 probabilities: f64 loss).
+
 enum class Reduction { kNone, kMean, kSum };
 
-// Cross-entropy of logits [N, C] against class indices target [N] (i64), with PyTorch's
-// label smoothing and ignore_index; kMean averages over the targets not ignored.
+struct CrossEntropyOptions {
+  Tensor weight = {};  // [C] per-class rescaling, input's dtype; undefined: all ones
+  int64_t ignore_index = -100;
+  Reduction reduction = Reduction::kMean;
+  double label_smoothing = 0.0;  // in [0, 1]
+};
+
+// Cross-entropy of logits [N, C], [N, C, d1, ...] or unbatched [C] against either
+// - class indices (i64) of shape [N], [N, d1, ...] or [] (0-dim): loss =
+//   -(1 - s) * w[t] * logp[t] - (s / C) * sum_c w[c] * logp[c]; entries equal to ignore_index
+//   contribute 0, and kMean divides by the sum of w[t] over the entries not ignored;
+// - class probabilities (floating, same shape as the logits): loss = -sum_c w[c] * p'[c] *
+//   logp[c] with p' = p * (1 - s) + s / C; kMean divides by the number of samples N * d1 ...
+//   (not by the weights), and ignore_index must stay negative.
+// kNone keeps the per-sample shape ([N, d1, ...] or []).
 Tensor cross_entropy(const Tensor& logits, const Tensor& target,
-                     Reduction reduction = Reduction::kMean, int64_t ignore_index = -100,
-                     double label_smoothing = 0.0);
-// Negative log-likelihood of log-probabilities [N, C] against target [N].
-Tensor nll_loss(const Tensor& log_probs, const Tensor& target,
-                Reduction reduction = Reduction::kMean, int64_t ignore_index = -100);
-Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction = Reduction::kMean);
+                     const CrossEntropyOptions& options = {});
+
+struct NLLLossOptions {
+  Tensor weight = {};  // [C], input's dtype; undefined: all ones
+  int64_t ignore_index = -100;
+  Reduction reduction = Reduction::kMean;
+};
+
+// Negative log-likelihood of log-probabilities [N, C], [N, C, d1, ...] or [C] against class
+// indices (i64) [N], [N, d1, ...] or []: loss = -w[t] * x[t]; kMean divides by the sum of
+// w[t] over the entries not equal to ignore_index (NaN when all are ignored, as PyTorch).
+Tensor nll_loss(const Tensor& log_probs, const Tensor& target, const NLLLossOptions& options = {});
+
+struct LossOptions {
+  Reduction reduction = Reduction::kMean;
+};
+
+struct SmoothL1LossOptions {
+  Reduction reduction = Reduction::kMean;
+  double beta = 1.0;  // >= 0; 0 gives l1_loss
+};
+
+struct BCEWithLogitsOptions {
+  Tensor weight = {};  // broadcast against the input: rescales each element's loss
+  Reduction reduction = Reduction::kMean;
+  // Broadcast against the input (usually [C], the last dim): the weight of positive targets.
+  Tensor pos_weight = {};
+};
+
+// Elementwise losses of input against a target of the same shape; kMean averages over all
+// elements. Shapes must match exactly (PyTorch would broadcast them, with a warning).
+// (input - target)^2
+Tensor mse_loss(const Tensor& input, const Tensor& target, const LossOptions& options = {});
+// |input - target|
+Tensor l1_loss(const Tensor& input, const Tensor& target, const LossOptions& options = {});
+// z = |input - target|: 0.5 * z^2 / beta where z < beta, else z - 0.5 * beta.
+Tensor smooth_l1_loss(const Tensor& input, const Tensor& target,
+                      const SmoothL1LossOptions& options = {});
+// Binary cross-entropy of logits x against targets y in [0, 1], in PyTorch's stable form:
+// loss = w * ((1 - y) * x + (1 + (pw - 1) * y) * (log(exp(-m) + exp(-x - m)) + m)),
+// m = max(-x, 0).
+Tensor binary_cross_entropy_with_logits(const Tensor& input, const Tensor& target,
+                                        const BCEWithLogitsOptions& options = {});
 
 }  // namespace ember

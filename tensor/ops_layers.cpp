@@ -44,38 +44,6 @@ int64_t window_count(int64_t in, int64_t k, int64_t s, int64_t p, int64_t d, boo
   return out;
 }
 
-Tensor reduce_loss(const Tensor& per_sample, Reduction reduction, const Tensor& divisor) {
-  switch (reduction) {
-    case Reduction::kNone:
-      return per_sample;
-    case Reduction::kSum:
-      return sum(per_sample);
-    case Reduction::kMean:
-      return divisor.defined() ? sum(per_sample) / divisor : mean(per_sample);
-  }
-  return per_sample;
-}
-
-// Targets: 1-d i64 of length N with values in [0, C) or equal to ignore_index.
-void check_targets(const Tensor& scores, const Tensor& target, int64_t ignore_index,
-                   const char* op) {
-  detail::check_defined(target, op, "target");
-  EMBER_CHECK(scores.dim() == 2, op, "expected input [N, C], got shape ",
-              shape_str(scores.sizes()));
-  EMBER_CHECK(scores.is_floating_point(), op, "expected floating scores, got ", scores.dtype());
-  EMBER_CHECK(target.dim() == 1 && target.size(0) == scores.size(0), op, "target of shape ",
-              shape_str(target.sizes()), " does not match input of shape ",
-              shape_str(scores.sizes()));
-  EMBER_CHECK(target.dtype() == kI64, op, "target must be i64 class indices, got ", target.dtype());
-  detail::check_same_device({&scores, &target}, op);
-  if (target.numel() == 0) return;
-  const Tensor kept = where(eq(target, ignore_index), 0, target);
-  const int64_t lo = min(kept).item<int64_t>(), hi = max(kept).item<int64_t>();
-  const int64_t classes = scores.size(1);
-  EMBER_CHECK(lo >= 0 && hi < classes, op, "target ", lo < 0 ? lo : hi, " is out of range for ",
-              classes, " classes");
-}
-
 }  // namespace
 
 Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, Pair stride,
@@ -302,55 +270,6 @@ Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias) {
   if (input.dim() == 2 && bias.defined()) return addmm(bias, input, weight.t());
   Tensor out = matmul(input, weight.t());
   return bias.defined() ? out + bias : out;
-}
-
-Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction reduction,
-                     int64_t ignore_index, double label_smoothing) {
-  const char* op = "cross_entropy";
-  detail::check_defined(logits, op);
-  check_targets(logits, target, ignore_index, op);
-  EMBER_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0, op,
-              "label_smoothing must be in [0, 1], got ", label_smoothing);
-  AutogradScope scope(OpId::kCrossEntropy, {&logits});
-  const int64_t n = logits.size(0);
-  Tensor loss = empty({n}, logits.options());
-  Tensor lse = empty({n}, logits.options());
-  if (n > 0) {
-    detail::require_kernel(detail::kernels_for(logits.device(), op).cross_entropy_forward,
-                           logits.device(), op)(loss, lse, logits.contiguous(), target.contiguous(),
-                                                ignore_index, label_smoothing);
-  }
-  OpArgs args;
-  args.a = label_smoothing;
-  args.dim = ignore_index;
-  if (scope.recording()) args.extra = {lse, target};
-  const Tensor per_sample = scope.finish(loss, std::move(args));
-  const Tensor kept =
-      reduction == Reduction::kMean ? sum(ne(target, ignore_index)).to(logits.dtype()) : Tensor();
-  return reduce_loss(per_sample, reduction, kept);
-}
-
-Tensor nll_loss(const Tensor& log_probs, const Tensor& target, Reduction reduction,
-                int64_t ignore_index) {
-  const char* op = "nll_loss";
-  detail::check_defined(log_probs, op);
-  check_targets(log_probs, target, ignore_index, op);
-  const Tensor ignored = eq(target, ignore_index);
-  const Tensor picked = gather(log_probs, 1, where(ignored, 0, target).unsqueeze(1)).squeeze(1);
-  const Tensor per_sample = where(ignored, 0.0, -picked);
-  const Tensor kept =
-      reduction == Reduction::kMean ? sum(eq(ignored, false)).to(log_probs.dtype()) : Tensor();
-  return reduce_loss(per_sample, reduction, kept);
-}
-
-Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
-  detail::check_defined(input, "mse_loss");
-  detail::check_defined(target, "mse_loss", "target");
-  EMBER_CHECK(input.sizes() == target.sizes(), "mse_loss", "input of shape ",
-              shape_str(input.sizes()), " and target of shape ", shape_str(target.sizes()),
-              " differ");
-  const Tensor diff = input - target;
-  return reduce_loss(diff * diff, reduction, Tensor());
 }
 
 // --- backward computations ---------------------------------------------------------------

@@ -143,7 +143,11 @@ TEST(OpGradcheck, LossesAndDropout) {
   const Tensor logits = input({4, 3}, 22), target = from_vector<int64_t>({2, 0, 1, 2});
   check("cross_entropy", [target](const auto& v) { return cross_entropy(v[0], target); }, {logits});
   check("cross_entropy smoothed, ignoring",
-        [target](const auto& v) { return cross_entropy(v[0], target, Reduction::kSum, 0, 0.2); },
+        [target](const auto& v) {
+          return cross_entropy(
+              v[0], target,
+              {.ignore_index = 0, .reduction = Reduction::kSum, .label_smoothing = 0.2});
+        },
         {logits});
   check("nll_loss", [target](const auto& v) { return nll_loss(log_softmax(v[0], 1), target); },
         {logits});

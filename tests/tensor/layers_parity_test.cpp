@@ -383,7 +383,9 @@ TEST(LayersParity, CrossEntropySmoothingAndIgnoreIndex) {
           expect_layer_parity(
               {x, t}, {true, false},
               [&](const Inputs& in) {
-                return cross_entropy(in[0], in[1], reduction, ignore, smoothing);
+                return cross_entropy(
+                    in[0], in[1],
+                    {.ignore_index = ignore, .reduction = reduction, .label_smoothing = smoothing});
               },
               tol, tol, seed++);
         }

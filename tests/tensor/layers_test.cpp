@@ -646,15 +646,27 @@ TEST(LayersCrossEntropy, SmoothingIgnoreIndexAndReductions) {
         const Tensor x = tensor_of(logits, {n, c}, dtype);
         if (ignore == -100) {
           // -1 is not ignored then, and out of range: rejected by the front end.
-          EXPECT_EMBER_ERROR(cross_entropy(x, t, Reduction::kNone, ignore, s), "out of range");
+          EXPECT_EMBER_ERROR(
+              cross_entropy(
+                  x, t,
+                  {.ignore_index = ignore, .reduction = Reduction::kNone, .label_smoothing = s}),
+              "out of range");
           continue;
         }
-        expect_close(cross_entropy(x, t, Reduction::kNone, ignore, s), tensor_of(per, {n}, dtype),
-                     tol, tol);
+        expect_close(
+            cross_entropy(
+                x, t,
+                {.ignore_index = ignore, .reduction = Reduction::kNone, .label_smoothing = s}),
+            tensor_of(per, {n}, dtype), tol, tol);
         const double sum = std::accumulate(per.begin(), per.end(), 0.0);
-        EXPECT_NEAR(cross_entropy(x, t, Reduction::kSum, ignore, s).item<double>(), sum, tol * 10);
-        EXPECT_NEAR(cross_entropy(x, t, Reduction::kMean, ignore, s).item<double>(),
-                    sum / static_cast<double>(kept), tol * 10);
+        EXPECT_NEAR(
+            cross_entropy(
+                x, t, {.ignore_index = ignore, .reduction = Reduction::kSum, .label_smoothing = s})
+                .item<double>(),
+            sum, tol * 10);
+        EXPECT_NEAR(
+            cross_entropy(x, t, {.ignore_index = ignore, .label_smoothing = s}).item<double>(),
+            sum / static_cast<double>(kept), tol * 10);
         const Tensor g = detail::cross_entropy_backward(tensor_of(grad_loss, {n}, dtype), x,
                                                         tensor_of(lses, {n}, dtype), t, ignore, s);
         expect_close(g, tensor_of(grad, {n, c}, dtype), tol, tol);
@@ -737,10 +749,14 @@ TEST(LayersGradcheck, Pooling) {
 TEST(LayersGradcheck, CrossEntropy) {
   const Tensor t = from_vector(std::vector<int64_t>{2, 0, 7, 1}, {4});
   check_grad("cross_entropy mean smoothing",
-             [&](const auto& v) { return cross_entropy(v[0], t, Reduction::kMean, 7, 0.1); },
+             [&](const auto& v) {
+               return cross_entropy(v[0], t, {.ignore_index = 7, .label_smoothing = 0.1});
+             },
              {leaf({4, 3}, 19, -2.0, 2.0)});
   check_grad("cross_entropy none",
-             [&](const auto& v) { return cross_entropy(v[0], t, Reduction::kNone, 7); },
+             [&](const auto& v) {
+               return cross_entropy(v[0], t, {.ignore_index = 7, .reduction = Reduction::kNone});
+             },
              {leaf({4, 3}, 20, -2.0, 2.0)});
 }
 
