@@ -27,7 +27,10 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool with_bias) {
   reset_affine(weight, bias);
 }
 
-Tensor Linear::forward(const Tensor& input) { return linear(input, weight, bias); }
+Tensor Linear::forward(const Tensor& input) {
+  check_input_matches(input, "weight", weight);
+  return linear(input, weight, bias);
+}
 
 Conv2d::Conv2d(int64_t in_channels, int64_t out_channels, Pair kernel_size, Conv2dOptions opts)
     : options(opts) {
@@ -46,6 +49,7 @@ Conv2d::Conv2d(int64_t in_channels, int64_t out_channels, Pair kernel_size, Conv
 }
 
 Tensor Conv2d::forward(const Tensor& input) {
+  check_input_matches(input, "weight", weight);
   return conv2d(input, weight, bias, options.stride, options.padding, options.dilation,
                 options.groups);
 }
@@ -78,6 +82,11 @@ void BatchNorm::check_input(const Tensor& input) const {
   EMBER_CHECK(input.size(1) == num_features_, name(), "input has ", input.size(1),
               " channels but the layer has ", num_features_, " (input ", shape_str(input.sizes()),
               ")");
+  // f16/bf16 inputs may meet f32 parameters and statistics, as in PyTorch's mixed precision.
+  if (input.dtype() != kF16 && input.dtype() != kBF16) {
+    check_input_matches(input, "weight", weight);
+    check_input_matches(input, "running_mean", running_mean);
+  }
 }
 
 double BatchNorm::effective_momentum() {

@@ -28,9 +28,9 @@ struct Conv2dOptions {
 
 class Conv2d : public Module {
  public:
-  Conv2d(int64_t in_channels, int64_t out_channels, Pair kernel_size, Conv2dOptions options = {});
-  Conv2d(int64_t in_channels, int64_t out_channels, int64_t kernel_size, Conv2dOptions options = {})
-      : Conv2d(in_channels, out_channels, Pair{kernel_size, kernel_size}, options) {}
+  Conv2d(int64_t in_channels, int64_t out_channels, Pair kernel_size, Conv2dOptions opts = {});
+  Conv2d(int64_t in_channels, int64_t out_channels, int64_t kernel_size, Conv2dOptions opts = {})
+      : Conv2d(in_channels, out_channels, Pair{kernel_size, kernel_size}, opts) {}
   Tensor forward(const Tensor& input) override;
   std::string name() const override { return "Conv2d"; }
   Tensor weight, bias;

@@ -42,6 +42,16 @@ TensorList Module::forward_list(const TensorList& inputs) {
   return {forward(inputs[0])};
 }
 
+void Module::check_input_matches(const Tensor& input, const char* what,
+                                 const Tensor& parameter) const {
+  if (!input.defined() || !parameter.defined()) return;
+  EMBER_CHECK(input.dtype() == parameter.dtype() && input.device() == parameter.device(), name(),
+              "input is ", input.dtype(), " on ", input.device(), " but the layer's ", what, " is ",
+              parameter.dtype(), " on ", parameter.device(), " (input ", shape_str(input.sizes()),
+              ", ", what, " ", shape_str(parameter.sizes()),
+              "); convert the model (model.to(...)) or the input (input.to(...)) to match");
+}
+
 Tensor& Module::register_parameter(std::string name, Tensor tensor, bool requires_grad) {
   EMBER_CHECK(!name.empty() && name.find('.') == std::string::npos, this->name(),
               "invalid parameter name \"", name, "\"");

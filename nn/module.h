@@ -76,6 +76,9 @@ class Module {
   Tensor& parameter(const std::string& name);
 
  protected:
+  // ember::Error naming this module when `input` differs in dtype or device from its
+  // parameter `what` (f64 data into an f32 layer, CPU data into a GPU model).
+  void check_input_matches(const Tensor& input, const char* what, const Tensor& parameter) const;
   Tensor& register_parameter(std::string name, Tensor tensor, bool requires_grad = true);
   Tensor& register_buffer(std::string name, Tensor tensor);
   template <typename M>

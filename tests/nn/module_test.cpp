@@ -177,6 +177,23 @@ TEST(NnModule, SeveralInputsAndOutputs) {
   EXPECT_EMBER_ERROR(empty(a), "Empty: defines neither forward(input) nor forward_list(inputs)");
 }
 
+TEST(NnModule, InputOfAnotherDtypeNamesTheLayer) {
+  nn::Linear fc(3, 2);
+  EXPECT_EMBER_ERROR(fc(ones({4, 3}, kF64)),
+                     "Linear: input is f64 on cpu but the layer's weight is f32 on cpu (input [4, "
+                     "3], weight [2, 3]); convert the model (model.to(...)) or the input");
+  nn::Conv2d conv(3, 4, 3);
+  EXPECT_EMBER_ERROR(conv(ones({1, 3, 5, 5}, kF64)),
+                     "Conv2d: input is f64 on cpu but the layer's "
+                     "weight is f32 on cpu");
+  nn::BatchNorm2d bn(3);
+  EXPECT_EMBER_ERROR(bn(ones({2, 3, 2, 2}, kF64)),
+                     "BatchNorm2d: input is f64 on cpu but the "
+                     "layer's weight is f32 on cpu");
+  fc.to(kF64);  // the fix the message names
+  EXPECT_EQ(fc(ones({4, 3}, kF64)).dtype(), kF64);
+}
+
 TEST(NnModule, ConstructorErrors) {
   EXPECT_EMBER_ERROR(nn::Linear(0, 3), "Linear: features must be positive");
   EXPECT_EMBER_ERROR(nn::Conv2d(3, 8, 3, nn::Conv2dOptions{{1, 1}, {0, 0}, {1, 1}, 2, true}),

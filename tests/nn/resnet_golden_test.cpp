@@ -13,7 +13,7 @@ namespace {
 using nlohmann::json;
 
 json load_golden() {
-  const auto path = std::filesystem::path(__FILE__).parent_path() / "golden" / "resnet_golden.json";
+  const std::filesystem::path path = EMBER_RESNET_GOLDEN;
   std::ifstream in(path);
   EXPECT_TRUE(in.good()) << "missing " << path;
   return json::parse(in);
