@@ -294,7 +294,7 @@ class OpNode final : public Node {
       case OpId::kPowScalar: {
         const double e = a.a;
         if (e == 0.0) return {zeros_like(g)};
-        return {g * e * pow(in(0), e - 1.0)};
+        return {g * (pow(in(0), e - 1.0) * e)};  // PyTorch's order: grad * (e * x^(e-1))
       }
       case OpId::kMaximum:
       case OpId::kMinimum: {

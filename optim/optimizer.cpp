@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <string_view>
 
 #include <ember/tensor/grad_mode.h>
 #include <ember/tensor/ops.h>
@@ -29,6 +30,11 @@ bool split_key(const std::string& key, const std::string& prefix, size_t& index,
 std::string group_key(size_t group, const std::string& name) {
   return "param_groups." + std::to_string(group) + "." + name;
 }
+
+// The key that records which optimizer wrote a state dict ("type.SGD" = 1).
+constexpr std::string_view kTypePrefix = "type.";
+
+bool is_type_key(const std::string& key) { return key.starts_with(kTypePrefix); }
 
 }  // namespace
 
@@ -108,6 +114,7 @@ const ParamState& Optimizer::state(size_t group, size_t index) const {
 
 StateDict Optimizer::state_dict() const {
   StateDict dict;
+  dict.scalars[std::string(kTypePrefix) + name_] = 1.0;
   size_t k = 0;
   for (size_t g = 0; g < groups_.size(); ++g) {
     for (const auto& [key, value] : groups_[g].options) dict.scalars[group_key(g, key)] = value;
@@ -124,6 +131,15 @@ StateDict Optimizer::state_dict() const {
 }
 
 void Optimizer::load_state_dict(const StateDict& dict) {
+  // Another optimizer's state (AdamW's into SGD, Adam's into AdamW) is refused by name before
+  // anything else; dicts without a type key (written before ember recorded it) are checked
+  // by their contents alone.
+  for (const auto& [key, value] : dict.scalars) {
+    if (!is_type_key(key)) continue;
+    const std::string source = key.substr(kTypePrefix.size());
+    EMBER_CHECK(source == name_, name_, "load_state_dict: the state is from ", source, ", not ",
+                name_, "; load it into a ", source, " optimizer");
+  }
   // Where each global parameter index k lives.
   std::vector<std::pair<size_t, size_t>> where;
   for (size_t g = 0; g < groups_.size(); ++g)
@@ -152,6 +168,8 @@ void Optimizer::load_state_dict(const StateDict& dict) {
                     "\" in group ", index);
         options[index][rest] = value;
       }
+    } else if (is_type_key(key)) {
+      continue;
     } else if (split_key(key, "state", index, rest) && rest == "step") {
       EMBER_CHECK(index < where.size(), name_, "load_state_dict: state for parameter ", index,
                   " but the optimizer has ", where.size(), " parameters");

@@ -31,8 +31,8 @@ struct ParamGroup {
   std::vector<Tensor> params;
   Options options;  // overrides of the optimizer's defaults; complete once added
 
-  ParamGroup(std::vector<Tensor> params, Options options = {})  // NOLINT: {params, {...}}
-      : params(std::move(params)), options(std::move(options)) {}
+  ParamGroup(std::vector<Tensor> tensors, Options overrides = {})  // NOLINT: {params, {...}}
+      : params(std::move(tensors)), options(std::move(overrides)) {}
 
   // The named option; ember::Error when the group has no such option.
   double option(const std::string& name) const;
@@ -80,14 +80,16 @@ class Optimizer {
   const ParamState& state(size_t group, size_t index) const;
   const std::string& name() const { return name_; }
 
-  // Keys: "param_groups.<g>.<option>" and "param_groups.<g>.num_params" (scalars),
-  // "state.<k>.step" (scalar) and "state.<k>.<buffer>" (tensors), where k numbers the
-  // parameters across all groups in order, as PyTorch does. The tensors alias the live
-  // state: clone them to keep a snapshot while training goes on.
+  // Keys: "type.<name>" (= 1, which optimizer wrote it), "param_groups.<g>.<option>" and
+  // "param_groups.<g>.num_params" (scalars), "state.<k>.step" (scalar) and
+  // "state.<k>.<buffer>" (tensors), where k numbers the parameters across all groups in
+  // order, as PyTorch does. The tensors alias the live state: clone them to keep a snapshot
+  // while training goes on.
   StateDict state_dict() const;
-  // Restores options and state saved by state_dict() of an optimizer with the same groups
-  // (same counts, same option names, buffers shaped like the parameters). Buffers are copied
-  // to each parameter's device and dtype; nothing changes when the dict does not fit.
+  // Restores options and state saved by state_dict() of the same kind of optimizer with the
+  // same groups (same counts, same option names, buffers shaped like the parameters). A state
+  // from another optimizer (AdamW's into SGD) throws ember::Error naming both. Buffers are
+  // copied to each parameter's device and dtype; nothing changes when the dict does not fit.
   void load_state_dict(const StateDict& dict);
 
  protected:

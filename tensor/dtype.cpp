@@ -69,11 +69,11 @@ DType promote_types(DType a, DType b) {
 
 std::ostream& operator<<(std::ostream& out, const Scalar& s) {
   switch (s.kind()) {
-    case Scalar::Kind::kBool:
+    case Scalar::Kind::kBoolean:
       return out << (s.to_bool() ? "True" : "False");
-    case Scalar::Kind::kInt:
+    case Scalar::Kind::kIntegral:
       return out << s.to_int();
-    case Scalar::Kind::kFloat:
+    case Scalar::Kind::kFloating:
       return out << s.to_double();
   }
   return out;

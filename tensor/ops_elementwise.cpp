@@ -175,17 +175,37 @@ PromotionLevel combine(PromotionLevel higher, PromotionLevel lower) {
 DType result_type_of(std::initializer_list<const Tensor*> tensors) {
   PromotionLevel dims, zero_dim, wrapped;
   for (const Tensor* t : tensors) {
-    (t->is_wrapped_number() ? wrapped : t->dim() > 0 ? dims : zero_dim).add(t->dtype());
+    if (t->is_wrapped_number()) {
+      // A floating number (held in f64 or f32) promotes as the default float dtype, f32, as
+      // in PyTorch: it never widens a floating tensor, and lifts an integer one to f32.
+      wrapped.add(is_floating(t->dtype()) ? kF32 : t->dtype());
+    } else {
+      (t->dim() > 0 ? dims : zero_dim).add(t->dtype());
+    }
   }
   return combine(dims, combine(zero_dim, wrapped)).dtype;
 }
 
-// A 0-d "wrapped number" tensor on `device`, for mixing scalars into tensor ops.
+// A 0-d "wrapped number" tensor on `device`, for mixing scalars into tensor ops. It holds the
+// value exactly (f64, i64 or bool); an op rounds it once, to the dtype it computes in.
 Tensor wrap(Scalar value, Device device) {
-  Tensor t = scalar_tensor(value, TensorOptions(value.default_dtype(), device));
+  Tensor t = scalar_tensor(value, TensorOptions(value.exact_dtype(), device));
   t.set_wrapped_number(true);
   return t;
 }
+
+// The same, for an op with `other`: a floating value is held in f64 only when the op computes
+// in f64; every narrower op reads it as float (16-bit floats round from there, or multiply in
+// float), so f32 holds all they see and spares a conversion.
+Tensor wrap(Scalar value, const Tensor& other) {
+  if (!value.is_floating() || !other.defined() || other.dtype() == kF64)
+    return wrap(value, other.device());
+  Tensor t = scalar_tensor(value, TensorOptions(kF32, other.device()));
+  t.set_wrapped_number(true);
+  return t;
+}
+
+bool is_reduced_float(DType t) { return t == kF16 || t == kBF16; }
 
 // Whether a result of dtype `from` may be written into a tensor of dtype `to` in place.
 bool can_cast(DType from, DType to) { return category(from) <= category(to); }
@@ -302,7 +322,29 @@ Tensor binary(BinaryOp op, const char* name, const Tensor& a_in, const Tensor& b
   } else {
     out = empty(shape, TensorOptions(out_dtype, a.device()));
   }
-  if (out.numel() > 0) {
+  // f16/bf16 multiplication by a 0-d operand and division by one read it at float precision
+  // and compute in float (PyTorch's opmath kernels: x * 0.1 multiplies by 0.1f, x / 0.3 by
+  // 1 / 0.3f); every other op rounds the scalar to the tensor's dtype first, as PyTorch does.
+  const Tensor* number = nullptr;
+  if (is_reduced_float(compute) && op == BinaryOp::kMul)
+    number = b.dim() == 0 ? &b : a.is_wrapped_number() ? &a : nullptr;
+  if (is_reduced_float(compute) && op == BinaryOp::kDiv && b.dim() == 0) number = &b;
+  if (out.numel() > 0 && number != nullptr) {
+    const auto& kernels = detail::kernels_for(out.device(), name);
+    const auto binary_kernel = detail::require_kernel(kernels.binary, out.device(), name);
+    const TensorOptions f32(kF32, out.device());
+    const Tensor x = prepare_input(number == &b ? a : b, kF32, shape, nullptr);
+    Tensor factor = number->to(kF32);
+    if (op == BinaryOp::kDiv) {
+      const Tensor quotient = empty({}, f32);
+      binary_kernel(BinaryOp::kDiv, quotient, scalar_tensor(1.0, f32), factor, 1);
+      factor = quotient;
+    }
+    const Tensor product = empty(shape, f32);
+    binary_kernel(BinaryOp::kMul, product, x, factor.expand(shape), 1);
+    out.storage().bump_version();
+    detail::require_kernel(kernels.copy, out.device(), name)(out, product);
+  } else if (out.numel() > 0) {
     const Tensor x = prepare_input(a, compute, shape, &out),
                  y = prepare_input(b, compute, shape, &out);
     out.storage().bump_version();
@@ -380,23 +422,15 @@ Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
 Tensor add(const Tensor& a, const Tensor& b, Scalar alpha) {
   return binary(BinaryOp::kAdd, "add", a, b, alpha);
 }
-Tensor add(const Tensor& a, Scalar b) {
-  return binary(BinaryOp::kAdd, "add", a, wrap(b, a.device()));
-}
+Tensor add(const Tensor& a, Scalar b) { return binary(BinaryOp::kAdd, "add", a, wrap(b, a)); }
 Tensor sub(const Tensor& a, const Tensor& b, Scalar alpha) {
   return binary(BinaryOp::kSub, "sub", a, b, alpha);
 }
-Tensor sub(const Tensor& a, Scalar b) {
-  return binary(BinaryOp::kSub, "sub", a, wrap(b, a.device()));
-}
+Tensor sub(const Tensor& a, Scalar b) { return binary(BinaryOp::kSub, "sub", a, wrap(b, a)); }
 Tensor mul(const Tensor& a, const Tensor& b) { return binary(BinaryOp::kMul, "mul", a, b); }
-Tensor mul(const Tensor& a, Scalar b) {
-  return binary(BinaryOp::kMul, "mul", a, wrap(b, a.device()));
-}
+Tensor mul(const Tensor& a, Scalar b) { return binary(BinaryOp::kMul, "mul", a, wrap(b, a)); }
 Tensor div(const Tensor& a, const Tensor& b) { return binary(BinaryOp::kDiv, "div", a, b); }
-Tensor div(const Tensor& a, Scalar b) {
-  return binary(BinaryOp::kDiv, "div", a, wrap(b, a.device()));
-}
+Tensor div(const Tensor& a, Scalar b) { return binary(BinaryOp::kDiv, "div", a, wrap(b, a)); }
 Tensor maximum(const Tensor& a, const Tensor& b) {
   return binary(BinaryOp::kMaximum, "maximum", a, b);
 }
@@ -474,12 +508,8 @@ Tensor where(const Tensor& cond_in, const Tensor& a_in, const Tensor& b_in) {
   if (scope.recording()) args.extra = {cond};
   return scope.finish(out, std::move(args));
 }
-Tensor where(const Tensor& cond, const Tensor& a, Scalar b) {
-  return where(cond, a, wrap(b, a.device()));
-}
-Tensor where(const Tensor& cond, Scalar a, const Tensor& b) {
-  return where(cond, wrap(a, b.device()), b);
-}
+Tensor where(const Tensor& cond, const Tensor& a, Scalar b) { return where(cond, a, wrap(b, a)); }
+Tensor where(const Tensor& cond, Scalar a, const Tensor& b) { return where(cond, wrap(a, b), b); }
 
 Tensor eq(const Tensor& a, const Tensor& b) { return binary(BinaryOp::kEq, "eq", a, b); }
 Tensor ne(const Tensor& a, const Tensor& b) { return binary(BinaryOp::kNe, "ne", a, b); }
@@ -487,12 +517,12 @@ Tensor lt(const Tensor& a, const Tensor& b) { return binary(BinaryOp::kLt, "lt",
 Tensor le(const Tensor& a, const Tensor& b) { return binary(BinaryOp::kLe, "le", a, b); }
 Tensor gt(const Tensor& a, const Tensor& b) { return binary(BinaryOp::kGt, "gt", a, b); }
 Tensor ge(const Tensor& a, const Tensor& b) { return binary(BinaryOp::kGe, "ge", a, b); }
-Tensor eq(const Tensor& a, Scalar b) { return eq(a, wrap(b, a.device())); }
-Tensor ne(const Tensor& a, Scalar b) { return ne(a, wrap(b, a.device())); }
-Tensor lt(const Tensor& a, Scalar b) { return lt(a, wrap(b, a.device())); }
-Tensor le(const Tensor& a, Scalar b) { return le(a, wrap(b, a.device())); }
-Tensor gt(const Tensor& a, Scalar b) { return gt(a, wrap(b, a.device())); }
-Tensor ge(const Tensor& a, Scalar b) { return ge(a, wrap(b, a.device())); }
+Tensor eq(const Tensor& a, Scalar b) { return eq(a, wrap(b, a)); }
+Tensor ne(const Tensor& a, Scalar b) { return ne(a, wrap(b, a)); }
+Tensor lt(const Tensor& a, Scalar b) { return lt(a, wrap(b, a)); }
+Tensor le(const Tensor& a, Scalar b) { return le(a, wrap(b, a)); }
+Tensor gt(const Tensor& a, Scalar b) { return gt(a, wrap(b, a)); }
+Tensor ge(const Tensor& a, Scalar b) { return ge(a, wrap(b, a)); }
 
 bool allclose(const Tensor& a, const Tensor& b, double rtol, double atol) {
   detail::check_defined(a, "allclose", "self");
@@ -528,22 +558,22 @@ Tensor& Tensor::add_(const Tensor& other, Scalar alpha) {
   binary(BinaryOp::kAdd, "add_", *this, other, alpha, this);
   return *this;
 }
-Tensor& Tensor::add_(Scalar other) { return add_(wrap(other, device())); }
+Tensor& Tensor::add_(Scalar other) { return add_(wrap(other, *this)); }
 Tensor& Tensor::sub_(const Tensor& other, Scalar alpha) {
   binary(BinaryOp::kSub, "sub_", *this, other, alpha, this);
   return *this;
 }
-Tensor& Tensor::sub_(Scalar other) { return sub_(wrap(other, device())); }
+Tensor& Tensor::sub_(Scalar other) { return sub_(wrap(other, *this)); }
 Tensor& Tensor::mul_(const Tensor& other) {
   binary(BinaryOp::kMul, "mul_", *this, other, 1, this);
   return *this;
 }
-Tensor& Tensor::mul_(Scalar other) { return mul_(wrap(other, device())); }
+Tensor& Tensor::mul_(Scalar other) { return mul_(wrap(other, *this)); }
 Tensor& Tensor::div_(const Tensor& other) {
   binary(BinaryOp::kDiv, "div_", *this, other, 1, this);
   return *this;
 }
-Tensor& Tensor::div_(Scalar other) { return div_(wrap(other, device())); }
+Tensor& Tensor::div_(Scalar other) { return div_(wrap(other, *this)); }
 Tensor& Tensor::maximum_(const Tensor& other) {
   binary(BinaryOp::kMaximum, "maximum_", *this, other, 1, this);
   return *this;
@@ -627,10 +657,10 @@ Tensor operator+(const Tensor& a, Scalar b) { return add(a, b); }
 Tensor operator-(const Tensor& a, Scalar b) { return sub(a, b); }
 Tensor operator*(const Tensor& a, Scalar b) { return mul(a, b); }
 Tensor operator/(const Tensor& a, Scalar b) { return div(a, b); }
-Tensor operator+(Scalar a, const Tensor& b) { return add(wrap(a, b.device()), b); }
-Tensor operator-(Scalar a, const Tensor& b) { return sub(wrap(a, b.device()), b); }
-Tensor operator*(Scalar a, const Tensor& b) { return mul(wrap(a, b.device()), b); }
-Tensor operator/(Scalar a, const Tensor& b) { return div(wrap(a, b.device()), b); }
+Tensor operator+(Scalar a, const Tensor& b) { return add(wrap(a, b), b); }
+Tensor operator-(Scalar a, const Tensor& b) { return sub(wrap(a, b), b); }
+Tensor operator*(Scalar a, const Tensor& b) { return mul(wrap(a, b), b); }
+Tensor operator/(Scalar a, const Tensor& b) { return div(wrap(a, b), b); }
 Tensor operator-(const Tensor& a) { return neg(a); }
 Tensor& operator+=(Tensor& a, const Tensor& b) { return a.add_(b); }
 Tensor& operator-=(Tensor& a, const Tensor& b) { return a.sub_(b); }

@@ -146,7 +146,8 @@ void unary_typed(UnaryOp op, const StridedIter& it, double p0, double p1) {
       case UnaryOp::kTanh:
         return run([](A x) { return std::tanh(x); });
       case UnaryOp::kPowScalar: {
-        const A e = static_cast<A>(p0);
+        // The exponent in T's own precision (f16/bf16 round it first, as PyTorch does).
+        const A e = convert<A>(convert<T>(p0));
         if (p0 == 2.0) return run([](A x) { return x * x; });
         if (p0 == 0.5) return run([](A x) { return std::sqrt(x); });
         if (p0 == 1.0) return run([](A x) { return x; });

@@ -187,7 +187,9 @@ struct UnaryFn {
     const C x = cast_to<C>(element<T>(data, offsets, 1));
     C y;
     if constexpr (std::is_floating_point_v<C>) {
-      y = apply_unary<C>(op, x, static_cast<C>(a), static_cast<C>(b));
+      // pow's exponent in T's own precision (f16/bf16 round it first, as on the CPU).
+      const C pa = op == UnaryOp::kPowScalar ? cast_to<C>(cast_to<T>(a)) : static_cast<C>(a);
+      y = apply_unary<C>(op, x, pa, static_cast<C>(b));
     } else {
       y = apply_unary_int(op, x, a, b);
     }

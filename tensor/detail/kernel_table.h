@@ -24,7 +24,7 @@ enum class UnaryOp : uint8_t {
   kRelu,
   kSigmoid,
   kTanh,
-  kPowScalar,  // x ** a
+  kPowScalar,  // x ** a, a rounded to the dtype first (as PyTorch does for f16/bf16)
   kClamp,      // min(max(x, a), b)
 };
 

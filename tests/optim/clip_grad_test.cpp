@@ -11,45 +11,56 @@ namespace {
 
 using nlohmann::json;
 
-std::vector<Tensor> golden_params(Device device) {
+std::vector<Tensor> golden_params(Device device, DType dtype) {
   const json& clip = testing::optim_golden()["clip"];
   std::vector<Tensor> params;
   for (size_t k = 0; k < clip["grads"].size(); ++k) {
     const auto shape = clip["shapes"][k].get<Shape>();
-    Tensor p = zeros(shape, device);
+    Tensor p = zeros(shape, TensorOptions(dtype, device));
     p.requires_grad_();
-    p.set_grad(from_vector(clip["grads"][k].get<std::vector<float>>(), shape, device));
+    p.set_grad(from_vector(clip["grads"][k].get<std::vector<double>>(), shape, device).to(dtype));
     params.push_back(p);
   }
   return params;
 }
 
-void check_golden(Device device) {
-  const json& cases = testing::optim_golden()["clip"]["cases"];
+// float64 must agree to double rounding: max_norm and the 1e-6 guard are not rounded to f32.
+void check_golden(Device device, DType dtype) {
+  const json& cases = testing::optim_golden()[dtype == kF64 ? "clip_f64" : "clip"]["cases"];
+  const double rtol = dtype == kF64 ? 1e-14 : 1e-5, atol = dtype == kF64 ? 1e-16 : 1e-7;
   ASSERT_GE(cases.size(), 4u);
   for (const json& c : cases) {
     const double norm_type = c["norm_type"].is_string() ? std::numeric_limits<double>::infinity()
                                                         : c["norm_type"].get<double>();
     SCOPED_TRACE("norm_type " + std::to_string(norm_type));
-    auto params = golden_params(device);
+    SCOPED_TRACE("max_norm " + std::to_string(c["max_norm"].get<double>()));
+    auto params = golden_params(device, dtype);
     const Tensor total = clip_grad_norm_(params, c["max_norm"].get<double>(), norm_type);
     EXPECT_EQ(total.device(), device);
+    EXPECT_EQ(total.dtype(), dtype);
     EXPECT_EQ(total.numel(), 1);
     const double expected = c["total_norm"].get<double>();
-    EXPECT_NEAR(total.item<double>(), expected, 1e-5 * expected);
+    EXPECT_NEAR(total.item<double>(), expected, rtol * expected);
     for (size_t k = 0; k < params.size(); ++k) {
+      EXPECT_EQ(params[k].grad().dtype(), dtype);
       testing::expect_values_near(params[k].grad().to_vector<double>(),
-                                  c["grads"][k].get<std::vector<double>>(), 1e-5, 1e-7,
+                                  c["grads"][k].get<std::vector<double>>(), rtol, atol,
                                   "grad " + std::to_string(k));
     }
   }
 }
 
-TEST(ClipGradNorm, MatchesPyTorch) { check_golden(kCPU); }
+TEST(ClipGradNorm, MatchesPyTorch) { check_golden(kCPU, kF32); }
+TEST(ClipGradNorm, MatchesPyTorchInFloat64) { check_golden(kCPU, kF64); }
 
 TEST(ClipGradNorm, MatchesPyTorchOnCuda) {
   EMBER_REQUIRE_CUDA();
-  check_golden(cuda_device(0));
+  check_golden(cuda_device(0), kF32);
+}
+
+TEST(ClipGradNorm, MatchesPyTorchInFloat64OnCuda) {
+  EMBER_REQUIRE_CUDA();
+  check_golden(cuda_device(0), kF64);
 }
 
 TEST(ClipGradNorm, HandComputed) {

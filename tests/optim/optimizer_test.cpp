@@ -201,11 +201,14 @@ TEST(Optimizer, LoadStateDictRejectsMismatches) {
   StateDict junk = good;
   junk.scalars["epoch"] = 3;
   EXPECT_EMBER_ERROR(target.load_state_dict(junk), "unexpected scalar \"epoch\"");
-  // An Adam dict does not fit an SGD.
+  // An Adam dict does not fit an SGD: refused by name, or (without its type key) by content.
   auto adam_params = fresh_params();
   Adam adam(two_groups(adam_params), {});
   EXPECT_EMBER_ERROR(target.load_state_dict(adam.state_dict()),
-                     "SGD: load_state_dict: unknown option");
+                     "SGD: load_state_dict: the state is from Adam, not SGD");
+  StateDict untyped = adam.state_dict();
+  untyped.scalars.erase("type.Adam");
+  EXPECT_EMBER_ERROR(target.load_state_dict(untyped), "SGD: load_state_dict: unknown option");
   // Nothing changed after the failures.
   EXPECT_DOUBLE_EQ(target.param_groups()[0].lr(), 0.5);
   EXPECT_TRUE(target.state(0, 0).empty());
@@ -268,6 +271,34 @@ TEST(Optimizer, CudaMatchesCpu) {
     testing::expect_close(gpu[k].detach().cpu(), cpu[k].detach(), 1e-5, 1e-7);
   }
   EXPECT_TRUE(gpu_opts[1]->state(0, 0).buffers.at("exp_avg").is_cuda());
+}
+
+TEST(Optimizer, StateDictRecordsItsOptimizer) {
+  auto params = fresh_params();
+  AdamW adamw(params, {.lr = 0.01});
+  set_grads(params, 0);
+  adamw.step();
+  const StateDict dict = adamw.state_dict();
+  EXPECT_DOUBLE_EQ(dict.scalars.at("type.AdamW"), 1.0);
+
+  // AdamW's state loaded into SGD (or into Adam, whose options it shares) names both.
+  auto sgd_params = fresh_params();
+  SGD sgd(sgd_params, {.lr = 0.1, .momentum = 0.9});
+  EXPECT_EMBER_ERROR(sgd.load_state_dict(dict),
+                     "SGD: load_state_dict: the state is from AdamW, not SGD");
+  auto adam_params = fresh_params();
+  Adam adam(adam_params, {.lr = 0.01});
+  EXPECT_EMBER_ERROR(adam.load_state_dict(dict),
+                     "Adam: load_state_dict: the state is from AdamW, not Adam");
+  EXPECT_DOUBLE_EQ(sgd.param_groups()[0].lr(), 0.1);
+  EXPECT_TRUE(sgd.state(0, 0).empty());
+
+  // Into another AdamW it loads, and saving again gives the same keys.
+  auto other = fresh_params();
+  AdamW target(other, {.lr = 0.5});
+  target.load_state_dict(dict);
+  EXPECT_DOUBLE_EQ(target.param_groups()[0].lr(), 0.01);
+  EXPECT_EQ(target.state_dict().scalars, dict.scalars);
 }
 
 }  // namespace

@@ -10,6 +10,9 @@ the JSON:  /usr/bin/python3 tests/optim/golden/make_optim_golden.py
 - "schedules": the learning rates (and OneCycle's momentum) after construction and after
   each of 40 steps.
 - "clip": clip_grad_norm_ on fixed gradients: the total norm and the clipped gradients.
+- "optimizers_f64" / "clip_f64": the same in float64 (parameters, gradients and every
+  hyper-parameter in double precision, as torch.set_default_dtype(torch.float64) gives), for
+  checking that no option is rounded through float32 on the way.
 """
 import json
 import math
@@ -50,9 +53,30 @@ OPTIMIZER_CASES = [
 ]
 
 
-def run_optimizer(cls_name, defaults, groups):
-    p0 = torch.tensor(P0, requires_grad=True)
-    p1 = torch.tensor(P1, requires_grad=True)
+# float64 cases: options that float32 cannot hold exactly, so a rounded option shows.
+OPTIMIZER_CASES_F64 = [
+    ("sgd_plain", "SGD", {"lr": 0.1}, []),
+    ("sgd_momentum", "SGD", {"lr": 0.03, "momentum": 0.9}, []),
+    ("sgd_nesterov_wd", "SGD",
+     {"lr": 0.03, "momentum": 0.9, "nesterov": True, "weight_decay": 0.01}, []),
+    ("sgd_dampened", "SGD",
+     {"lr": 0.07, "momentum": 0.7, "dampening": 0.3, "weight_decay": 0.003}, []),
+    ("adam", "Adam", {"lr": 0.01}, []),
+    ("adam_wd_amsgrad", "Adam",
+     {"lr": 0.02, "betas": (0.8, 0.95), "eps": 1e-6, "weight_decay": 1e-2, "amsgrad": True},
+     []),
+    ("adamw", "AdamW", {"lr": 0.01, "weight_decay": 0.05}, []),
+    ("adamw_amsgrad", "AdamW",
+     {"lr": 0.03, "betas": (0.85, 0.99), "eps": 1e-7, "weight_decay": 0.1, "amsgrad": True},
+     []),
+    ("adamw_groups", "AdamW", {"lr": 0.01},
+     [{"lr": 0.03, "betas": (0.5, 0.9)}, {"weight_decay": 0.1, "amsgrad": True}]),
+]
+
+
+def run_optimizer(cls_name, defaults, groups, dtype=torch.float32):
+    p0 = torch.tensor(P0, dtype=dtype, requires_grad=True)
+    p1 = torch.tensor(P1, dtype=dtype, requires_grad=True)
     params = [p0, p1]
     if groups:
         param_groups = [dict(params=[p], **o) for p, o in zip(params, groups)]
@@ -138,12 +162,17 @@ CLIP_GRADS = [
 CLIP_CASES = [(1.0, 2.0), (2.5, 1.0), (0.7, math.inf), (1.3, 3.0), (100.0, 2.0)]
 
 
-def clip_cases():
+CLIP_CASES_F64 = [(1.0, 2.0), (0.3, 2.0), (2.5, 1.0), (0.7, math.inf), (1.3, 3.0), (0.1, 1.5),
+                  (100.0, 2.0)]
+
+
+def clip_cases(cases=CLIP_CASES, dtype=torch.float32):
     out = []
-    for max_norm, norm_type in CLIP_CASES:
-        params = [torch.zeros(torch.tensor(g).shape, requires_grad=True) for g in CLIP_GRADS]
+    for max_norm, norm_type in cases:
+        params = [torch.zeros(torch.tensor(g).shape, dtype=dtype, requires_grad=True)
+                  for g in CLIP_GRADS]
         for p, g in zip(params, CLIP_GRADS):
-            p.grad = torch.tensor(g)
+            p.grad = torch.tensor(g, dtype=dtype)
         total = torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type)
         out.append({"max_norm": max_norm, "norm_type": "inf" if math.isinf(norm_type) else norm_type,
                     "total_norm": total.item(),
@@ -158,6 +187,12 @@ def main():
             "name": name, "optimizer": cls_name, "defaults": option_json(defaults),
             "groups": [option_json(g) for g in groups],
             "trajectory": run_optimizer(cls_name, defaults, groups)})
+    optimizers_f64 = []
+    for name, cls_name, defaults, groups in OPTIMIZER_CASES_F64:
+        optimizers_f64.append({
+            "name": name, "optimizer": cls_name, "defaults": option_json(defaults),
+            "groups": [option_json(g) for g in groups],
+            "trajectory": run_optimizer(cls_name, defaults, groups, torch.float64)})
     golden = {
         "torch_version": torch.__version__,
         "initial": [sum(P0, []), P1], "shapes": [[2, 3], [4]], "steps": STEPS,
@@ -165,6 +200,8 @@ def main():
         "clip": {"grads": [torch.tensor(g).flatten().tolist() for g in CLIP_GRADS],
                  "shapes": [list(torch.tensor(g).shape) for g in CLIP_GRADS],
                  "cases": clip_cases()},
+        "optimizers_f64": optimizers_f64,
+        "clip_f64": {"cases": clip_cases(CLIP_CASES_F64, torch.float64)},
     }
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "optim_golden.json")
     with open(path, "w") as f:
