@@ -138,7 +138,7 @@ void Optimizer::load_state_dict(const StateDict& dict) {
     if (!is_type_key(key)) continue;
     const std::string source = key.substr(kTypePrefix.size());
     EMBER_CHECK(source == name_, name_, "load_state_dict: the state is from ", source, ", not ",
-                name_, "; load it into a ", source, " optimizer");
+                name_, "; load it into the optimizer that saved it (", source, ")");
   }
   // Where each global parameter index k lives.
   std::vector<std::pair<size_t, size_t>> where;

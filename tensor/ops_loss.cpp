@@ -29,12 +29,6 @@ Tensor reduce_loss(const Tensor& per_sample, Reduction reduction, const Tensor& 
   return per_sample;
 }
 
-// `value` as a 0-dim tensor of like's dtype and device: it multiplies like a Python float
-// (no promotion), and an f64 operand keeps all of its digits.
-Tensor constant(double value, const Tensor& like) {
-  return scalar_tensor(value, TensorOptions(like.dtype(), like.device()));
-}
-
 // Scores are [C] (unbatched) or [N, C, d1, ...]: the class dim is 0 or 1.
 int64_t class_dim(const Tensor& scores) { return scores.dim() == 1 ? 0 : 1; }
 
@@ -109,7 +103,7 @@ std::pair<Tensor, Tensor> composed_nll(const Tensor& logp, const Tensor& target,
     const Tensor smooth =
         weight.defined() ? -sum(logp * class_view(weight, logp), {cd}) : -sum(logp, {cd});
     const auto classes = static_cast<double>(logp.size(cd));
-    loss = constant(1.0 - smoothing, loss) * loss + smooth * constant(smoothing / classes, smooth);
+    loss = loss * (1.0 - smoothing) + smooth * (smoothing / classes);
   }
   return {where(ignored, 0.0, loss), sample_weight};
 }
@@ -149,9 +143,7 @@ Tensor soft_cross_entropy(const Tensor& logits, const Tensor& target,
   const int64_t classes = logits.size(cd);
   const Tensor logp = log_softmax(logits, cd);
   const double s = o.label_smoothing;
-  const Tensor p = s > 0.0 ? target * constant(1.0 - s, target) +
-                                 constant(s / static_cast<double>(classes), target)
-                           : target;
+  const Tensor p = s > 0.0 ? target * (1.0 - s) + s / static_cast<double>(classes) : target;
   Tensor terms = logp * p;
   if (o.weight.defined()) terms = terms * class_view(o.weight, logits);
   switch (o.reduction) {
@@ -162,7 +154,7 @@ Tensor soft_cross_entropy(const Tensor& logits, const Tensor& target,
     case Reduction::kMean: {
       int64_t samples = 1;
       for (int64_t d = 0; d < logits.dim(); ++d) samples *= d == cd ? 1 : logits.size(d);
-      return -sum(terms) / constant(static_cast<double>(samples), terms);
+      return -sum(terms) / static_cast<double>(samples);
     }
   }
   return terms;
@@ -258,9 +250,7 @@ Tensor smooth_l1_loss(const Tensor& input, const Tensor& target, const SmoothL1L
   EMBER_CHECK(o.beta >= 0.0, op, "beta must be >= 0, got ", o.beta);
   const Tensor z = abs(input - target);
   if (o.beta == 0.0) return reduce_loss(z, o.reduction);
-  const Tensor beta = constant(o.beta, z);
-  return reduce_loss(where(lt(z, beta), z * 0.5 * z / beta, z - constant(0.5 * o.beta, z)),
-                     o.reduction);
+  return reduce_loss(where(lt(z, o.beta), z * 0.5 * z / o.beta, z - 0.5 * o.beta), o.reduction);
 }
 
 Tensor binary_cross_entropy_with_logits(const Tensor& input, const Tensor& target,
