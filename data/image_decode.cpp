@@ -161,6 +161,7 @@ struct PngState {
   png_structp png = nullptr;
   png_infop info = nullptr;
   char message[256] = {};
+  char warning[256] = {};  // the last warning: libpng's reason for some errors
   bool truncated = false;
   int64_t max_pixels = 0;
   png_uint_32 width = 0, height = 0;
@@ -187,7 +188,10 @@ void png_on_error(png_structp png, png_const_charp message) {
   png_longjmp(png, 1);
 }
 
-void png_on_warning(png_structp, png_const_charp) {}
+void png_on_warning(png_structp png, png_const_charp message) {
+  auto* s = static_cast<PngState*>(png_get_error_ptr(png));
+  std::snprintf(s->warning, sizeof(s->warning), "%s", message);
+}
 
 // Reads the header; false on a libpng error.
 bool png_header(PngState* s) {
@@ -255,8 +259,11 @@ void decode_png(const uint8_t* data, size_t size, const std::string& name, int64
                                          "byte ",
                                          size, " (the end of the file) before ", where));
     }
-    throw Error(ember::detail::str_cat(kOp, ": '", name, "' is a corrupt PNG file (libpng: ",
-                                       s.message, ", at byte ", s.pos, " of ", size, ")"));
+    // "Invalid IHDR data" comes after a warning that says what is invalid.
+    const bool explained = std::strstr(s.message, "Invalid") != nullptr && s.warning[0] != 0;
+    throw Error(ember::detail::str_cat(
+        kOp, ": '", name, "' is a corrupt PNG file (libpng: ", s.message, explained ? ": " : "",
+        explained ? s.warning : "", ", at byte ", s.pos, " of ", size, ")"));
   };
   if (!png_header(&s)) fail("the end of its header chunks");
   check_pixels(name, "PNG", s.width, s.height, max_pixels);

@@ -125,8 +125,9 @@ inline Bytes cifar_records(const std::vector<std::vector<uint8_t>>& labels, int6
   return out;
 }
 
-// A PNG (8-bit, colour type 0 grey or 2 RGB) with stored-deflate image data.
-inline Bytes png(int width, int height, int channels, const Bytes& hwc) {
+// A PNG (colour type 0 grey, 4 grey+alpha, 2 RGB or 6 RGBA by `channels`) with stored-deflate
+// image data; `hwc` holds bit_depth / 8 big-endian bytes per sample.
+inline Bytes png(int width, int height, int channels, const Bytes& hwc, int bit_depth = 8) {
   Bytes out = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
   auto chunk = [&](const char* type, const Bytes& body) {
     put_be32(out, static_cast<uint32_t>(body.size()));
@@ -138,13 +139,15 @@ inline Bytes png(int width, int height, int channels, const Bytes& hwc) {
   Bytes ihdr;
   put_be32(ihdr, static_cast<uint32_t>(width));
   put_be32(ihdr, static_cast<uint32_t>(height));
-  ihdr.insert(ihdr.end(), {8, static_cast<uint8_t>(channels == 1 ? 0 : 2), 0, 0, 0});
+  static const uint8_t kColourType[] = {0, 0, 4, 2, 6};
+  ihdr.insert(ihdr.end(), {static_cast<uint8_t>(bit_depth), kColourType[channels], 0, 0, 0});
   chunk("IHDR", ihdr);
   Bytes raw;  // each scanline: filter type 0, then the row
   for (int y = 0; y < height; ++y) {
     raw.push_back(0);
-    const auto row = hwc.begin() + static_cast<std::ptrdiff_t>(y) * width * channels;
-    raw.insert(raw.end(), row, row + width * channels);
+    const int row_bytes = width * channels * bit_depth / 8;
+    const auto row = hwc.begin() + static_cast<std::ptrdiff_t>(y) * row_bytes;
+    raw.insert(raw.end(), row, row + row_bytes);
   }
   Bytes zlib = {0x78, 0x01};
   put_stored_deflate(zlib, raw);
@@ -159,8 +162,18 @@ inline Bytes png(int width, int height, int channels, const Bytes& hwc) {
   return out;
 }
 
-// A 24-bit uncompressed BMP (BITMAPINFOHEADER, bottom-up rows of BGR padded to 4 bytes).
-inline Bytes bmp(int width, int height, const Bytes& rgb_hwc) {
+// Recomputes the CRC of the PNG chunk whose type starts at `type_at` (after editing it).
+inline void fix_png_crc(Bytes& png, size_t type_at) {
+  const uint32_t length = (uint32_t{png[type_at - 4]} << 24) | (uint32_t{png[type_at - 3]} << 16) |
+                          (uint32_t{png[type_at - 2]} << 8) | png[type_at - 1];
+  const uint32_t crc = crc32(png.data() + type_at, 4 + length);
+  for (int k = 0; k < 4; ++k)
+    png[type_at + 4 + length + k] = static_cast<uint8_t>(crc >> (24 - 8 * k));
+}
+
+// A 24-bit uncompressed BMP (BITMAPINFOHEADER, rows of BGR padded to 4 bytes), bottom-up as
+// usual or top-down (negative height in the header).
+inline Bytes bmp(int width, int height, const Bytes& rgb_hwc, bool top_down = false) {
   const uint32_t row_bytes = (static_cast<uint32_t>(width) * 3 + 3) & ~3u;
   const uint32_t image_bytes = row_bytes * static_cast<uint32_t>(height);
   Bytes out = {'B', 'M'};
@@ -169,7 +182,7 @@ inline Bytes bmp(int width, int height, const Bytes& rgb_hwc) {
   put_le32(out, 54);
   put_le32(out, 40);
   put_le32(out, static_cast<uint32_t>(width));
-  put_le32(out, static_cast<uint32_t>(height));
+  put_le32(out, static_cast<uint32_t>(top_down ? -height : height));
   put_le16(out, 1);
   put_le16(out, 24);
   put_le32(out, 0);
@@ -178,7 +191,8 @@ inline Bytes bmp(int width, int height, const Bytes& rgb_hwc) {
   put_le32(out, 2835);
   put_le32(out, 0);
   put_le32(out, 0);
-  for (int y = height - 1; y >= 0; --y) {
+  for (int i = 0; i < height; ++i) {
+    const int y = top_down ? i : height - 1 - i;
     for (int x = 0; x < width; ++x) {
       const uint8_t* p = rgb_hwc.data() + (static_cast<size_t>(y) * width + x) * 3;
       out.insert(out.end(), {p[2], p[1], p[0]});
