@@ -272,10 +272,9 @@ void decode_png(const uint8_t* data, size_t size, const std::string& name, int64
   if (!png_pixels_read(&s)) {
     const std::string where =
         s.row < s.height && s.pass < s.passes
-            ? ember::detail::str_cat("row ", s.row, " of ", s.height,
-                                     s.passes > 1 ? " (interlace pass " : "",
-                                     s.passes > 1 ? std::to_string(s.pass + 1) : "",
-                                     s.passes > 1 ? ")" : "", " was decoded")
+            ? ember::detail::str_cat("the image was complete (", s.row, " of ", s.height,
+                                     " rows decoded", s.passes > 1 ? " in interlace pass " : "",
+                                     s.passes > 1 ? std::to_string(s.pass + 1) : "", ")")
             : "its IEND chunk";
     fail(where.c_str());
   }

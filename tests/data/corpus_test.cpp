@@ -385,6 +385,25 @@ TEST(Corpus, TopDownBmpSixteenBitPngAndGreyConversion) {
   EXPECT_EQ(decode_image(dir.path() + "/c.png", 4).to_vector<uint8_t>(), (Bytes{200, 30, 90, 255}));
 }
 
+TEST(Corpus, BytesAfterTheImagesEndAreIgnored) {
+  TempDir dir;
+  const Bytes hwc = rgb(6, 5), tail = {1, 2, 3, 4, 5, 6, 7};
+  for (Bytes file : {testing::png(6, 5, 3, hwc), testing::bmp(6, 5, hwc)}) {
+    file.insert(file.end(), tail.begin(), tail.end());
+    EXPECT_EQ(decode_image(dir.write("tail", file)).to_vector<uint8_t>(), hwc);
+  }
+  Bytes jpeg = testing::jpeg_8x8();
+  const Tensor clean = decode_image(dir.write("a.jpg", jpeg));
+  jpeg.insert(jpeg.end(), tail.begin(), tail.end());
+  EXPECT_EQ(decode_image(dir.write("b.jpg", jpeg)).to_vector<uint8_t>(),
+            clean.to_vector<uint8_t>());
+  // Mid-image truncation says how far decoding got.
+  const Bytes png = testing::png(6, 5, 3, hwc);
+  EXPECT_EMBER_ERROR(decode_image(dir.write("mid.png", Bytes(png.begin(), png.begin() + 90))),
+                     "mid.png' is truncated: its PNG data ends at byte 90 (the end of the file) "
+                     "before the image was complete (0 of 5 rows decoded)");
+}
+
 TEST(Corpus, GetAndDataLoaderAgreeAndCollateNamesTheFiles) {
   TempDir dir;
   dir.write("a/1.png", testing::png(4, 4, 3, rgb(4, 4, 1)));
