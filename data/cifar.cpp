@@ -1,4 +1,5 @@
 #include <filesystem>
+#include <new>
 #include <utility>
 
 #include <ember/tensor/error.h>
@@ -39,9 +40,16 @@ void read_records(const std::string& path, const char* op, const std::vector<int
   detail::read_cifar_file(path, op, limits, max_records, pixels, labels);
 }
 
-Tensor to_images(const std::vector<uint8_t>& pixels) {
+Tensor to_images(const std::vector<uint8_t>& pixels, const std::string& folder, const char* op) {
   const int64_t n = static_cast<int64_t>(pixels.size()) / kPixels;
-  Tensor images = empty({n, kSide, kSide, 3}, kU8);
+  Tensor images;
+  try {
+    images = empty({n, kSide, kSide, 3}, kU8);
+  } catch (const std::bad_alloc&) {
+    throw Error(ember::detail::str_cat(op, ": the ", n, " images in '", folder, "' need ",
+                                       pixels.size(),
+                                       " bytes, more memory than could be allocated"));
+  }
   std::copy(pixels.begin(), pixels.end(), images.data_ptr<uint8_t>());
   return images;
 }
@@ -63,7 +71,7 @@ Cifar10::Cifar10(const std::string& root, Split split) {
     read_records((std::filesystem::path(folder) / file).string(), op, {kNumClasses},
                  kRecordsPerFile, pixels, labels);
   }
-  images_ = to_images(pixels);
+  images_ = to_images(pixels, folder, op);
   targets_ = std::move(labels[0]);
 }
 
@@ -89,7 +97,7 @@ Cifar100::Cifar100(const std::string& root, Split split, Label label) : label_(l
   read_records((std::filesystem::path(folder) / file).string(), op,
                {kNumCoarseClasses, kNumFineClasses},
                split == Split::kTrain ? 5 * kRecordsPerFile : kRecordsPerFile, pixels, labels);
-  images_ = to_images(pixels);
+  images_ = to_images(pixels, folder, op);
   coarse_ = std::move(labels[0]);
   fine_ = std::move(labels[1]);
 }
