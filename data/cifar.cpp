@@ -1,4 +1,5 @@
 #include <filesystem>
+#include <new>
 #include <utility>
 
 #include <ember/tensor/error.h>
@@ -12,6 +13,8 @@ namespace {
 
 constexpr int64_t kSide = 32;
 constexpr int64_t kPixels = kSide * kSide * 3;
+// Each CIFAR-10 batch and CIFAR-100's test.bin hold 10,000 images; CIFAR-100's train.bin 50,000.
+constexpr int64_t kRecordsPerFile = 10'000;
 
 // The folder holding the binary files: root/<subdir> or root itself.
 std::string find_folder(const std::string& root, const std::string& subdir,
@@ -27,44 +30,26 @@ std::string find_folder(const std::string& root, const std::string& subdir,
       "<folder> does this for CIFAR-10 and checks the MD5)"));
 }
 
-// Appends the records of one binary file: HWC pixels to `pixels`, each label byte to its
-// vector in `labels` (checked against `limits`).
+// The records of one binary file (a missing file is named as a partial copy); larger files
+// than the dataset's own are refused before reading.
 void read_records(const std::string& path, const char* op, const std::vector<int64_t>& limits,
-                  std::vector<uint8_t>& pixels, std::vector<std::vector<int64_t>>& labels) {
-  namespace fs = std::filesystem;
+                  int64_t max_records, std::vector<uint8_t>& pixels,
+                  std::vector<std::vector<int64_t>>& labels) {
   EMBER_CHECK(detail::exists_no_throw(path), op, "missing file '", path,
               "': the folder looks like a partial copy of the dataset");
-  const std::vector<uint8_t> bytes = detail::read_file(path, op);
-  const size_t label_bytes = limits.size();
-  const size_t record = label_bytes + kPixels;
-  EMBER_CHECK(!bytes.empty() && bytes.size() % record == 0, op, "'", path, "' has ", bytes.size(),
-              " bytes, not a whole number of ", record, "-byte records (", label_bytes,
-              " label byte", label_bytes == 1 ? "" : "s", " + ", kPixels,
-              " pixels): truncated, or not this dataset's binary version");
-  const size_t count = bytes.size() / record;
-  const size_t base = pixels.size();
-  pixels.resize(base + count * kPixels);
-  for (size_t r = 0; r < count; ++r) {
-    const uint8_t* rec = bytes.data() + r * record;
-    for (size_t k = 0; k < label_bytes; ++k) {
-      EMBER_CHECK(rec[k] < limits[k], op, "'", path, "' record ", r, " has label ",
-                  static_cast<int>(rec[k]), ", outside [0, ", limits[k], ")");
-      labels[k].push_back(rec[k]);
-    }
-    // Planes R, G, B of 1,024 pixels each -> interleaved HWC.
-    const uint8_t* planes = rec + label_bytes;
-    uint8_t* out = pixels.data() + base + r * kPixels;
-    for (int64_t p = 0; p < kSide * kSide; ++p) {
-      out[p * 3] = planes[p];
-      out[p * 3 + 1] = planes[kSide * kSide + p];
-      out[p * 3 + 2] = planes[2 * kSide * kSide + p];
-    }
-  }
+  detail::read_cifar_file(path, op, limits, max_records, pixels, labels);
 }
 
-Tensor to_images(const std::vector<uint8_t>& pixels) {
+Tensor to_images(const std::vector<uint8_t>& pixels, const std::string& folder, const char* op) {
   const int64_t n = static_cast<int64_t>(pixels.size()) / kPixels;
-  Tensor images = empty({n, kSide, kSide, 3}, kU8);
+  Tensor images;
+  try {
+    images = empty({n, kSide, kSide, 3}, kU8);
+  } catch (const std::bad_alloc&) {
+    throw Error(ember::detail::str_cat(op, ": the ", n, " images in '", folder, "' need ",
+                                       pixels.size(),
+                                       " bytes, more memory than could be allocated"));
+  }
   std::copy(pixels.begin(), pixels.end(), images.data_ptr<uint8_t>());
   return images;
 }
@@ -83,10 +68,10 @@ Cifar10::Cifar10(const std::string& root, Split split) {
   std::vector<uint8_t> pixels;
   std::vector<std::vector<int64_t>> labels(1);
   for (const auto& file : files) {
-    read_records((std::filesystem::path(folder) / file).string(), op, {kNumClasses}, pixels,
-                 labels);
+    read_records((std::filesystem::path(folder) / file).string(), op, {kNumClasses},
+                 kRecordsPerFile, pixels, labels);
   }
-  images_ = to_images(pixels);
+  images_ = to_images(pixels, folder, op);
   targets_ = std::move(labels[0]);
 }
 
@@ -110,8 +95,9 @@ Cifar100::Cifar100(const std::string& root, Split split, Label label) : label_(l
   std::vector<uint8_t> pixels;
   std::vector<std::vector<int64_t>> labels(2);
   read_records((std::filesystem::path(folder) / file).string(), op,
-               {kNumCoarseClasses, kNumFineClasses}, pixels, labels);
-  images_ = to_images(pixels);
+               {kNumCoarseClasses, kNumFineClasses},
+               split == Split::kTrain ? 5 * kRecordsPerFile : kRecordsPerFile, pixels, labels);
+  images_ = to_images(pixels, folder, op);
   coarse_ = std::move(labels[0]);
   fine_ = std::move(labels[1]);
 }

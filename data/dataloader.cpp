@@ -218,10 +218,18 @@ namespace {
 // sample fixes its shape and dtype, and every other sample must match them.
 struct StackedField {
   const char* what;  // "data" or "target"
+  const Dataset& dataset;
   Tensor batch{};
   Shape sample_shape{};
   size_t sample_bytes = 0;
   int64_t first_index = -1;
+
+  // "index 3" or "index 3, 'cat/a.png'" when the dataset names its examples' sources.
+  std::string name(int64_t index) const {
+    const std::string source = dataset.describe(index);
+    return ember::detail::str_cat("index ", index, source.empty() ? "" : ", '", source,
+                                  source.empty() ? "" : "'");
+  }
 
   template <typename Allocate>
   void put(int64_t k, int64_t index, const Tensor& sample, Allocate&& allocate) {
@@ -233,9 +241,9 @@ struct StackedField {
       sample_bytes = sample.nbytes();
     } else {
       EMBER_CHECK(sample.sizes() == sample_shape && sample.dtype() == batch.dtype(), "collate",
-                  "its ", what, " is ", sample.dtype(), " ", shape_str(sample.sizes()),
-                  " but the batch's first sample (index ", first_index, ") is ", batch.dtype(),
-                  " ", shape_str(sample_shape),
+                  "its ", what, " (", name(index), ") is ", sample.dtype(), " ",
+                  shape_str(sample.sizes()), " but the batch's first sample (", name(first_index),
+                  ") is ", batch.dtype(), " ", shape_str(sample_shape),
                   std::string_view(what) == "data"
                       ? "; transform them to one size (e.g. Resize, CenterCrop)"
                       : "");
@@ -276,7 +284,7 @@ Batch DataLoader::load_batch(uint64_t epoch, const std::vector<int64_t>& order, 
 
   Batch out;
   out.indices.assign(order.begin() + first, order.begin() + first + count);
-  StackedField data{"data"}, target_tensors{"target"};
+  StackedField data{"data", *dataset_}, target_tensors{"target", *dataset_};
   std::vector<int64_t> class_targets;
   class_targets.reserve(static_cast<size_t>(count));
   for (int64_t k = 0; k < count; ++k) {

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include <ember/tensor/tensor.h>
@@ -29,6 +30,9 @@ class Dataset {
   virtual int64_t size() const = 0;
   // The example at `index` in [0, size()); ember::Error for an index out of range.
   virtual Example get(int64_t index) const = 0;
+  // Where example `index` comes from (a file path), for error messages; "" when there is
+  // nothing more to say than the index.
+  virtual std::string describe(int64_t /*index*/) const { return {}; }
 
  protected:
   // Throws ember::Error naming `op` when index is outside [0, size()).

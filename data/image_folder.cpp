@@ -1,7 +1,6 @@
-#include <stb/stb_image.h>
-
 #include <algorithm>
 #include <cctype>
+#include <climits>
 #include <filesystem>
 #include <memory>
 #include <system_error>
@@ -10,13 +9,11 @@
 #include <ember/tensor/ops.h>
 
 #include "datasets.h"
+#include "detail/image.h"
 #include "detail/io.h"
 
 namespace ember::data {
 namespace {
-
-// Larger images are refused before decoding: 2^28 pixels is 1 GiB of RGBA.
-constexpr int64_t kMaxPixels = int64_t{1} << 28;
 
 std::string lower(std::string s) {
   std::transform(s.begin(), s.end(), s.begin(),
@@ -26,26 +23,25 @@ std::string lower(std::string s) {
 
 }  // namespace
 
-Tensor decode_image(const std::string& path, int channels) {
+Tensor decode_image(const std::string& path, int channels, int64_t max_pixels) {
   const char* op = "decode_image";
   EMBER_CHECK(channels == 1 || channels == 3 || channels == 4, op,
               "channels must be 1, 3 or 4, got ", channels);
-  const std::vector<uint8_t> bytes = detail::read_file(path, op);
-  EMBER_CHECK(bytes.size() <= static_cast<size_t>(INT32_MAX), op, "'", path, "' is too large (",
-              bytes.size(), " bytes)");
-  const int length = static_cast<int>(bytes.size());
-  int width = 0, height = 0, file_channels = 0;
-  EMBER_CHECK(stbi_info_from_memory(bytes.data(), length, &width, &height, &file_channels), op,
-              "cannot decode '", path, "': ", stbi_failure_reason(),
-              " (ember reads PNG, JPEG and BMP)");
-  EMBER_CHECK(width > 0 && height > 0 && int64_t{width} * height <= kMaxPixels, op, "'", path,
-              "' claims ", width, "x", height, " pixels, more than ember decodes (", kMaxPixels,
-              ")");
-  std::shared_ptr<void> pixels(
-      stbi_load_from_memory(bytes.data(), length, &width, &height, &file_channels, channels),
-      [](void* p) { stbi_image_free(p); });
-  EMBER_CHECK(pixels != nullptr, op, "cannot decode '", path, "': ", stbi_failure_reason());
-  return from_blob(pixels.get(), {height, width, channels}, kU8, kCPU, pixels);
+  EMBER_CHECK(max_pixels > 0, op, "max_pixels must be positive, got ", max_pixels);
+  // No PNG, JPEG or BMP of max_pixels pixels needs more than 8 bytes a pixel (16-bit RGBA
+  // PNG stored uncompressed) and some metadata.
+  const uint64_t max_bytes =
+      static_cast<uint64_t>(std::min<int64_t>(max_pixels, INT64_MAX / 16)) * 8 +
+      (uint64_t{1} << 26);
+  const std::vector<uint8_t> bytes =
+      detail::read_file(path, op, max_bytes, ", the most an image of max_pixels pixels can need");
+  Tensor image;
+  detail::decode_image_bytes(bytes.data(), bytes.size(), path, channels, max_pixels,
+                             [&](int64_t height, int64_t width, int c) {
+                               image = empty({height, width, c}, kU8);
+                               return image.data_ptr<uint8_t>();
+                             });
+  return image;
 }
 
 void ImageFolder::scan(const std::string& root, const std::vector<std::string>& extensions,
@@ -63,7 +59,10 @@ void ImageFolder::scan(const std::string& root, const std::vector<std::string>& 
     const auto it_options = fs::directory_options::follow_directory_symlink;
     for (const auto& entry :
          fs::recursive_directory_iterator(fs::path(root) / classes_[c], it_options)) {
-      if (!entry.is_regular_file()) continue;
+      // Directories are walked; anything else with an image extension is a sample, so that
+      // a FIFO or device named like an image is reported (by get()) rather than hidden.
+      std::error_code kind_error;
+      if (entry.is_directory(kind_error)) continue;
       const std::string ext = lower(entry.path().extension().string());
       if (std::find(extensions.begin(), extensions.end(), ext) != extensions.end()) {
         files.push_back(entry.path().string());
@@ -76,11 +75,12 @@ void ImageFolder::scan(const std::string& root, const std::vector<std::string>& 
 }
 
 ImageFolder::ImageFolder(const std::string& root, ImageFolderOptions options)
-    : channels_(options.channels) {
+    : channels_(options.channels), max_pixels_(options.max_pixels) {
   namespace fs = std::filesystem;
   const char* op = "ImageFolder";
   EMBER_CHECK(channels_ == 1 || channels_ == 3 || channels_ == 4, op,
               "channels must be 1, 3 or 4, got ", channels_);
+  EMBER_CHECK(max_pixels_ > 0, op, "max_pixels must be positive, got ", max_pixels_);
   std::error_code error;
   EMBER_CHECK(fs::is_directory(root, error), op, "dataset not found: '", root,
               "' is not a folder. Arrange images as ", root, "/<class name>/<image file>");
@@ -98,12 +98,32 @@ ImageFolder::ImageFolder(const std::string& root, ImageFolderOptions options)
     throw Error(ember::detail::str_cat(op, ": class folder(s) ", names, " under '", root,
                                        "' hold no image files (extensions: ", exts, ")"));
   }
+  if (options.skip_bad_files) {
+    std::vector<std::pair<std::string, int64_t>> good;
+    for (auto& sample : samples_) {
+      try {
+        decode_image(sample.first, channels_, max_pixels_);
+        good.push_back(std::move(sample));
+      } catch (const Error& e) {
+        bad_files_.push_back({sample.first, e.what()});
+      }
+    }
+    samples_ = std::move(good);
+    EMBER_CHECK(!samples_.empty(), op, "every one of the ", bad_files_.size(),
+                " image files under '", root,
+                "' failed to decode; the first: ", bad_files_.front().reason);
+  }
+}
+
+std::string ImageFolder::describe(int64_t index) const {
+  if (index < 0 || index >= size()) return {};
+  return samples_[static_cast<size_t>(index)].first;
 }
 
 Example ImageFolder::get(int64_t index) const {
   check_index(index, "ImageFolder::get");
   const auto& [path, target] = samples_[static_cast<size_t>(index)];
-  return {decode_image(path, channels_), target};
+  return {decode_image(path, channels_, max_pixels_), target};
 }
 
 }  // namespace ember::data

@@ -11,9 +11,7 @@
 namespace ember::data {
 namespace {
 
-uint32_t big_endian_u32(const uint8_t* p) {
-  return (uint32_t{p[0]} << 24) | (uint32_t{p[1]} << 16) | (uint32_t{p[2]} << 8) | p[3];
-}
+constexpr int64_t kSide = 28;
 
 std::string hex32(uint32_t value) {
   char text[16];
@@ -21,43 +19,8 @@ std::string hex32(uint32_t value) {
   return text;
 }
 
-Tensor parse_idx(const std::vector<uint8_t>& bytes, const std::string& path) {
-  const char* op = "read_idx";
-  EMBER_CHECK(bytes.size() >= 4, op, "'", path, "' is truncated: ", bytes.size(),
-              " bytes, shorter than the 4-byte idx magic number");
-  const uint32_t magic = big_endian_u32(bytes.data());
-  EMBER_CHECK(bytes[0] == 0 && bytes[1] == 0 && bytes[3] >= 1, op, "'", path,
-              "' has wrong magic number ", hex32(magic),
-              ": not an idx file (expected 0x000008NN, e.g. 0x00000803 for images)");
-  EMBER_CHECK(bytes[2] == 0x08, op, "'", path, "' has magic number ", hex32(magic),
-              ": element type ", hex32(bytes[2]),
-              " is not supported (ember reads u8 idx files, type 0x08)");
-  const size_t ndim = bytes[3];
-  const size_t header = 4 + 4 * ndim;
-  EMBER_CHECK(bytes.size() >= header, op, "'", path, "' is truncated: ", bytes.size(),
-              " bytes, shorter than the ", header, "-byte header of a ", ndim, "-d idx file");
-  Shape dims;
-  const size_t data_bytes = bytes.size() - header;
-  size_t expected = 1;
-  bool too_large = false;
-  for (size_t d = 0; d < ndim; ++d) {
-    const uint32_t size = big_endian_u32(bytes.data() + 4 + 4 * d);
-    dims.push_back(size);
-    // Stop multiplying before the product overflows: the file is then too short anyway.
-    if (!too_large) {
-      if (size != 0 && expected > (size_t{1} << 62) / size) too_large = true;
-      expected *= size;
-    }
-  }
-  EMBER_CHECK(!too_large && expected == data_bytes, op, "'", path, "' has ", data_bytes,
-              " bytes after its header but its dims ", shape_str(dims), " need ",
-              too_large ? std::string("more") : std::to_string(expected),
-              data_bytes < expected || too_large ? ": the file is truncated"
-                                                 : ": the file has trailing bytes");
-  Tensor result = empty(dims, kU8);
-  if (data_bytes > 0) std::memcpy(result.data_ptr<uint8_t>(), bytes.data() + header, data_bytes);
-  return result;
-}
+// The idx magic number of a u8 file with `ndim` dims, as printed in messages.
+std::string idx_magic(int64_t ndim) { return hex32(0x800u | static_cast<uint32_t>(ndim)); }
 
 // root/name or root/name.gz, whichever exists; ember::Error saying how to get the data.
 std::string find_idx(const std::string& root, const std::string& name, const char* op,
@@ -74,8 +37,12 @@ std::string find_idx(const std::string& root, const std::string& name, const cha
 }  // namespace
 
 Tensor read_idx(const std::string& path) {
-  return parse_idx(detail::maybe_gunzip(detail::read_file(path, "read_idx"), path, "read_idx"),
-                   path);
+  Tensor result;
+  detail::read_idx_file(path, "read_idx", [&](const std::vector<int64_t>& dims) {
+    result = empty(Shape(dims.begin(), dims.end()), kU8);
+    return result.data_ptr<uint8_t>();
+  });
+  return result;
 }
 
 Mnist::Mnist(const std::string& root, Split split)
@@ -98,11 +65,18 @@ Mnist::Mnist(const std::string& root, Split split, const char* name,
   Tensor images = with_context(images_path, read_idx);
   Tensor labels = with_context(labels_path, read_idx);
   EMBER_CHECK(images.dim() == 3, name, "'", images_path, "' has ", images.dim(),
-              " dims (magic number 0x0000080", images.dim(),
-              "), but an images file has 3 (0x00000803)");
+              " dims (magic number ", idx_magic(images.dim()), "), but an images file has 3 (",
+              idx_magic(3), ")");
   EMBER_CHECK(labels.dim() == 1, name, "'", labels_path, "' has ", labels.dim(),
-              " dims (magic number 0x0000080", labels.dim(),
-              "), but a labels file has 1 (0x00000801)");
+              " dims (magic number ", idx_magic(labels.dim()), "), but a labels file has 1 (",
+              idx_magic(1), ")");
+  // Every MNIST-format dataset (MNIST, Fashion-MNIST, KMNIST, EMNIST) has 28x28 images, and
+  // images() promises [N, 28, 28, 1].
+  EMBER_CHECK(images.size(1) == kSide && images.size(2) == kSide, name, "'", images_path,
+              "' holds ", images.size(1), "x", images.size(2), " images (dims ",
+              shape_str(images.sizes()), "), but MNIST-format images are ", kSide, "x", kSide);
+  EMBER_CHECK(images.size(0) > 0, name, "'", images_path, "' holds no images (dims ",
+              shape_str(images.sizes()), "): the dataset is empty");
   EMBER_CHECK(images.size(0) == labels.size(0), name, "'", images_path, "' holds ", images.size(0),
               " images but '", labels_path, "' holds ", labels.size(0), " labels");
   const uint8_t* label = labels.data_ptr<uint8_t>();

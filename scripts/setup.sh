@@ -31,7 +31,9 @@ for arg in "$@"; do
 done
 
 # Build tools, OpenBLAS and oneDNN, GoogleTest/GoogleMock, Open MPI, stb_image, zlib,
-# nlohmann-json, CLI11, clang-format, and the Fashion-MNIST data set the data tests read.
+# libpng and libjpeg (image decoding), nlohmann-json, CLI11, clang-format, clang with its
+# libFuzzer and sanitizer runtimes (libclang-rt-14-dev, for tests/data/fuzz/run.sh), and the
+# Fashion-MNIST data set the data tests read.
 # OpenMP comes with GCC (libgomp, part of build-essential). Slurm and munge are for the srun
 # test (tests/dist/slurm.sh), which starts its own daemons; srun --mpi=pmix loads libpmix.so
 # from libpmix-dev. dpkg-dev (dpkg-shlibdeps), file and lintian build and check the Debian
@@ -42,6 +44,8 @@ packages=(
   libgtest-dev libgmock-dev googletest
   libopenmpi-dev openmpi-bin
   libstb-dev zlib1g-dev nlohmann-json3-dev libcli11-dev
+  libpng-dev libjpeg62-turbo-dev
+  clang libclang-rt-14-dev
   clang-format
   dataset-fashion-mnist
   gnuplot-nox

@@ -355,9 +355,10 @@ TEST(DataLoader, BadSamplesAndMismatchedShapesAreReported) {
   DataLoaderOptions two;
   two.batch_size = 2;
   DataLoader varying(std::make_shared<Varying>(), two);
-  EXPECT_EMBER_ERROR(varying.begin(),
-                     "sample 1 (batch 0 of epoch 0) failed: collate: its data is f32 [2, 2] but "
-                     "the batch's first sample (index 0) is f32 [1, 2]");
+  EXPECT_EMBER_ERROR(
+      varying.begin(),
+      "sample 1 (batch 0 of epoch 0) failed: collate: its data (index 1) is f32 [2, 2] but "
+      "the batch's first sample (index 0) is f32 [1, 2]");
   EXPECT_EMBER_ERROR(DataLoader(mixed, {.batch_size = 0}), "batch_size must be >= 1, got 0");
   EXPECT_EMBER_ERROR(DataLoader(mixed, {.num_workers = -1}), "num_workers must be >= 0");
   EXPECT_EMBER_ERROR(DataLoader(nullptr), "dataset is null");

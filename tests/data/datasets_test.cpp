@@ -233,7 +233,7 @@ TEST(BadInput, CifarWrongRecordSizesAndLabels) {
   dir.write("cifar-10-batches-bin/test_batch.bin", truncated);
   EXPECT_EMBER_ERROR(
       Cifar10(dir.path(), Split::kTest),
-      std::string("'") + test_file + "' has 6145 bytes, not a whole number of 3073-byte records");
+      std::string("'") + test_file + "' has 6,145 bytes, not a whole number of 3073-byte records");
   dir.write("cifar-10-batches-bin/test_batch.bin", {});
   EXPECT_EMBER_ERROR(Cifar10(dir.path(), Split::kTest), "has 0 bytes");
   bytes[3073] = 10;  // second record's label
@@ -262,7 +262,7 @@ TEST(BadInput, IdxWrongMagicTruncationAndTrailingBytes) {
                      "element type 0x0000000d is not supported");
   EXPECT_EMBER_ERROR(read_idx(dir.write("s.idx", {0, 0, 8})), "truncated: 3 bytes");
   EXPECT_EMBER_ERROR(read_idx(dir.write("h.idx", Bytes(good.begin(), good.begin() + 10))),
-                     "shorter than the 12-byte header");
+                     "fewer than the 12-byte header");
   EXPECT_EMBER_ERROR(
       read_idx(dir.write("d.idx", Bytes(good.begin(), good.end() - 1))),
       "has 3 bytes after its header but its dims [2, 2] need 4: the file is truncated");
@@ -272,7 +272,7 @@ TEST(BadInput, IdxWrongMagicTruncationAndTrailingBytes) {
   // Dims whose product overflows 64 bits.
   EXPECT_EMBER_ERROR(
       read_idx(dir.write("o.idx", testing::idx({0xffffffffu, 0xffffffffu, 0xffffffffu}, {}))),
-      "need more: the file is truncated");
+      "need more than 2^62: the file is truncated");
 }
 
 TEST(BadInput, GzipTruncatedOrCorrupt) {
@@ -289,7 +289,7 @@ TEST(BadInput, GzipTruncatedOrCorrupt) {
   Bytes garbage = gz;
   garbage.push_back(7);
   EXPECT_EMBER_ERROR(read_idx(dir.write("tail.gz", garbage)),
-                     "1 trailing bytes after its gzip stream");
+                     "has trailing bytes after its gzip stream (at byte 35 of 36)");
 }
 
 TEST(BadInput, MnistMismatchedFilesAndLabels) {
@@ -321,7 +321,8 @@ TEST(BadInput, ImageFolderLayoutAndUndecodableImages) {
   ImageFolder folder(dir.path());
   ASSERT_EQ(folder.size(), 2);
   EXPECT_EQ(folder.get(0).data.to_vector<int64_t>(), (std::vector<int64_t>{7, 7, 7}));
-  EXPECT_EMBER_ERROR(folder.get(1), "cannot decode '" + dir.path() + "/b/broken.jpg'");
+  EXPECT_EMBER_ERROR(folder.get(1),
+                     dir.path() + "/b/broken.jpg' is truncated: its JPEG data ends at byte 7");
   // A PNG header claiming an enormous image is refused before decoding.
   Bytes huge = testing::png(1, 1, 1, {7});
   huge[16] = huge[20] = 0x7f;  // width and height ~ 2^31
