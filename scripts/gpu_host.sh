@@ -21,12 +21,12 @@ gpu_host_runtime_packages=(
   libevent-pthreads-2.1-7 libfabric1 libucx0 libpsm2-2 libpsm-infinipath1 libnuma1
   libibverbs1 ibverbs-providers librdmacm1 libnl-3-200 libnl-route-3-200 libmunge2
   libatomic1 libuuid1 libudev1 zlib1g
-  libopenblas0-pthread libgfortran5 libquadmath0 libgomp1 libdnnl2 ocl-icd-libopencl1 libstb0
+  libopenblas0-pthread libgfortran5 libquadmath0 libgomp1 libdnnl2 ocl-icd-libopencl1
   libpng16-16 libjpeg62-turbo
 )
 gpu_host_build_packages=(
   libopenblas-dev libopenblas-pthread-dev libdnnl-dev libgtest-dev libgmock-dev
-  libopenmpi-dev libstb-dev nlohmann-json3-dev libcli11-dev zlib1g-dev
+  libopenmpi-dev nlohmann-json3-dev libcli11-dev zlib1g-dev
   libpng-dev libjpeg62-turbo-dev
   pkgconf pkgconf-bin libpkgconf3
 )

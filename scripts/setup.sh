@@ -30,7 +30,7 @@ for arg in "$@"; do
   esac
 done
 
-# Build tools, OpenBLAS and oneDNN, GoogleTest/GoogleMock, Open MPI, stb_image, zlib,
+# Build tools, OpenBLAS and oneDNN, GoogleTest/GoogleMock, Open MPI, zlib,
 # libpng and libjpeg (image decoding), nlohmann-json, CLI11, clang-format, clang with its
 # libFuzzer and sanitizer runtimes (libclang-rt-14-dev, for tests/data/fuzz/run.sh), and the
 # Fashion-MNIST data set the data tests read.
@@ -43,7 +43,7 @@ packages=(
   libopenblas-dev libdnnl-dev
   libgtest-dev libgmock-dev googletest
   libopenmpi-dev openmpi-bin
-  libstb-dev zlib1g-dev nlohmann-json3-dev libcli11-dev
+  zlib1g-dev nlohmann-json3-dev libcli11-dev
   libpng-dev libjpeg62-turbo-dev
   clang libclang-rt-14-dev
   clang-format
