@@ -42,6 +42,7 @@ packages=(
   libgtest-dev libgmock-dev googletest
   libopenmpi-dev openmpi-bin
   libstb-dev zlib1g-dev nlohmann-json3-dev libcli11-dev
+  libssl-dev  # OpenSSL's libcrypto: HMAC-SHA256 for the job secret (EMBER_JOB_SECRET)
   clang-format
   dataset-fashion-mnist
   gnuplot-nox
