@@ -980,13 +980,12 @@ void TcpProcessGroup::State::connect_mesh(const std::string& host, int port) {
     for (const int32_t channel : {kCollectives, kPointToPoint}) {
       int& fd = slot(channel, peer);
       fd = connect_to(peer_address, peer_port, peer, deadline);
+      const Hello hello{kMagic, static_cast<int32_t>(group), rank, channel};
       const std::string refused = detail::connect_handshake(
-          fd, secret, kMeshContext, std::min(deadline, Clock::now() + kGreetingLimit));
+          fd, secret, kMeshContext, std::min(deadline, Clock::now() + kGreetingLimit),
+          std::string(reinterpret_cast<const char*>(&hello), sizeof(hello)));
       EMBER_CHECK(refused.empty(), "TcpProcessGroup", "rank ", peer, " at ", peer_address, ":",
                   peer_port, " ", refused);
-      const Hello hello{kMagic, static_cast<int32_t>(group), rank, channel};
-      EMBER_CHECK(detail::write_all(fd, &hello, sizeof(hello)), "TcpProcessGroup",
-                  "lost the connection to rank ", peer, " at ", peer_address, ":", peer_port);
     }
   }
   // Strangers that reach the listener (a port scan, a wrong greeting, a wrong secret) are

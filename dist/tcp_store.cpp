@@ -175,17 +175,18 @@ struct TcpStore::Server {
   void accept_loop() {
     for (;;) {
       const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+      const int error = errno;
+      if (fd < 0 && (error == EMFILE || error == ENFILE || error == ENOBUFS || error == ENOMEM)) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));  // out of files: later
+      }
       std::lock_guard<std::mutex> lock(mutex);
       if (stopping) {
         if (fd >= 0) ::close(fd);
         return;
       }
       if (fd < 0) {
-        if (errno == EINTR || errno == ECONNABORTED || errno == EMFILE || errno == ENFILE ||
-            errno == ENOBUFS || errno == ENOMEM) {
-          if (errno != EINTR && errno != ECONNABORTED) {
-            std::this_thread::sleep_for(std::chrono::milliseconds(10));
-          }
+        if (error == EINTR || error == ECONNABORTED || error == EMFILE || error == ENFILE ||
+            error == ENOBUFS || error == ENOMEM) {
           continue;
         }
         return;

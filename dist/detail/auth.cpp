@@ -36,7 +36,9 @@ const char* env(const char* name) {
   return value != nullptr && value[0] != '\0' ? value : nullptr;
 }
 
-std::string read_secret() {
+}  // namespace
+
+std::string read_job_secret() {
   const char* inline_secret = env("EMBER_JOB_SECRET");
   const char* file = env("EMBER_JOB_SECRET_FILE");
   EMBER_CHECK(inline_secret == nullptr || file == nullptr, "job secret",
@@ -54,6 +56,8 @@ std::string read_secret() {
   EMBER_CHECK(!secret.empty(), "job secret", "EMBER_JOB_SECRET_FILE=", file, " is empty");
   return secret;
 }
+
+namespace {
 
 std::array<unsigned char, kMac> mac(const std::string& secret, char role,
                                     const std::string& context, const Bytes& first,
@@ -89,7 +93,7 @@ std::string read_failure(const char* what) {
 }  // namespace
 
 const std::string& job_secret() {
-  static const std::string secret = read_secret();
+  static const std::string secret = read_job_secret();
   return secret;
 }
 
@@ -135,8 +139,11 @@ std::string accept_handshake(int fd, const std::string& secret, const std::strin
 }
 
 std::string connect_handshake(int fd, const std::string& secret, const std::string& context,
-                              std::chrono::steady_clock::time_point deadline) {
-  if (secret.empty()) return {};
+                              std::chrono::steady_clock::time_point deadline,
+                              const std::string& first) {
+  if (secret.empty()) {
+    return write_all(fd, first.data(), first.size()) ? "" : "closed the connection";
+  }
   char magic[sizeof(kMagic)] = {};
   Bytes theirs{};
   if (!read_by(fd, magic, sizeof(magic), deadline)) {
@@ -150,6 +157,7 @@ std::string connect_handshake(int fd, const std::string& secret, const std::stri
   const auto proof = mac(secret, 'c', context, theirs, mine);
   std::string reply(reinterpret_cast<const char*>(mine.data()), mine.size());
   reply.append(reinterpret_cast<const char*>(proof.data()), proof.size());
+  reply += first;
   if (!write_all(fd, reply.data(), reply.size())) return "closed the connection";
   std::array<unsigned char, kMac> answer{};
   if (!read_by(fd, answer.data(), answer.size(), deadline)) {

@@ -21,6 +21,8 @@ namespace ember::dist::detail {
 // newline dropped); "" when neither is set. Read once per process. Throws ember::Error when
 // the file cannot be read or the secret is empty, or when both variables are set.
 const std::string& job_secret();
+// The same, read from the environment now, uncached.
+std::string read_job_secret();
 
 // `explicit_secret` when it holds a value (tests, several jobs in one process), else
 // job_secret().
@@ -33,8 +35,12 @@ inline const std::string& secret_or_env(const std::optional<std::string>& explic
 // answer in time"). With an empty secret both succeed at once without a byte sent.
 std::string accept_handshake(int fd, const std::string& secret, const std::string& context,
                              std::chrono::steady_clock::time_point deadline);
+// The connecting side may pass its first message (`first`, e.g. a greeting): it goes out with
+// the proof, before the answer is read, which saves the acceptor a round trip per connection
+// (without a secret it is simply sent).
 std::string connect_handshake(int fd, const std::string& secret, const std::string& context,
-                              std::chrono::steady_clock::time_point deadline);
+                              std::chrono::steady_clock::time_point deadline,
+                              const std::string& first = {});
 
 // "10.0.0.7:51234" (or "[::1]:51234") for the peer of a connected socket; "?" if unknown.
 std::string peer_address(int fd);

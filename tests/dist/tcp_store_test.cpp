@@ -10,8 +10,10 @@
 #include <fstream>
 #include <random>
 #include <thread>
+#include <tuple>
 #include <vector>
 
+#include <ember/dist/detail/auth.h>
 #include <ember/dist/tcp_process_group.h>
 #include <ember/dist/tcp_store.h>
 #include <ember/tensor/ops.h>
@@ -448,6 +450,54 @@ TEST(TcpStore, ASecretAgainstAServerWithoutOneSaysSo) {
   TcpStore server("127.0.0.1", 0, 2, true, 10s, with_secret(""));
   EXPECT_EMBER_ERROR(TcpStore("127.0.0.1", server.port(), 2, false, 10s, with_secret("s")),
                      "sent no job-secret challenge in time (is the same EMBER_JOB_SECRET set");
+}
+
+TEST(JobSecret, TheHandshakeProvesTheSecretBothWaysAndCarriesTheFirstMessage) {
+  const auto deadline = std::chrono::steady_clock::now() + 5s;
+  auto run = [&](const std::string& acceptor_secret, const std::string& connector_secret) {
+    int pair[2];
+    EXPECT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, pair), 0);
+    std::string accepted, greeting(5, '\0');
+    std::thread acceptor([&] {
+      accepted = detail::accept_handshake(pair[0], acceptor_secret, "test", deadline);
+      if (accepted.empty()) detail::read_by(pair[0], greeting.data(), greeting.size(), deadline);
+      ::close(pair[0]);
+    });
+    const std::string connected =
+        detail::connect_handshake(pair[1], connector_secret, "test", deadline, "hello");
+    acceptor.join();
+    ::close(pair[1]);
+    return std::tuple{accepted, connected, greeting};
+  };
+  auto [accepted, connected, greeting] = run("s3cret", "s3cret");
+  EXPECT_EQ(accepted, "");
+  EXPECT_EQ(connected, "");
+  EXPECT_EQ(greeting, "hello");
+  std::tie(accepted, connected, greeting) = run("s3cret", "other");
+  EXPECT_EQ(accepted, "failed the job-secret handshake (wrong secret, or none)");
+  EXPECT_EQ(connected, "refused this process's job secret (the secrets differ)");
+  std::tie(accepted, connected, greeting) = run("", "");  // no secret: nothing but the message
+  EXPECT_EQ(accepted, "");
+  EXPECT_EQ(greeting, "hello");
+}
+
+TEST(JobSecret, ReadFromTheVariableOrAFile) {
+  ::unsetenv("EMBER_JOB_SECRET");
+  ::unsetenv("EMBER_JOB_SECRET_FILE");
+  EXPECT_EQ(detail::read_job_secret(), "");
+  ::setenv("EMBER_JOB_SECRET", "inline", 1);
+  EXPECT_EQ(detail::read_job_secret(), "inline");
+  const std::string path = ::testing::TempDir() + "ember_job_secret_" + std::to_string(::getpid());
+  std::ofstream(path) << "from a file\n";
+  ::setenv("EMBER_JOB_SECRET_FILE", path.c_str(), 1);
+  EXPECT_EMBER_ERROR(detail::read_job_secret(), "EMBER_JOB_SECRET and EMBER_JOB_SECRET_FILE");
+  ::unsetenv("EMBER_JOB_SECRET");
+  EXPECT_EQ(detail::read_job_secret(), "from a file");
+  std::ofstream(path) << "";
+  EXPECT_EMBER_ERROR(detail::read_job_secret(), "is empty");
+  std::filesystem::remove(path);
+  EXPECT_EMBER_ERROR(detail::read_job_secret(), "cannot read EMBER_JOB_SECRET_FILE=");
+  ::unsetenv("EMBER_JOB_SECRET_FILE");
 }
 
 // --- strangers at the TCP backend's mesh listener ---------------------------------------------
