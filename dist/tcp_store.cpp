@@ -119,7 +119,7 @@ struct TcpStore::Server {
     std::string peer;
     std::thread thread;
     bool done = false;    // its thread has finished with it
-    bool member = false;  // it made a well-formed request: a rank, not a stranger
+    bool member = false;  // it proved the secret or made a well-formed request: a rank
   };
 
   TcpStoreOptions options;
@@ -271,6 +271,10 @@ struct TcpStore::Server {
                                    Clock::now() + std::min<std::chrono::milliseconds>(
                                                       options.request_timeout, kHandshakeLimit));
       if (!failed.empty()) throw ProtocolError{failed};
+      if (!secret.empty()) {
+        std::lock_guard<std::mutex> lock(mutex);
+        c.member = true;  // it proved the job's secret: a rank, even before its first request
+      }
       for (;;) {
         uint8_t op = 0;
         // Between requests a connection may idle as long as it likes; a started request
