@@ -1,9 +1,12 @@
 #include "tcp_store.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -12,6 +15,7 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <list>
 #include <map>
 #include <mutex>
@@ -113,10 +117,20 @@ struct ProtocolError {
 }  // namespace
 
 struct TcpStore::Server {
-  // One accepted connection and the thread that serves it.
+  // An accepted connection that has sent nothing yet: it costs a slot in the acceptor's
+  // poll, no thread (a thread costs this process about 200 KB: every library's thread-local
+  // storage).
+  struct Waiting {
+    int fd = -1;
+    std::string peer;
+    detail::Challenge challenge{};  // with a secret: the nonce it was sent
+    Clock::time_point deadline{};   // with a secret: its proof is due by then
+  };
+  // A connection that has spoken, and the thread that serves it.
   struct Connection {
     int fd = -1;
     std::string peer;
+    detail::Challenge challenge{};
     std::thread thread;
     bool done = false;    // its thread has finished with it
     bool member = false;  // it proved the secret or made a well-formed request: a rank
@@ -133,6 +147,7 @@ struct TcpStore::Server {
   std::list<Connection> connections;
   bool stopping = false;  // accepts nothing more
   bool closing = false;   // after the grace: waiting requests give up
+  int wake_fd = -1;       // eventfd: tells the acceptor to stop
   std::thread acceptor;
 
   Server(const std::string& host, int requested_port, TcpStoreOptions o)
@@ -156,6 +171,9 @@ struct TcpStore::Server {
                 last_error);
     port = detail::bound_port(listen_fd);
     name = "tcp_store on port " + std::to_string(port);
+    wake_fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    EMBER_CHECK(wake_fd >= 0, "tcp_store", "eventfd failed: ", std::strerror(errno));
+    ::fcntl(listen_fd, F_SETFL, ::fcntl(listen_fd, F_GETFL) | O_NONBLOCK);
     acceptor = std::thread([this] { accept_loop(); });
   }
 
@@ -172,50 +190,86 @@ struct TcpStore::Server {
     }
   }
 
+  // Accepts connections and watches those that have sent nothing yet; a connection gets a
+  // thread (serve) once it speaks. Idle connections thus cost no thread, and strangers that
+  // never speak are closed at once when the server stops.
   void accept_loop() {
+    std::list<Waiting> waiting;
+    auto drop = [&](std::list<Waiting>::iterator it, const std::string& why) {
+      if (!why.empty()) detail::log_dropped(name, "dropped the connection from " + it->peer + why);
+      ::close(it->fd);
+      return waiting.erase(it);
+    };
     for (;;) {
-      const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
-      const int error = errno;
-      if (fd < 0 && (error == EMFILE || error == ENFILE || error == ENOBUFS || error == ENOMEM)) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));  // out of files: later
-      }
-      std::lock_guard<std::mutex> lock(mutex);
-      if (stopping) {
-        if (fd >= 0) ::close(fd);
-        return;
-      }
-      if (fd < 0) {
-        if (error == EINTR || error == ECONNABORTED || error == EMFILE || error == ENFILE ||
-            error == ENOBUFS || error == ENOMEM) {
-          continue;
+      std::vector<pollfd> fds{{wake_fd, POLLIN, 0}, {listen_fd, POLLIN, 0}};
+      for (const Waiting& w : waiting) fds.push_back({w.fd, POLLIN, 0});
+      const int ready = ::poll(fds.data(), fds.size(), 200);
+      if (ready < 0 && errno != EINTR) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      if (fds[0].revents != 0) break;  // stop()
+      // Connections that spoke get a thread; those whose proof is overdue are dropped.
+      const auto now = Clock::now();
+      size_t i = 2;
+      for (auto it = waiting.begin(); it != waiting.end(); ++i) {
+        if (fds[i].revents != 0) {
+          std::lock_guard<std::mutex> lock(mutex);
+          Connection& c = connections.emplace_back();
+          c.fd = it->fd;
+          c.peer = std::move(it->peer);
+          c.challenge = it->challenge;
+          c.thread = std::thread([this, &c] { serve(c); });
+          it = waiting.erase(it);
+        } else if (!secret.empty() && now > it->deadline) {
+          it = drop(it, ": it sent no proof of the job secret in time");
+        } else {
+          ++it;
         }
-        return;
       }
-      reap();
-      const std::string peer = detail::peer_address(fd);
-      if (static_cast<int>(connections.size()) >= options.max_connections) {
-        auto idle = std::find_if(connections.begin(), connections.end(),
-                                 [](const Connection& c) { return !c.member && !c.done; });
-        if (idle == connections.end()) {
-          detail::log_dropped(name, "refused a connection from " + peer + ": " +
-                                        std::to_string(options.max_connections) +
-                                        " connections are open, all in use");
-          ::close(fd);
-          continue;
+      if ((fds[1].revents & POLLIN) == 0) continue;
+      for (;;) {
+        const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+        if (fd < 0) {
+          if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));  // out of files: later
+          }
+          break;  // EAGAIN: none left; ECONNABORTED: gone already
         }
-        detail::log_dropped(name, "dropped the connection from " + idle->peer +
-                                      ", which made no request, to make room for " + peer + " (" +
-                                      std::to_string(options.max_connections) +
-                                      " connections at most)");
-        ::shutdown(idle->fd, SHUT_RDWR);
+        const std::string peer = detail::peer_address(fd);
+        {
+          std::lock_guard<std::mutex> lock(mutex);
+          reap();
+          if (static_cast<int>(connections.size() + waiting.size()) >= options.max_connections) {
+            // Room for the newcomer: the oldest connection that has not spoken, else the
+            // oldest served one that has made no request; else it is refused.
+            const std::string room = ", which made no request, to make room for " + peer + " (" +
+                                     std::to_string(options.max_connections) +
+                                     " connections at most)";
+            auto idle = std::find_if(connections.begin(), connections.end(),
+                                     [](const Connection& c) { return !c.member && !c.done; });
+            if (!waiting.empty()) {
+              drop(waiting.begin(), room);
+            } else if (idle != connections.end()) {
+              detail::log_dropped(name, "dropped the connection from " + idle->peer + room);
+              ::shutdown(idle->fd, SHUT_RDWR);
+            } else {
+              detail::log_dropped(name, "refused a connection from " + peer + ": " +
+                                            std::to_string(options.max_connections) +
+                                            " connections are open, all in use");
+              ::close(fd);
+              continue;
+            }
+          }
+        }
+        const int one = 1;
+        ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        Waiting& w = waiting.emplace_back();
+        w.fd = fd;
+        w.peer = peer;
+        w.deadline = Clock::now() +
+                     std::min<std::chrono::milliseconds>(options.request_timeout, kHandshakeLimit);
+        if (!detail::send_challenge(fd, secret, w.challenge)) drop(std::prev(waiting.end()), "");
       }
-      const int one = 1;
-      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-      Connection& c = connections.emplace_back();
-      c.fd = fd;
-      c.peer = peer;
-      c.thread = std::thread([this, &c] { serve(c); });
     }
+    for (const Waiting& w : waiting) ::close(w.fd);  // they never spoke: closed at once
   }
 
   // Reads `n` bytes into `s` by `deadline`, growing it as they arrive.
@@ -267,9 +321,9 @@ struct TcpStore::Server {
     const int fd = c.fd;
     try {
       const std::string failed =
-          detail::accept_handshake(fd, secret, kContext,
-                                   Clock::now() + std::min<std::chrono::milliseconds>(
-                                                      options.request_timeout, kHandshakeLimit));
+          detail::finish_accept(fd, secret, kContext, c.challenge,
+                                Clock::now() + std::min<std::chrono::milliseconds>(
+                                                   options.request_timeout, kHandshakeLimit));
       if (!failed.empty()) throw ProtocolError{failed};
       if (!secret.empty()) {
         std::lock_guard<std::mutex> lock(mutex);
@@ -351,12 +405,13 @@ struct TcpStore::Server {
   // Closes connections that never made a request at once, waits (within the grace) for the
   // rest to hang up, then closes them too.
   void stop() {
-    ::shutdown(listen_fd, SHUT_RDWR);
     {
       std::unique_lock<std::mutex> lock(mutex);
-      stopping = true;  // the acceptor leaves; nothing new is accepted
-      cv.notify_all();
+      stopping = true;
     }
+    const uint64_t one = 1;
+    const ssize_t written = ::write(wake_fd, &one, sizeof(one));
+    (void)written;  // a full counter wakes the acceptor too
     acceptor.join();
     std::unique_lock<std::mutex> lock(mutex);
     for (const Connection& c : connections)
@@ -375,6 +430,7 @@ struct TcpStore::Server {
     });
     reap();
     ::close(listen_fd);
+    ::close(wake_fd);
   }
 };
 

@@ -26,10 +26,9 @@ namespace ember::dist::detail {
 
 namespace {
 
-constexpr size_t kNonce = 32;
 constexpr size_t kMac = 32;  // SHA-256
 constexpr char kMagic[4] = {'E', 'M', 'B', 'A'};
-using Bytes = std::array<unsigned char, kNonce>;
+using Bytes = Challenge;
 
 const char* env(const char* name) {
   const char* value = std::getenv(name);
@@ -116,13 +115,19 @@ bool read_by(int fd, void* data, size_t n, std::chrono::steady_clock::time_point
   return true;
 }
 
-std::string accept_handshake(int fd, const std::string& secret, const std::string& context,
-                             std::chrono::steady_clock::time_point deadline) {
+bool send_challenge(int fd, const std::string& secret, Challenge& challenge) {
+  if (secret.empty()) return true;
+  challenge = nonce();
+  std::string message(kMagic, sizeof(kMagic));
+  message.append(reinterpret_cast<const char*>(challenge.data()), challenge.size());
+  // 36 bytes into a fresh connection's empty send buffer: never blocks.
+  return ::send(fd, message.data(), message.size(), MSG_NOSIGNAL | MSG_DONTWAIT) ==
+         static_cast<ssize_t>(message.size());
+}
+
+std::string finish_accept(int fd, const std::string& secret, const std::string& context,
+                          const Challenge& mine, std::chrono::steady_clock::time_point deadline) {
   if (secret.empty()) return {};
-  const Bytes mine = nonce();
-  std::string challenge(kMagic, sizeof(kMagic));
-  challenge.append(reinterpret_cast<const char*>(mine.data()), mine.size());
-  if (!write_all(fd, challenge.data(), challenge.size())) return "closed the connection";
   Bytes theirs{};
   std::array<unsigned char, kMac> proof{};
   if (!read_by(fd, theirs.data(), theirs.size(), deadline) ||
@@ -136,6 +141,13 @@ std::string accept_handshake(int fd, const std::string& secret, const std::strin
   const auto answer = mac(secret, 'a', context, mine, theirs);
   if (!write_all(fd, answer.data(), answer.size())) return "closed the connection";
   return {};
+}
+
+std::string accept_handshake(int fd, const std::string& secret, const std::string& context,
+                             std::chrono::steady_clock::time_point deadline) {
+  Challenge mine{};
+  if (!send_challenge(fd, secret, mine)) return "closed the connection";
+  return finish_accept(fd, secret, context, mine, deadline);
 }
 
 std::string connect_handshake(int fd, const std::string& secret, const std::string& context,

@@ -11,6 +11,7 @@
 // connection is authenticated: what follows travels in clear and unsigned.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <optional>
 #include <string>
@@ -35,6 +36,14 @@ inline const std::string& secret_or_env(const std::optional<std::string>& explic
 // answer in time"). With an empty secret both succeed at once without a byte sent.
 std::string accept_handshake(int fd, const std::string& secret, const std::string& context,
                              std::chrono::steady_clock::time_point deadline);
+// The acceptor's side in two steps, for a listener that watches many connections from one
+// thread: send_challenge() writes the challenge without blocking (false: the connection is
+// gone); finish_accept() reads the proof once it arrives and answers it.
+using Challenge = std::array<unsigned char, 32>;
+bool send_challenge(int fd, const std::string& secret, Challenge& challenge);
+std::string finish_accept(int fd, const std::string& secret, const std::string& context,
+                          const Challenge& challenge,
+                          std::chrono::steady_clock::time_point deadline);
 // The connecting side may pass its first message (`first`, e.g. a greeting): it goes out with
 // the proof, before the answer is read, which saves the acceptor a round trip per connection
 // (without a secret it is simply sent).

@@ -322,9 +322,13 @@ TEST(TcpStore, IdleConnectionsNeverHoldTheServersShutdown) {
     TcpStore rank1("127.0.0.1", server->port(), 2, false, 60s, options);
     rank1.set("done", "1");
   }  // rank 1 used the store and hung up
+  const int64_t rss_before = rss_kib();
   std::vector<int> idle;
   for (int i = 0; i < 200; ++i) idle.push_back(raw_connect(server->port()));
   std::this_thread::sleep_for(100ms);
+  // Connections that say nothing cost no thread (each would cost ~200 KB of this process's
+  // thread-local storage).
+  EXPECT_LT(rss_kib() - rss_before, 8 * 1024);
   const auto start = std::chrono::steady_clock::now();
   server.reset();
   EXPECT_LT(std::chrono::steady_clock::now() - start, 1s);
