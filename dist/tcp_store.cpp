@@ -514,8 +514,12 @@ std::string TcpStore::request(uint8_t op, const std::string& key, const std::str
   std::string message(1, static_cast<char>(op));
   append_blob(message, key);
   append_blob(message, payload);
-  const bool ok = write_all(fd_, message.data(), message.size()) && read_all(fd_, &status, 1) &&
-                  read_blob(fd_, value, options_.max_value_bytes);
+  bool ok = write_all(fd_, message.data(), message.size()) && read_all(fd_, &status, 1);
+  // A store that wants a job secret greets with its challenge ("EMBA...") instead.
+  EMBER_CHECK(!ok || status <= kNotACounter, "tcp_store", "the store at ", where(host_, port_),
+              " answered with something other than a reply: it wants a job secret "
+              "(EMBER_JOB_SECRET) that this process lacks, or it is no ember store");
+  ok = ok && read_blob(fd_, value, options_.max_value_bytes);
   EMBER_CHECK(ok, "tcp_store", "lost the connection to ", where(host_, port_),
               " (did rank 0 exit? or does it want a job secret, EMBER_JOB_SECRET, that this "
               "process lacks?)");

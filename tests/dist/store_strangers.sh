@@ -21,7 +21,7 @@ np=$2
 bin=$3
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+trap '[ -n "${KEEP:-}" ] || rm -rf "$work"' EXIT
 fail() {
   echo "store_strangers.sh $mode $np: $*" >&2
   for f in "$work"/*.log; do

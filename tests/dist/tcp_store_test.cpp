@@ -433,7 +433,8 @@ TEST(TcpStore, WithASecretOnlyClientsThatKnowItAreServed) {
     // No secret: its forged set and add are read as a failed handshake and dropped.
     {
       TcpStore forger("127.0.0.1", server.port(), world, false, 10s, with_secret(""));
-      EXPECT_EMBER_ERROR(forger.set("victim", "forged"), "lost the connection");
+      EXPECT_EMBER_ERROR(forger.set("victim", "forged"),
+                         "wants a job secret (EMBER_JOB_SECRET) that this process lacks");
     }
     for (const auto& forged : {frame(1, "victim", "forged"), frame(3, "count", u64(100)),
                                frame(1, "victim", std::string(100, 'f'))}) {
