@@ -11,6 +11,7 @@
 #     and add requests with a wrong secret and with none. Checks: the job completes with the
 #     undisturbed run's results, every intruder attempt is refused and logged by address, and
 #     no forged key reached the store.
+# KEEP=1 keeps the work folder (logs, each run's results) for a look afterwards.
 set -u
 if [ $# -ne 3 ]; then
   echo "usage: store_strangers.sh fuzz|secret NP STRANGER_MAIN" >&2
