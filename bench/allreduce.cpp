@@ -34,6 +34,8 @@
 #include <ember/dist/dist.h>
 #include <ember/tensor/ops.h>
 
+#include "bench_util.h"
+
 #if EMBER_WITH_CUDA
 #include <cuda_runtime.h>
 #include <nccl.h>
@@ -105,25 +107,9 @@ int reps_for(size_t bytes) {
   return static_cast<int>(std::clamp<size_t>((256u << 20) / bytes, 10, 2000));
 }
 
-// A TCP port of 127.0.0.1 that nothing uses now (the kernel picks it).
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof(address);
-  int port = 0;
-  if (fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0) {
-    port = ntohs(address.sin_port);
-  }
-  if (fd >= 0) ::close(fd);
-  return port;
-}
-
 // ember's TCP group against raw MPI_Allreduce, taking turns; one JSON line per size.
 void bench_tcp(int rank, int size) {
-  int port = rank == 0 ? free_port() : 0;
+  int port = rank == 0 ? ember::bench::free_port() : 0;
   MPI_Bcast(&port, 1, MPI_INT, 0, MPI_COMM_WORLD);
   ember::dist::TcpProcessGroup pg("127.0.0.1", port, rank, size, rank);
   for (size_t bytes = 4 << 10; bytes <= (64u << 20); bytes *= 4) {

@@ -243,7 +243,8 @@ std::shared_ptr<ProcessGroup> make_process_group(const InitOptions& options) {
                 "MASTER_ADDR and MASTER_PORT must be set (", launch.launcher, " launch of ",
                 launch.world_size, " processes, NCCL backend)");
     // The store TCP groups use too (rank 0 serves MASTER_PORT once per process); it lives
-    // until exit, so no rank can lose it before every rank has read the id.
+    // until exit, so no rank can lose it before every rank has read the id. With a job secret
+    // (EMBER_JOB_SECRET) only processes that prove it can read or replace the id.
     auto store = detail::shared_store(launch.master_addr, launch.master_port, launch.world_size,
                                       launch.rank, options.group.timeout);
     // The n-th NCCL group of every rank meets under the same key.

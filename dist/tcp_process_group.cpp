@@ -25,6 +25,7 @@
 
 #include <ember/tensor/detail/dispatch.h>
 
+#include "detail/auth.h"
 #include "detail/common.h"
 #include "detail/shared_store.h"
 #include "detail/socket.h"
@@ -43,6 +44,9 @@ constexpr int32_t kDebugKind = 100;      // the fingerprint exchange of debug mo
 constexpr int64_t kChunkBytes = int64_t{1} << 20;
 constexpr auto kPollSlice = std::chrono::milliseconds(200);
 constexpr auto kSpin = std::chrono::microseconds(30);  // transfer() polls without sleeping
+// A connection to a mesh listener must finish its handshake and greeting within this.
+constexpr auto kGreetingLimit = std::chrono::seconds(5);
+constexpr const char* kMeshContext = "ember tcp mesh";
 enum Channel : int32_t { kCollectives = 0, kPointToPoint = 1 };
 
 // Leads every message; the receiver checks it against what it expects.
@@ -83,20 +87,6 @@ std::string describe(const Header& h) {
 int remaining_ms(Clock::time_point deadline) {
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
   return static_cast<int>(std::clamp<int64_t>(left.count(), 0, kPollSlice.count()));
-}
-
-// A blocking read for the bootstrap, bounded by `deadline`.
-bool read_exact(int fd, void* data, size_t n, Clock::time_point deadline) {
-  auto* p = static_cast<char*>(data);
-  while (n > 0) {
-    if (!detail::wait_readable(fd, deadline)) return false;
-    const ssize_t got = ::recv(fd, p, n, 0);
-    if (got < 0 && errno == EINTR) continue;
-    if (got <= 0) return false;
-    p += got;
-    n -= static_cast<size_t>(got);
-  }
-  return true;
 }
 
 // The address of this host on the route to `host` (a UDP connect sends nothing).
@@ -968,6 +958,7 @@ void TcpProcessGroup::State::connect_mesh(const std::string& host, int port) {
               "MASTER_ADDR and MASTER_PORT must name rank 0's address and a TCP port, got \"", host,
               "\" and ", port);
   const auto deadline = Clock::now() + options.timeout;
+  const std::string& secret = detail::job_secret();
   auto store = detail::shared_store(host, port, size, rank, options.timeout);
   // The n-th group of every rank meets under the same keys.
   const int64_t group = store->add("ember/tcp/groups/" + std::to_string(rank), 1);
@@ -990,30 +981,46 @@ void TcpProcessGroup::State::connect_mesh(const std::string& host, int port) {
       int& fd = slot(channel, peer);
       fd = connect_to(peer_address, peer_port, peer, deadline);
       const Hello hello{kMagic, static_cast<int32_t>(group), rank, channel};
-      EMBER_CHECK(detail::write_all(fd, &hello, sizeof(hello)), "TcpProcessGroup",
-                  "lost the connection to rank ", peer, " at ", peer_address, ":", peer_port);
+      const std::string refused = detail::connect_handshake(
+          fd, secret, kMeshContext, std::min(deadline, Clock::now() + kGreetingLimit),
+          std::string(reinterpret_cast<const char*>(&hello), sizeof(hello)));
+      EMBER_CHECK(refused.empty(), "TcpProcessGroup", "rank ", peer, " at ", peer_address, ":",
+                  peer_port, " ", refused);
     }
   }
-  for (int pending = 2 * (size - 1 - rank); pending > 0; --pending) {
+  // Strangers that reach the listener (a port scan, a wrong greeting, a wrong secret) are
+  // dropped and logged; the listener keeps waiting for the ranks it expects.
+  const std::string who =
+      "TcpProcessGroup rank " + std::to_string(rank) + " (group " + std::to_string(group) + ")";
+  for (int pending = 2 * (size - 1 - rank); pending > 0;) {
     EMBER_CHECK(detail::wait_readable(listener.fd, deadline), "TcpProcessGroup", "rank ", rank,
                 " waited ", options.timeout.count(), " ms for ", pending,
                 " connections from higher ranks; did every rank start?");
     FdGuard accepted{::accept4(listener.fd, nullptr, nullptr, SOCK_CLOEXEC)};
-    if (accepted.fd < 0) {
-      ++pending;  // interrupted or aborted by the peer: wait again
+    if (accepted.fd < 0) continue;  // interrupted or aborted by the peer: wait again
+    const auto greeting_deadline = std::min(deadline, Clock::now() + kGreetingLimit);
+    std::string failure =
+        detail::accept_handshake(accepted.fd, secret, kMeshContext, greeting_deadline);
+    Hello hello;
+    if (failure.empty() &&
+        !detail::read_by(accepted.fd, &hello, sizeof(hello), greeting_deadline)) {
+      failure = errno == ETIMEDOUT ? "sent no greeting in time" : "closed before its greeting";
+    }
+    if (failure.empty() &&
+        !(hello.magic == kMagic && hello.group == group && hello.rank > rank && hello.rank < size &&
+          (hello.channel == kCollectives || hello.channel == kPointToPoint) &&
+          slot(hello.channel, hello.rank) < 0)) {
+      failure = "sent an unexpected greeting (magic " + std::to_string(hello.magic) + ", group " +
+                std::to_string(hello.group) + ", rank " + std::to_string(hello.rank) +
+                ", channel " + std::to_string(hello.channel) + ")";
+    }
+    if (!failure.empty()) {
+      detail::log_dropped(who, "dropped a connection from " + detail::peer_address(accepted.fd) +
+                                   ": it " + failure);
       continue;
     }
-    Hello hello;
-    EMBER_CHECK(read_exact(accepted.fd, &hello, sizeof(hello), deadline), "TcpProcessGroup",
-                "a connection to rank ", rank, " sent no greeting in time");
-    EMBER_CHECK(hello.magic == kMagic && hello.group == group && hello.rank > rank &&
-                    hello.rank < size &&
-                    (hello.channel == kCollectives || hello.channel == kPointToPoint) &&
-                    slot(hello.channel, hello.rank) < 0,
-                "TcpProcessGroup", "rank ", rank, " (group ", group,
-                ") got an unexpected connection (magic ", hello.magic, ", group ", hello.group,
-                ", rank ", hello.rank, ", channel ", hello.channel, ")");
     slot(hello.channel, hello.rank) = std::exchange(accepted.fd, -1);
+    --pending;
   }
   const int one = 1;
   for (int peer = 0; peer < size; ++peer) {

@@ -36,10 +36,13 @@ namespace ember::dist {
 class TcpProcessGroup : public ProcessGroup {
  public:
   // Collective over the `size` processes of the job. The TcpStore at master_addr:master_port
-  // is made once per process (rank 0 serves it until every other rank has exited, or the
-  // timeout passes) and shared by every group made over it: the n-th group each rank makes
-  // meets the n-th group of every other rank. Throws ember::Error when a peer cannot be
-  // reached within the timeout.
+  // is made once per process (rank 0 serves it until every rank that used it has exited, or
+  // a short grace passes) and shared by every group made over it: the n-th group each rank
+  // makes meets the n-th group of every other rank. With a job secret (EMBER_JOB_SECRET, see
+  // README "Security") every store and mesh connection proves it; connections to this rank's
+  // listener that fail that or greet wrongly are dropped and logged, and the listener keeps
+  // waiting for the ranks it expects. Throws ember::Error when a peer cannot be reached
+  // within the timeout.
   TcpProcessGroup(const std::string& master_addr, int master_port, int rank, int size,
                   int local_rank, ProcessGroupOptions options = {});
   ~TcpProcessGroup() override;

@@ -2,25 +2,53 @@
 // mpirun (the NCCL unique id, the TCP group's listening addresses; one store per process and
 // MASTER_PORT, see detail/shared_store.h): rank 0 serves on MASTER_ADDR:MASTER_PORT, and every
 // rank (rank 0 included) connects as a client, retrying until the timeout (capped at 30 days).
+//
+// The server holds up against strangers on its port: requests are bounded (key and value
+// lengths, a deadline once a request has started), buffers grow only as bytes arrive, the
+// connections it serves are capped, and a connection that breaks the protocol is dropped with
+// one line on stderr naming its address. With a job secret (EMBER_JOB_SECRET or
+// EMBER_JOB_SECRET_FILE, see detail/auth.h) every connection must first prove it knows the
+// secret; without one, anybody who reaches the port can read and write keys.
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 
 namespace ember::dist {
+
+struct TcpStoreOptions {
+  // Longest key a request may carry.
+  size_t max_key_bytes = 4096;
+  // Largest value set() may store; 0: EMBER_STORE_MAX_VALUE_BYTES when set, else 64 MiB.
+  size_t max_value_bytes = 0;
+  // Connections the server serves at once; at the limit it drops the oldest connection that
+  // has made no request yet, or else refuses the new one.
+  int max_connections = 1024;
+  // A request (or the handshake) that has started must arrive whole within this.
+  std::chrono::milliseconds request_timeout = std::chrono::seconds(10);
+  // At shutdown the server waits this long at most for clients that have used it to hang up;
+  // connections that never made a request are closed at once.
+  std::chrono::milliseconds shutdown_grace = std::chrono::seconds(5);
+  // The job secret; unset: from the environment (detail::job_secret()); "": none.
+  std::optional<std::string> secret;
+};
 
 // Thread-safe: one store can serve every group of a process (see detail/shared_store.h).
 class TcpStore {
  public:
   // `is_server`: listen on `port` of `host`'s address (port 0: any free port, see port()).
-  // Throws ember::Error when the server cannot listen or a client cannot connect in time.
+  // Throws ember::Error when the server cannot listen or a client cannot connect in time, or
+  // when the server refuses this client's job secret.
   TcpStore(const std::string& host, int port, int world_size, bool is_server,
-           std::chrono::milliseconds timeout = std::chrono::minutes(5));
-  // The server stays up until every connected client has gone (or the timeout passes), so
-  // ranks still reading from it are never cut off.
+           std::chrono::milliseconds timeout = std::chrono::minutes(5),
+           TcpStoreOptions options = {});
+  // The server stays up (within the shutdown grace) until every client that used it has
+  // gone, so ranks still reading from it are not cut off.
   ~TcpStore();
   TcpStore(const TcpStore&) = delete;
   TcpStore& operator=(const TcpStore&) = delete;
@@ -42,6 +70,7 @@ class TcpStore {
   int port_;
   int world_size_;
   std::chrono::milliseconds timeout_;
+  TcpStoreOptions options_;
   std::unique_ptr<Server> server_;
   std::mutex mutex_;  // one request at a time on fd_
   int fd_ = -1;

@@ -22,12 +22,12 @@ gpu_host_runtime_packages=(
   libibverbs1 ibverbs-providers librdmacm1 libnl-3-200 libnl-route-3-200 libmunge2
   libatomic1 libuuid1 libudev1 zlib1g
   libopenblas0-pthread libgfortran5 libquadmath0 libgomp1 libdnnl2 ocl-icd-libopencl1
-  libpng16-16 libjpeg62-turbo
+  libpng16-16 libjpeg62-turbo libssl3
 )
 gpu_host_build_packages=(
   libopenblas-dev libopenblas-pthread-dev libdnnl-dev libgtest-dev libgmock-dev
   libopenmpi-dev nlohmann-json3-dev libcli11-dev zlib1g-dev
-  libpng-dev libjpeg62-turbo-dev
+  libpng-dev libjpeg62-turbo-dev libssl-dev
   pkgconf pkgconf-bin libpkgconf3
 )
 

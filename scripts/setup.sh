@@ -45,6 +45,7 @@ packages=(
   libopenmpi-dev openmpi-bin
   zlib1g-dev nlohmann-json3-dev libcli11-dev
   libpng-dev libjpeg62-turbo-dev
+  libssl-dev  # OpenSSL's libcrypto: HMAC-SHA256 for the job secret (EMBER_JOB_SECRET)
   clang libclang-rt-14-dev
   clang-format
   dataset-fashion-mnist

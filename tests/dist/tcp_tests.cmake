@@ -31,3 +31,21 @@ if(TARGET ember-train)
   set_tests_properties(train_tcp_np2 PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77
                                                 LABELS "dist;tcp;apps" PROCESSORS 2)
 endif()
+
+# Strangers at a live TCP job (store_strangers.sh): a protocol fuzzer with 200 idle
+# connections against a 2-rank job, and an intruder with a wrong job secret or none against
+# jobs of 2 and 3 ranks that have one.
+add_executable(ember_dist_stranger ${CMAKE_CURRENT_LIST_DIR}/stranger_main.cpp)
+target_link_libraries(ember_dist_stranger PRIVATE ember::ember ember_warnings)
+add_dependencies(ember_dist_tests ember_dist_stranger)
+set(EMBER_STRANGERS bash ${CMAKE_CURRENT_LIST_DIR}/store_strangers.sh)
+add_test(NAME dist_tcp_store_fuzz_np2
+  COMMAND ${EMBER_STRANGERS} fuzz 2 $<TARGET_FILE:ember_dist_stranger>)
+set_tests_properties(dist_tcp_store_fuzz_np2 PROPERTIES TIMEOUT 180 LABELS "dist;tcp"
+                                                        PROCESSORS 3)
+foreach(np 2 3)
+  add_test(NAME dist_tcp_job_secret_np${np}
+    COMMAND ${EMBER_STRANGERS} secret ${np} $<TARGET_FILE:ember_dist_stranger>)
+  set_tests_properties(dist_tcp_job_secret_np${np} PROPERTIES TIMEOUT 180 LABELS "dist;tcp"
+                                                              PROCESSORS ${np})
+endforeach()

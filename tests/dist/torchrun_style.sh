@@ -4,6 +4,7 @@
 # Exits 0 when every copy does. As soon as one fails the others are stopped and its status is
 # returned; every copy is also stopped after TORCHRUN_STYLE_TIMEOUT seconds (default 240, inside
 # ctest's 300, so the script's own message shows), so the launch never hangs.
+# TORCHRUN_STYLE_PORT, when set, is the MASTER_PORT to use (a test that talks to the job too).
 #   torchrun_style.sh N command [args...]
 set -u
 if [ $# -lt 2 ] || ! [[ $1 =~ ^[1-9][0-9]*$ ]]; then
@@ -20,8 +21,11 @@ port_in_use() {
   hex=$(printf ':%04X ' "$1")
   grep -qi -- "$hex" /proc/net/tcp /proc/net/tcp6 2>/dev/null
 }
-port=$((20000 + RANDOM % 40000))
-while port_in_use "$port"; do port=$((20000 + RANDOM % 40000)); done
+port=${TORCHRUN_STYLE_PORT:-}
+if [ -z "$port" ]; then
+  port=$((20000 + RANDOM % 40000))
+  while port_in_use "$port"; do port=$((20000 + RANDOM % 40000)); done
+fi
 
 # The copies must see this launcher only, not an mpirun or Slurm job around it.
 unset OMPI_COMM_WORLD_RANK OMPI_COMM_WORLD_SIZE OMPI_COMM_WORLD_LOCAL_RANK
