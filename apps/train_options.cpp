@@ -25,8 +25,8 @@ const CLI::Validator kNonNegative = at_least(0.0, "a non-negative number");
 
 int parse_train_options(int argc, char** argv, TrainOptions& o) {
   CLI::App app{
-      "ember-train: train a ResNet on CIFAR-10/100 or (Fashion-)MNIST, on one CPU, one GPU or many "
-      "ranks under mpirun/srun/torchrun"};
+      "ember-train: train a ResNet on CIFAR-10/100, (Fashion-)MNIST or a folder of your images, on "
+      "one CPU, one GPU or many ranks under mpirun/srun/torchrun"};
   app.set_version_flag("--version", "ember-train " + std::string(ember::version()),
                        "Print ember's version and exit");
   app.add_option("--data", o.data,
@@ -80,7 +80,8 @@ int parse_train_options(int argc, char** argv, TrainOptions& o) {
   app.add_flag("--sync-bn", o.sync_bn, "Batch statistics over all ranks (SyncBatchNorm)");
   app.add_option("--compression", o.compression, "Gradient traffic: none, fp16 or bf16")
       ->check(CLI::IsMember({"none", "fp16", "bf16"}));
-  app.add_option("--max-steps", o.max_steps, "Stop after this many steps (smoke runs)")
+  app.add_option("--max-steps", o.max_steps,
+                 "Stop after this many steps; the schedule fits them (smoke runs, step budgets)")
       ->check(kNonNegative);
   app.add_option("--out-dir", o.out_dir, "Folder for metrics.jsonl and curves.png");
   app.add_option("--log-interval", o.log_interval, "Steps between log lines when not on a terminal")

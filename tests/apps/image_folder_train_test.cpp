@@ -95,6 +95,22 @@ TEST_F(ImageFolderTrain, TrainsAFewStepsWithMeasuredStatistics) {
   EXPECT_EQ(count_lines_with(jsonl, "\"kind\": \"epoch\""), 2);
 }
 
+// A non-image file is not a sample; an unreadable image is named by path, never a crash
+// (whether it is skipped or ends the run is the image folder's policy).
+TEST_F(ImageFolderTrain, BadFilesAreNamedNotACrash) {
+  std::ofstream(root_ / "train" / "dog" / "notes.txt") << "not an image";
+  const Result ignored = run(command("--max-steps 2"));
+  ASSERT_EQ(ignored.code, 0) << ignored.output;
+  EXPECT_NE(ignored.output.find("32 train"), std::string::npos) << ignored.output;
+  const fs::path good = root_ / "train" / "cat" / "img0.png",
+                 bad = root_ / "train" / "cat" / "cut.png";
+  fs::copy_file(good, bad);
+  fs::resize_file(bad, 40);  // the header and part of the first chunk
+  const Result truncated = run(command("--max-steps 2"));
+  EXPECT_TRUE(truncated.code == 0 || truncated.code == 1) << truncated.output;
+  EXPECT_NE(truncated.output.find(bad.string()), std::string::npos) << truncated.output;
+}
+
 TEST_F(ImageFolderTrain, GivenStatisticsAndClearErrors) {
   const Result given = run(command("--max-steps 2 --mean 0.5 0.5 0.5 --std 0.25 0.25 0.25"));
   ASSERT_EQ(given.code, 0) << given.output;
