@@ -27,6 +27,12 @@ SchedulePlan plan_schedule(const TrainOptions& o, int64_t steps_per_epoch) {
   const auto cap = static_cast<int64_t>(kMaxWarmupFraction * static_cast<double>(plan.total_steps));
   plan.warmup_capped = warmup > cap;
   plan.warmup_steps = std::min(warmup, cap);
+  if (o.schedule == "onecycle") {
+    // OneCycleLR's phases need two steps up and one down (with fewer its formula divides
+    // by zero, as PyTorch's does); a run of under 3 steps stays at the peak instead.
+    plan.warmup_steps =
+        plan.total_steps < 3 ? 0 : std::clamp<int64_t>(plan.warmup_steps, 2, plan.total_steps - 1);
+  }
   return plan;
 }
 
@@ -37,13 +43,15 @@ std::unique_ptr<optim::LRScheduler> make_schedule(const std::string& kind,
   EMBER_CHECK(total > 0 && warmup >= 0 && warmup < total, "ember-train schedule",
               "total_steps = ", total, ", warmup_steps = ", warmup);
   for (optim::ParamGroup& group : optimizer.param_groups()) group.set_lr(peak_lr);
-  if (kind == "onecycle") {
+  if (kind == "onecycle" && total >= 3) {
+    EMBER_CHECK(warmup >= 2 && warmup < total, "ember-train schedule",
+                "onecycle needs 2 <= warmup_steps < total_steps, got ", warmup, " of ", total);
     optim::OneCycleOptions options;
-    // At least one step up: OneCycleLR's first phase ends at pct_start * total - 1.
-    options.pct_start =
-        static_cast<double>(std::max<int64_t>(warmup, 1)) / static_cast<double>(total);
-    options.cycle_momentum = optimizer.param_groups().front().options.count("momentum") > 0 ||
-                             optimizer.param_groups().front().options.count("beta1") > 0;
+    options.pct_start = static_cast<double>(warmup) / static_cast<double>(total);
+    // Momentum (SGD's, when it has some) or Adam's beta1 cycles against the lr.
+    const optim::Options& group = optimizer.param_groups().front().options;
+    options.cycle_momentum =
+        group.count("beta1") > 0 || (group.count("momentum") > 0 && group.at("momentum") > 0);
     return std::make_unique<optim::OneCycleLR>(optimizer, peak_lr, total, options);
   }
   std::unique_ptr<optim::LRScheduler> after;
@@ -53,8 +61,8 @@ std::unique_ptr<optim::LRScheduler> make_schedule(const std::string& kind,
     after = std::make_unique<optim::MultiStepLR>(
         optimizer, std::vector<int64_t>{total / 2 - warmup, total * 3 / 4 - warmup}, 0.1);
   } else {
-    EMBER_CHECK(kind == "constant", "ember-train schedule", "unknown schedule '", kind,
-                "' (onecycle, cosine, step or constant)");
+    EMBER_CHECK(kind == "constant" || kind == "onecycle", "ember-train schedule",
+                "unknown schedule '", kind, "' (onecycle, cosine, step or constant)");
   }
   if (warmup == 0) {
     if (after) return after;

@@ -23,13 +23,16 @@ struct SchedulePlan {
 
 // total_steps = epochs x steps_per_epoch, or --max-steps when that is smaller. Warm-up is
 // --warmup-steps, else --warmup-epochs x steps_per_epoch, else 30% of the run (onecycle) or
-// one epoch (the others); then capped to kMaxWarmupFraction of total_steps.
+// one epoch (the others); then capped to kMaxWarmupFraction of total_steps (onecycle: at
+// least 2 steps, and none in a run of under 3).
 SchedulePlan plan_schedule(const TrainOptions& options, int64_t steps_per_epoch);
 
 // The schedule for `plan`, stepped once per optimizer step; peak_lr is the lr after warm-up.
 //   onecycle: OneCycleLR(peak_lr, total_steps, pct_start = warmup / total), PyTorch's
 //             defaults otherwise (from peak/25 up, cosine down to peak/25e4, momentum cycled
 //             0.95 -> 0.85 -> 0.95 for SGD); the peak is reached at step warmup - 1.
+//             It needs warmup >= 2 and a step after it (plan_schedule sees to that); a
+//             run of under 3 steps keeps the peak lr.
 //   cosine:   LinearLR(1/3 -> 1 over warmup), then CosineAnnealingLR to 0 at total_steps.
 //   step:     the same warm-up, then x0.1 at 50% and 75% of the run.
 //   constant: the same warm-up, then peak_lr.

@@ -142,3 +142,23 @@ TEST(Schedule, RefusesARunWithoutSteps) {
 
 }  // namespace
 }  // namespace ember::apps
+
+namespace ember::apps {
+namespace {
+
+// Smoke runs of a few steps: every lr is finite and positive, none above the peak.
+TEST(Schedule, TinyRunsHaveFiniteLrs) {
+  for (const char* kind : {"onecycle", "cosine", "step", "constant"}) {
+    for (int64_t steps = 1; steps <= 12; ++steps) {
+      const ScheduleRun r = run_schedule(with(kind, 1, steps));
+      ASSERT_EQ(static_cast<int64_t>(r.lrs.size()), steps);
+      for (size_t i = 0; i < r.lrs.size(); ++i) {
+        EXPECT_TRUE(std::isfinite(r.lrs[i]) && r.lrs[i] > 0 && r.lrs[i] <= kPeak * (1 + 1e-12))
+            << kind << " over " << steps << " steps: lr " << r.lrs[i] << " at step " << i;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace ember::apps
