@@ -177,7 +177,7 @@ int run(const apps::TrainOptions& o) {
   const auto run_start = std::chrono::steady_clock::now();
   const apps::EvalResult last_eval = trainer.train(first_epoch);
   if (leader) {
-    const std::string png = metrics.plot(steps_per_epoch);
+    const std::string png = metrics.plot(steps_per_epoch, trainer.step());
     if (!png.empty()) std::printf("plot: %s\n", png.c_str());
     const double total =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();

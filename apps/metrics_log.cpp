@@ -1,5 +1,6 @@
 #include "metrics_log.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 
@@ -56,7 +57,7 @@ void MetricsLog::epoch(int64_t step, int64_t epoch, double train_loss, double tr
   write(line);
 }
 
-std::string MetricsLog::plot(int64_t steps_per_epoch) {
+std::string MetricsLog::plot(int64_t steps_per_epoch, int64_t last_step) {
   if (!enabled_) return "";
   jsonl_.flush();
   steps_csv_.flush();
@@ -74,13 +75,17 @@ std::string MetricsLog::plot(int64_t steps_per_epoch) {
       << "set multiplot layout 1,3\n"
       << "set xlabel 'optimizer step (" << steps_per_epoch << " per epoch)'\n"
       << "set grid\nset key top right\n"
-      << "set title 'loss'\n"
+      // One step axis for the three panels (a single evaluation would get its own range);
+      // points on the top or bottom edge stay visible.
+      << "set xrange [0:" << std::max<int64_t>(last_step, 1) << "]\n"
+      << "set offsets 0, 0, graph 0.05, graph 0.05\n"
+      << "set yrange [0<*:*]\nset title 'loss'\n"
       << "plot '" << steps << "' using 1:2 with lines lc rgb '#4070c0' title 'train (per step)', '"
       << evals << "' using 1:2 with linespoints pt 7 ps 1.2 lc rgb '#d04020' title 'test'\n"
-      << "set title 'test accuracy (%)'\nset key bottom right\n"
+      << "set yrange [0<*<100:0<*<100]\nset title 'test accuracy (%)'\nset key bottom right\n"
       << "plot '" << evals
       << "' using 1:($3*100) with linespoints pt 7 ps 1.2 lc rgb '#d04020' title 'test'\n"
-      << "set title 'learning rate'\nset key top right\n"
+      << "set yrange [0<*:*]\nset title 'learning rate'\nset key top right\n"
       << "plot '" << steps << "' using 1:3 with lines lc rgb '#208040' title 'lr'\n"
       << "unset multiplot\n";
   out.close();

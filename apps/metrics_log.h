@@ -25,9 +25,9 @@ class MetricsLog {
              double test_loss, double test_accuracy, double images_per_s, double lr, double epoch_s,
              double elapsed_s);
   // out_dir/curves.png: training loss per step with test loss per evaluation, test accuracy,
-  // and the lr, side by side over steps. Returns the path, or "" (with the reason printed)
-  // when gnuplot is missing or fails.
-  std::string plot(int64_t steps_per_epoch);
+  // and the lr, side by side on one step axis from 0 to last_step. Returns the path, or ""
+  // (with the reason printed) when gnuplot is missing or fails.
+  std::string plot(int64_t steps_per_epoch, int64_t last_step);
 
  private:
   void write(const std::string& line);

@@ -89,8 +89,10 @@ int parse_train_options(int argc, char** argv, TrainOptions& o) {
   app.add_option("--log-every", o.log_every,
                  "Steps between records in metrics.jsonl (0: steps per epoch / 50)")
       ->check(kNonNegative);
-  app.add_option("--eval-every-steps", o.eval_every_steps,
-                 "Also evaluate every this many steps (0: after each epoch only)")
+  app.add_option(
+         "--eval-every-steps", o.eval_every_steps,
+         "Also evaluate every this many steps (0: after each epoch, and every quarter of a run "
+         "shorter than 4 epochs, --max-steps runs excepted)")
       ->check(kNonNegative);
   app.add_option("--accum-steps", o.accum_steps,
                  "Run each batch as this many micro-batches, one optimizer step per batch "

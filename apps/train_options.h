@@ -37,7 +37,7 @@ struct TrainOptions {
   std::string out_dir = "runs";      // metrics.jsonl and curves.png
   int64_t log_interval = 50;         // steps between log lines when not on a terminal
   int64_t log_every = 0;             // steps between metrics records; 0: steps per epoch / 50
-  int64_t eval_every_steps = 0;      // 0: evaluate after every epoch only
+  int64_t eval_every_steps = 0;      // 0: each epoch, and 4 times in runs under 4 epochs
   int64_t accum_steps = 1;           // micro-batches per batch (gradient accumulation)
   double grad_clip = 0;              // max gradient norm; 0: no clipping
   bool no_decay_norm_bias = false;   // no weight decay on 1-d parameters (norms, biases)

@@ -91,6 +91,12 @@ int64_t Trainer::log_every() const {
   return std::max<int64_t>(1, steps_per_epoch() / 50);
 }
 
+int64_t Trainer::eval_every() const {
+  if (options_.eval_every_steps > 0) return options_.eval_every_steps;
+  if (options_.max_steps > 0 || options_.epochs >= 4) return 0;
+  return std::max<int64_t>(1, options_.epochs * steps_per_epoch() / 4);
+}
+
 double Trainer::current_lr() const { return optimizer_.param_groups().front().lr(); }
 
 EvalResult Trainer::evaluate() {
@@ -115,7 +121,7 @@ EvalResult Trainer::evaluate() {
 }
 
 bool Trainer::run_epoch(int64_t epoch) {
-  const int64_t per_epoch = steps_per_epoch(), every = log_every();
+  const int64_t per_epoch = steps_per_epoch(), every = log_every(), eval_every = this->eval_every();
   train_loader_->set_epoch(static_cast<uint64_t>(epoch));
   progress_->start_epoch(epoch, options_.epochs, per_epoch);
   const auto epoch_start = std::chrono::steady_clock::now();
@@ -147,7 +153,7 @@ bool Trainer::run_epoch(int64_t epoch) {
       window_images = window_steps = 0;
       window_start = std::chrono::steady_clock::now();
     }
-    if (options_.eval_every_steps > 0 && step_ % options_.eval_every_steps == 0 && !last) {
+    if (eval_every > 0 && step_ % eval_every == 0 && !last) {
       const EvalResult e = evaluate();
       metrics_->eval(step_, static_cast<double>(step_) / static_cast<double>(per_epoch), e.loss,
                      e.accuracy);

@@ -72,6 +72,10 @@ class Trainer {
   int64_t steps_per_epoch() const;
   // Steps between metrics records: options.log_every, or steps per epoch / 50 (at least 1).
   int64_t log_every() const;
+  // Steps between evaluations besides each epoch's end (0: none): options.eval_every_steps,
+  // or a quarter of a run shorter than 4 epochs, so its test curve has points (not for
+  // --max-steps runs, which are smoke tests).
+  int64_t eval_every() const;
 
  private:
   double current_lr() const;

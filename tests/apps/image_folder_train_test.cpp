@@ -93,6 +93,9 @@ TEST_F(ImageFolderTrain, TrainsAFewStepsWithMeasuredStatistics) {
   const fs::path jsonl = root_ / "out" / "metrics.jsonl";
   EXPECT_EQ(count_lines_with(jsonl, "\"kind\": \"step\""), 8);
   EXPECT_EQ(count_lines_with(jsonl, "\"kind\": \"epoch\""), 2);
+  if (std::system("command -v gnuplot >/dev/null 2>&1") == 0) {
+    EXPECT_GT(fs::file_size(root_ / "out" / "curves.png"), 1000u);
+  }
 }
 
 // A non-image file is not a sample; an unreadable image is named by path, never a crash

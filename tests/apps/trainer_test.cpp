@@ -160,7 +160,7 @@ TEST(Trainer, EpochsWriteStepEvalAndEpochRecords) {
   // Evaluations at 10, 20 and each epoch's end (25, 50), and 30, 40.
   EXPECT_EQ(count_records(metrics.jsonl_path(), "eval"), 6);
   EXPECT_EQ(count_records(metrics.jsonl_path(), "epoch"), 2);
-  const std::string png = f.metrics->plot(trainer.steps_per_epoch());
+  const std::string png = f.metrics->plot(trainer.steps_per_epoch(), trainer.step());
   if (std::system("command -v gnuplot >/dev/null 2>&1") == 0) {
     ASSERT_FALSE(png.empty());
     EXPECT_GT(fs::file_size(png), 1000u);
@@ -174,11 +174,13 @@ TEST(Trainer, DefaultLogEveryGivesFiftyPointsAnEpochAndMaxStepsStops) {
   o.max_steps = 30;
   Trainer& trainer = f.trainer(o);
   const MetricsLog& metrics = *f.metrics;
-  EXPECT_EQ(trainer.log_every(), 1);  // 25 steps an epoch: every step
+  EXPECT_EQ(trainer.log_every(), 1);   // 25 steps an epoch: every step
+  EXPECT_EQ(trainer.eval_every(), 0);  // a --max-steps run: each epoch's end only
   trainer.train(0);
   EXPECT_EQ(trainer.step(), 30);
   EXPECT_EQ(count_records(metrics.jsonl_path(), "step"), 30);
   EXPECT_EQ(count_records(metrics.jsonl_path(), "epoch"), 2);
+  EXPECT_EQ(count_records(metrics.jsonl_path(), "eval"), 2);
   o.log_every = 0;
   o.max_steps = 0;
   // 468 steps an epoch (Fashion-MNIST, batch 128): every 9th, 52 records.
@@ -190,6 +192,19 @@ TEST(Trainer, DefaultLogEveryGivesFiftyPointsAnEpochAndMaxStepsStops) {
   sized.attach(big, *f.test_loader, nullptr, *f.metrics, f.progress);
   EXPECT_EQ(sized.log_every(), 9);
   EXPECT_GE(468 / sized.log_every(), 50);
+}
+
+TEST(Trainer, ShortRunsAreEvaluatedEveryQuarter) {
+  EpochFixture f("quarters");
+  TrainOptions o;
+  o.epochs = 2;
+  Trainer& trainer = f.trainer(o);
+  EXPECT_EQ(trainer.eval_every(), 12);  // 50 steps in all
+  trainer.train(0);
+  // Steps 12, 24, 25 (epoch end), 36, 48, 50 (epoch end).
+  EXPECT_EQ(count_records(f.metrics->jsonl_path(), "eval"), 6);
+  o.epochs = 4;
+  EXPECT_EQ(f.trainer(o).eval_every(), 0);  // each epoch's end is enough
 }
 
 }  // namespace
