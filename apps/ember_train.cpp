@@ -1,14 +1,11 @@
-// ember-train: trains a ResNet with ember's own stack and evaluates it every epoch (and,
-// when asked, every N steps).
+// ember-train: trains a ResNet with ember's own stack (apps::Trainer) on a built-in data set
+// or an image folder, with a schedule laid out over the run's steps, and evaluates it.
 //
 // Runs alone, under `mpirun -np N`, `srun`, or with torchrun-style variables: rank 0 alone
 // prints and writes. See README.md for the recipes.
-#include <unistd.h>
-
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <regex>
 
 #include <ember/dist/checkpoint.h>
