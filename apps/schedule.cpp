@@ -27,11 +27,16 @@ SchedulePlan plan_schedule(const TrainOptions& o, int64_t steps_per_epoch) {
   const auto cap = static_cast<int64_t>(kMaxWarmupFraction * static_cast<double>(plan.total_steps));
   plan.warmup_capped = warmup > cap;
   plan.warmup_steps = std::min(warmup, cap);
+  const bool default_fraction = plan.warmup_capped || (o.warmup_steps < 0 && o.warmup_epochs < 0);
   if (o.schedule == "onecycle") {
     // OneCycleLR's phases need two steps up and one down (with fewer its formula divides
     // by zero, as PyTorch's does); a run of under 3 steps stays at the peak instead.
     plan.warmup_steps =
         plan.total_steps < 3 ? 0 : std::clamp<int64_t>(plan.warmup_steps, 2, plan.total_steps - 1);
+    const double total = static_cast<double>(plan.total_steps);
+    plan.pct_start = default_fraction && kMaxWarmupFraction * total >= 2
+                         ? kMaxWarmupFraction
+                         : static_cast<double>(plan.warmup_steps) / total;
   }
   return plan;
 }
@@ -47,7 +52,7 @@ std::unique_ptr<optim::LRScheduler> make_schedule(const std::string& kind,
     EMBER_CHECK(warmup >= 2 && warmup < total, "ember-train schedule",
                 "onecycle needs 2 <= warmup_steps < total_steps, got ", warmup, " of ", total);
     optim::OneCycleOptions options;
-    options.pct_start = static_cast<double>(warmup) / static_cast<double>(total);
+    options.pct_start = plan.pct_start;
     // Momentum (SGD's, when it has some) or Adam's beta1 cycles against the lr.
     const optim::Options& group = optimizer.param_groups().front().options;
     options.cycle_momentum =

@@ -19,6 +19,9 @@ struct SchedulePlan {
   int64_t total_steps = 0;     // optimizer steps in the run
   int64_t warmup_steps = 0;    // of those, rising to the peak lr
   bool warmup_capped = false;  // the asked-for warm-up was longer than kMaxWarmupFraction
+  // onecycle's pct_start: exactly kMaxWarmupFraction (PyTorch's default) when the warm-up
+  // is the default or capped, else warmup_steps / total_steps.
+  double pct_start = 0;
 };
 
 // total_steps = epochs x steps_per_epoch, or --max-steps when that is smaller. Warm-up is
@@ -28,9 +31,9 @@ struct SchedulePlan {
 SchedulePlan plan_schedule(const TrainOptions& options, int64_t steps_per_epoch);
 
 // The schedule for `plan`, stepped once per optimizer step; peak_lr is the lr after warm-up.
-//   onecycle: OneCycleLR(peak_lr, total_steps, pct_start = warmup / total), PyTorch's
+//   onecycle: OneCycleLR(peak_lr, total_steps, plan.pct_start), PyTorch's
 //             defaults otherwise (from peak/25 up, cosine down to peak/25e4, momentum cycled
-//             0.95 -> 0.85 -> 0.95 for SGD); the peak is reached at step warmup - 1.
+//             0.95 -> 0.85 -> 0.95 for SGD); the peak is at step pct_start x total - 1.
 //             It needs warmup >= 2 and a step after it (plan_schedule sees to that); a
 //             run of under 3 steps keeps the peak lr.
 //   cosine:   LinearLR(1/3 -> 1 over warmup), then CosineAnnealingLR to 0 at total_steps.

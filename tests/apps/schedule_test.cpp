@@ -44,17 +44,24 @@ double cosine_between(double from, double to, double pct) {
   return to + (from - to) / 2 * (1 + std::cos(std::numbers::pi * pct));
 }
 
-// OneCycleLR (PyTorch's formula): up from peak/25 to the peak at step warmup - 1, cosine
-// down to peak / 25 / 1e4 at the last step.
+// OneCycleLR (PyTorch's formula): cosine up from peak/25 to the peak at step
+// e = pct_start x total - 1, cosine down to peak / 25 / 1e4 at the last step.
+double onecycle_lr(int64_t step, double pct_start, int64_t total) {
+  const double e = pct_start * static_cast<double>(total) - 1, i = static_cast<double>(step);
+  if (i <= e) return cosine_between(kPeak / 25, kPeak, i / e);
+  return cosine_between(kPeak, kPeak / 25e4, (i - e) / (static_cast<double>(total - 1) - e));
+}
+
 void expect_onecycle(const ScheduleRun& r) {
-  const int64_t w = r.plan.warmup_steps, n = r.plan.total_steps;
+  const int64_t n = r.plan.total_steps, w = r.plan.warmup_steps;
+  EXPECT_NEAR(r.plan.pct_start * static_cast<double>(n), static_cast<double>(w), 0.5);
   EXPECT_NEAR(r.lrs.front(), kPeak / 25, 1e-12);
-  EXPECT_NEAR(r.lrs[static_cast<size_t>(w - 1)], kPeak, 1e-12);
-  const int64_t mid = w - 1 + (n - w) / 2;
-  EXPECT_NEAR(r.lrs[static_cast<size_t>(mid)],
-              cosine_between(kPeak, kPeak / 25e4,
-                             static_cast<double>(mid - (w - 1)) / static_cast<double>(n - w)),
-              1e-9);
+  for (int64_t i : {w - 2, w - 1, w, w + (n - w) / 2, n - 2}) {
+    EXPECT_NEAR(r.lrs[static_cast<size_t>(i)], onecycle_lr(i, r.plan.pct_start, n), 1e-12)
+        << "step " << i << " of " << n;
+  }
+  EXPECT_NEAR(r.lrs[static_cast<size_t>(w - 1)], kPeak,
+              1e-4 * kPeak);  // the peak (at step 139.4 of 468)
   EXPECT_NEAR(r.lrs.back(), kPeak / 25 / 1e4, 1e-12);
 }
 
@@ -74,6 +81,7 @@ TEST(Schedule, OneEpochOneCycleWarmsUpFor30PercentAndDecays) {
   const ScheduleRun r = run_schedule(with("onecycle", 1));
   EXPECT_EQ(r.plan.total_steps, 468);
   EXPECT_EQ(r.plan.warmup_steps, 140);  // 30% of 468
+  EXPECT_EQ(r.plan.pct_start, 0.3);     // PyTorch's default, exactly: the peak at step 139.4
   expect_onecycle(r);
 }
 
@@ -101,6 +109,11 @@ TEST(Schedule, MaxStepsIsTheRunLength) {
   EXPECT_EQ(one_cycle.plan.total_steps, 200);
   EXPECT_EQ(one_cycle.plan.warmup_steps, 60);
   expect_onecycle(one_cycle);
+  TrainOptions asked = with("onecycle", 10, 200);
+  asked.warmup_steps = 20;
+  const ScheduleRun short_warmup = run_schedule(asked);
+  EXPECT_EQ(short_warmup.plan.pct_start, 0.1);
+  expect_onecycle(short_warmup);
   const ScheduleRun cosine = run_schedule(with("cosine", 10, 200));
   EXPECT_EQ(cosine.plan.warmup_steps, 60);
   expect_warmup_cosine(cosine);
