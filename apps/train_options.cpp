@@ -25,14 +25,27 @@ const CLI::Validator kNonNegative = at_least(0.0, "a non-negative number");
 
 int parse_train_options(int argc, char** argv, TrainOptions& o) {
   CLI::App app{
-      "ember-train: train a ResNet on CIFAR-10/100 or (Fashion-)MNIST, on one CPU, one GPU or many "
-      "ranks under mpirun/srun/torchrun"};
+      "ember-train: train a ResNet on CIFAR-10/100, (Fashion-)MNIST or a folder of your images, on "
+      "one CPU, one GPU or many ranks under mpirun/srun/torchrun"};
   app.set_version_flag("--version", "ember-train " + std::string(ember::version()),
                        "Print ember's version and exit");
-  app.add_option("--data", o.data, "Folder holding cifar-10-batches-bin/ or cifar-100-binary/");
+  app.add_option("--data", o.data,
+                 "Folder holding cifar-10-batches-bin/, cifar-100-binary/, or (--dataset folder) "
+                 "train/CLASS/*.png|jpg and val/CLASS/...");
   app.add_option("--dataset", o.dataset,
-                 "auto: CIFAR-10 when present under --data, else Fashion-MNIST")
-      ->check(CLI::IsMember({"auto", "cifar10", "cifar100", "fashion-mnist", "mnist"}));
+                 "auto: CIFAR-10 when present under --data, else Fashion-MNIST; folder: your "
+                 "images in class subfolders")
+      ->check(CLI::IsMember({"auto", "cifar10", "cifar100", "fashion-mnist", "mnist", "folder"}));
+  app.add_option("--image-size", o.image_size,
+                 "--dataset folder: shorter side resized to this, then cropped square")
+      ->check(kPositive);
+  app.add_option("--mean", o.mean,
+                 "--dataset folder: per-channel mean (R G B) in [0, 1]; default: measured once "
+                 "over the training split")
+      ->expected(3);
+  app.add_option("--std", o.std, "--dataset folder: per-channel standard deviation (R G B)")
+      ->expected(3)
+      ->check(kPositive);
   app.add_option("--model", o.model,
                  "resnet20|32|56|110, resnet18|34 (CIFAR stem), resnet18-imagenet ...");
   app.add_option("--epochs", o.epochs)->check(kPositive);
@@ -42,9 +55,15 @@ int parse_train_options(int argc, char** argv, TrainOptions& o) {
       ->check(kPositive);
   app.add_option("--momentum", o.momentum)->check(CLI::Range(0.0, 1.0));
   app.add_option("--weight-decay", o.weight_decay)->check(kNonNegative);
-  app.add_option("--schedule", o.schedule)
+  app.add_option("--schedule", o.schedule,
+                 "Over the run's optimizer steps: onecycle (PyTorch's OneCycleLR), cosine or step "
+                 "after a linear warm-up, or constant")
       ->check(CLI::IsMember({"cosine", "onecycle", "step", "constant"}));
-  app.add_option("--warmup-epochs", o.warmup_epochs, "Linear warm-up before the schedule")
+  app.add_option("--warmup-epochs", o.warmup_epochs,
+                 "Warm-up length (default: 30% of the run for onecycle, 1 epoch otherwise; "
+                 "never more than 30% of the run)")
+      ->check(kNonNegative);
+  app.add_option("--warmup-steps", o.warmup_steps, "Warm-up length in steps (wins over epochs)")
       ->check(kNonNegative);
   app.add_option("--label-smoothing", o.label_smoothing)->check(CLI::Range(0.0, 1.0));
   app.add_option("--device", o.device)->check(CLI::IsMember({"auto", "cpu", "cuda"}));
@@ -61,11 +80,29 @@ int parse_train_options(int argc, char** argv, TrainOptions& o) {
   app.add_flag("--sync-bn", o.sync_bn, "Batch statistics over all ranks (SyncBatchNorm)");
   app.add_option("--compression", o.compression, "Gradient traffic: none, fp16 or bf16")
       ->check(CLI::IsMember({"none", "fp16", "bf16"}));
-  app.add_option("--max-steps", o.max_steps, "Stop after this many steps (smoke runs)")
+  app.add_option("--max-steps", o.max_steps,
+                 "Stop after this many steps; the schedule fits them (smoke runs, step budgets)")
       ->check(kNonNegative);
   app.add_option("--out-dir", o.out_dir, "Folder for metrics.jsonl and curves.png");
   app.add_option("--log-interval", o.log_interval, "Steps between log lines when not on a terminal")
       ->check(kPositive);
+  app.add_option("--log-every", o.log_every,
+                 "Steps between records in metrics.jsonl (0: steps per epoch / 50)")
+      ->check(kNonNegative);
+  app.add_option(
+         "--eval-every-steps", o.eval_every_steps,
+         "Also evaluate every this many steps (0: after each epoch, and every quarter of a run "
+         "shorter than 4 epochs, --max-steps runs excepted)")
+      ->check(kNonNegative);
+  app.add_option("--accum-steps", o.accum_steps,
+                 "Run each batch as this many micro-batches, one optimizer step per batch "
+                 "(gradient accumulation: the same recipe in less memory)")
+      ->check(kPositive);
+  app.add_option("--grad-clip", o.grad_clip,
+                 "Clip the gradients' joint L2 norm to this (clip_grad_norm_; 0: off)")
+      ->check(kNonNegative);
+  app.add_flag("--no-decay-norm-bias", o.no_decay_norm_bias,
+               "No weight decay on normalisation weights and biases (1-d parameters)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -73,6 +110,17 @@ int parse_train_options(int argc, char** argv, TrainOptions& o) {
   }
   if (o.resume && o.checkpoint_dir.empty()) {
     std::fprintf(stderr, "ember-train: --resume needs --checkpoint-dir\n");
+    return 2;
+  }
+  if (o.batch_size % o.accum_steps != 0) {
+    std::fprintf(stderr,
+                 "ember-train: --batch-size %ld is not a multiple of --accum-steps %ld (each "
+                 "batch is split into equal micro-batches)\n",
+                 static_cast<long>(o.batch_size), static_cast<long>(o.accum_steps));
+    return 2;
+  }
+  if (o.mean.empty() != o.std.empty()) {
+    std::fprintf(stderr, "ember-train: give --mean and --std together\n");
     return 2;
   }
   return -1;

@@ -3,12 +3,15 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace ember::apps {
 
 struct TrainOptions {
-  std::string data = "data";     // folder holding cifar-10-batches-bin/ or cifar-100-binary/
-  std::string dataset = "auto";  // auto | cifar10 | cifar100 | fashion-mnist | mnist
+  std::string data = "data";      // cifar-10-batches-bin/, cifar-100-binary/ or train/ + val/
+  std::string dataset = "auto";   // auto | cifar10 | cifar100 | fashion-mnist | mnist | folder
+  int64_t image_size = 64;        // --dataset folder: shorter side resized, then cropped square
+  std::vector<double> mean, std;  // --dataset folder: normalisation; empty: measured on train
   std::string model = "resnet20";
   int64_t epochs = 10;
   int64_t batch_size = 128;       // per rank
@@ -16,8 +19,9 @@ struct TrainOptions {
   double lr = 0.1;                // for a global batch of 128; scaled linearly
   double momentum = 0.9;
   double weight_decay = 5e-4;
-  std::string schedule = "cosine";  // cosine | onecycle | step | constant
-  double warmup_epochs = 1.0;
+  std::string schedule = "onecycle";  // onecycle | cosine | step | constant
+  double warmup_epochs = -1;          // < 0: the schedule's default (see schedule.h)
+  int64_t warmup_steps = -1;          // < 0: from warmup_epochs; wins over it when set
   double label_smoothing = 0.1;
   std::string device = "auto";  // auto | cpu | cuda
   int threads = 0;              // 0: all cores
@@ -32,6 +36,11 @@ struct TrainOptions {
   int64_t max_steps = 0;             // stop after this many steps (smoke runs); 0: no limit
   std::string out_dir = "runs";      // metrics.jsonl and curves.png
   int64_t log_interval = 50;         // steps between log lines when not on a terminal
+  int64_t log_every = 0;             // steps between metrics records; 0: steps per epoch / 50
+  int64_t eval_every_steps = 0;      // 0: each epoch, and 4 times in runs under 4 epochs
+  int64_t accum_steps = 1;           // micro-batches per batch (gradient accumulation)
+  double grad_clip = 0;              // max gradient norm; 0: no clipping
+  bool no_decay_norm_bias = false;   // no weight decay on 1-d parameters (norms, biases)
 };
 
 // Parses argv; prints help or a clear message and returns the exit code to leave with when

@@ -1,0 +1,39 @@
+// ember-train's metrics: JSONL records per logged step, per evaluation and per epoch, and
+// the PNG of the curves (gnuplot), all on the optimizer-step axis.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+namespace ember::apps {
+
+// Writes out_dir/metrics.jsonl (one JSON object a line, "kind" = "step", "eval" or
+// "epoch") and two CSV files gnuplot reads (steps.csv, evals.csv). Only the writer rank
+// makes one with enabled = true; a disabled log ignores every call.
+class MetricsLog {
+ public:
+  // append: continue the files of a resumed run instead of starting them again.
+  MetricsLog(const std::filesystem::path& out_dir, bool enabled, bool append);
+  bool enabled() const { return enabled_; }
+  const std::filesystem::path& jsonl_path() const { return jsonl_path_; }
+  // The mean training loss over the steps since the last record, the lr of the last one.
+  void step(int64_t step, double epoch, double loss, double lr, double images_per_s);
+  void eval(int64_t step, double epoch, double test_loss, double test_accuracy);
+  void epoch(int64_t step, int64_t epoch, double train_loss, double train_accuracy,
+             double test_loss, double test_accuracy, double images_per_s, double lr, double epoch_s,
+             double elapsed_s);
+  // out_dir/curves.png: training loss per step with test loss per evaluation, test accuracy,
+  // and the lr, side by side on one step axis from 0 to last_step. Returns the path, or ""
+  // (with the reason printed) when gnuplot is missing or fails.
+  std::string plot(int64_t steps_per_epoch, int64_t last_step);
+
+ private:
+  void write(const std::string& line);
+  bool enabled_;
+  std::filesystem::path dir_, jsonl_path_;
+  std::ofstream jsonl_, steps_csv_, evals_csv_;
+};
+
+}  // namespace ember::apps

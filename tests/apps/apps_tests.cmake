@@ -1,0 +1,15 @@
+# ember-train's tests (included by ../CMakeLists.txt once apps/ defined ember_train_core):
+# the apps suite (schedule, trainer, metrics, and ember-train on a generated image folder),
+# and gradient accumulation under DDP at 2 ranks.
+ember_add_test_suite(apps ember_train_core)
+target_compile_definitions(ember_apps_tests PRIVATE EMBER_TRAIN_BIN="$<TARGET_FILE:ember-train>")
+add_dependencies(ember_apps_tests ember-train)
+
+if(TARGET ember_dist AND MPIEXEC_EXECUTABLE)
+  add_executable(ember_apps_ddp_accum ${CMAKE_CURRENT_LIST_DIR}/ddp_accum_main.cpp)
+  target_link_libraries(ember_apps_ddp_accum PRIVATE ember_train_core ember_warnings)
+  add_test(NAME apps_ddp_accum_np2
+           COMMAND ${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe ${MPIEXEC_NUMPROC_FLAG}
+                   2 $<TARGET_FILE:ember_apps_ddp_accum>)
+  set_tests_properties(apps_ddp_accum_np2 PROPERTIES TIMEOUT 120 LABELS "apps;mpi" PROCESSORS 2)
+endif()

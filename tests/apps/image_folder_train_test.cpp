@@ -1,0 +1,136 @@
+// ember-train --dataset folder: a generated folder of PNG and JPEG images in two classes
+// trains for a few steps, with the normalisation measured on the training split or given.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#define STB_IMAGE_WRITE_STATIC
+#define STB_IMAGE_WRITE_IMPLEMENTATION
+#include <stb/stb_image_write.h>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// class 0 reddish, class 1 bluish, with noise; sizes vary so resizing is exercised.
+void write_image(const fs::path& path, int label, int width, int height, std::mt19937& rng) {
+  std::vector<unsigned char> pixels(static_cast<size_t>(width * height * 3));
+  std::uniform_int_distribution<int> noise(0, 60);
+  for (size_t i = 0; i < pixels.size(); i += 3) {
+    pixels[i] = static_cast<unsigned char>((label == 0 ? 180 : 30) + noise(rng));
+    pixels[i + 1] = static_cast<unsigned char>(80 + noise(rng));
+    pixels[i + 2] = static_cast<unsigned char>((label == 0 ? 30 : 180) + noise(rng));
+  }
+  const int ok = path.extension() == ".png"
+                     ? stbi_write_png(path.c_str(), width, height, 3, pixels.data(), width * 3)
+                     : stbi_write_jpg(path.c_str(), width, height, 3, pixels.data(), 90);
+  ASSERT_NE(ok, 0) << path;
+}
+
+struct Result {
+  int code;
+  std::string output;
+};
+Result run(const std::string& command) {
+  Result r{-1, ""};
+  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+  if (pipe == nullptr) return r;
+  char buffer[4096];
+  while (fgets(buffer, sizeof buffer, pipe) != nullptr) r.output += buffer;
+  const int status = pclose(pipe);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+int64_t count_lines_with(const fs::path& path, const std::string& text) {
+  std::ifstream in(path);
+  int64_t n = 0;
+  for (std::string line; std::getline(in, line);) n += line.find(text) != std::string::npos;
+  return n;
+}
+
+class ImageFolderTrain : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = fs::temp_directory_path() / ("ember_apps_folder_" + std::to_string(getpid()));
+    fs::remove_all(root_);
+    std::mt19937 rng(1);
+    for (const auto& [split, per_class] : {std::pair{"train", 16}, std::pair{"val", 4}}) {
+      for (int label = 0; label < 2; ++label) {
+        const fs::path dir = root_ / split / (label == 0 ? "cat" : "dog");
+        fs::create_directories(dir);
+        for (int i = 0; i < per_class; ++i) {
+          const char* ext = i % 2 == 0 ? ".png" : ".jpg";
+          write_image(dir / ("img" + std::to_string(i) + ext), label, 20 + i % 5, 18 + i % 3, rng);
+        }
+      }
+    }
+  }
+  void TearDown() override { fs::remove_all(root_); }
+  std::string command(const std::string& extra) const {
+    return std::string(EMBER_TRAIN_BIN) + " --dataset folder --data " + root_.string() +
+           " --image-size 16 --batch-size 8 --epochs 2 --workers 0 --threads 1 --log-every 1 "
+           "--out-dir " +
+           (root_ / "out").string() + " " + extra;
+  }
+  fs::path root_;
+};
+
+TEST_F(ImageFolderTrain, TrainsAFewStepsWithMeasuredStatistics) {
+  const Result r = run(command(""));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("image folder"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("2 classes"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("(measured on the training split)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("final test accuracy"), std::string::npos) << r.output;
+  // 32 training images, batch 8: 4 steps an epoch, a record each.
+  const fs::path jsonl = root_ / "out" / "metrics.jsonl";
+  EXPECT_EQ(count_lines_with(jsonl, "\"kind\": \"step\""), 8);
+  EXPECT_EQ(count_lines_with(jsonl, "\"kind\": \"epoch\""), 2);
+  if (std::system("command -v gnuplot >/dev/null 2>&1") == 0) {
+    EXPECT_GT(fs::file_size(root_ / "out" / "curves.png"), 1000u);
+  }
+}
+
+// A non-image file is not a sample; an unreadable image is named by path, never a crash
+// (whether it is skipped or ends the run is the image folder's policy).
+TEST_F(ImageFolderTrain, BadFilesAreNamedNotACrash) {
+  std::ofstream(root_ / "train" / "dog" / "notes.txt") << "not an image";
+  const Result ignored = run(command("--max-steps 2"));
+  ASSERT_EQ(ignored.code, 0) << ignored.output;
+  EXPECT_NE(ignored.output.find("32 train"), std::string::npos) << ignored.output;
+  const fs::path good = root_ / "train" / "cat" / "img0.png",
+                 bad = root_ / "train" / "cat" / "cut.png";
+  fs::copy_file(good, bad);
+  fs::resize_file(bad, 40);  // the header and part of the first chunk
+  const Result truncated = run(command("--max-steps 2"));
+  EXPECT_TRUE(truncated.code == 0 || truncated.code == 1) << truncated.output;
+  EXPECT_NE(truncated.output.find(bad.string()), std::string::npos) << truncated.output;
+}
+
+TEST_F(ImageFolderTrain, GivenStatisticsAndClearErrors) {
+  const Result given = run(command("--max-steps 2 --mean 0.5 0.5 0.5 --std 0.25 0.25 0.25"));
+  ASSERT_EQ(given.code, 0) << given.output;
+  EXPECT_NE(given.output.find("mean 0.5000 0.5000 0.5000, std 0.2500"), std::string::npos)
+      << given.output;
+  EXPECT_EQ(given.output.find("measured"), std::string::npos) << given.output;
+  const Result half = run(command("--mean 0.5 0.5 0.5"));
+  EXPECT_EQ(half.code, 2);
+  EXPECT_NE(half.output.find("--mean and --std together"), std::string::npos) << half.output;
+  fs::remove_all(root_ / "val" / "dog");
+  const Result mismatch = run(command(""));
+  EXPECT_EQ(mismatch.code, 1);
+  EXPECT_NE(mismatch.output.find("same class folders"), std::string::npos) << mismatch.output;
+  fs::remove_all(root_ / "val");
+  const Result missing = run(command(""));
+  EXPECT_EQ(missing.code, 1);
+  EXPECT_NE(missing.output.find("is not a folder"), std::string::npos) << missing.output;
+}
+
+}  // namespace

@@ -1,0 +1,211 @@
+// ember-train's Trainer: one optimizer step per batch with accumulation and clipping, the
+// parameter groups, and the metrics an epoch writes.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <ember/dist/single_process_group.h>
+#include <ember/ember.h>
+
+#include "small_model.h"
+#include "trainer.h"
+
+namespace fs = std::filesystem;
+
+namespace ember::apps {
+namespace {
+
+using testing::flat_parameters;
+using testing::make_sgd;
+using testing::small_model;
+
+data::Batch random_batch(int64_t size, uint64_t seed) {
+  manual_seed(seed);
+  data::Batch b;
+  b.data = randn({size, 8});
+  b.target = randint(0, 3, {size});
+  return b;
+}
+
+void expect_close(const std::vector<float>& a, const std::vector<float>& b, float tolerance) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], tolerance) << "element " << i;
+}
+
+TEST(Trainer, AccumulatedMicroBatchesEqualOneBatch) {
+  dist::SingleProcessGroup group;
+  TrainOptions whole, split;
+  split.accum_steps = 4;
+  auto model_a = small_model(), model_b = small_model();
+  auto sgd_a = make_sgd(*model_a), sgd_b = make_sgd(*model_b);
+  Trainer a(whole, *model_a, *model_a, *sgd_a, nullptr, group, kCPU);
+  Trainer b(split, *model_b, *model_b, *sgd_b, nullptr, group, kCPU);
+  for (uint64_t step = 0; step < 3; ++step) {
+    const data::Batch batch = random_batch(16, 100 + step);
+    const BatchResult ra = a.run_batch(batch), rb = b.run_batch(batch);
+    EXPECT_NEAR(ra.loss, rb.loss, 1e-5);
+    EXPECT_EQ(ra.correct, rb.correct);
+    EXPECT_EQ(rb.count, 16);
+  }
+  EXPECT_EQ(b.step(), 3);
+  expect_close(flat_parameters(*model_a), flat_parameters(*model_b), 1e-5f);
+  // The test can fail: without the 1/K scaling the steps differ.
+  EXPECT_THROW(b.run_batch(random_batch(10, 1)), Error);  // 10 is not 4 equal parts
+}
+
+TEST(Trainer, ClippingIsClipGradNorm) {
+  dist::SingleProcessGroup group;
+  TrainOptions o;
+  o.grad_clip = 0.05;
+  auto model = small_model(), reference = small_model(), unclipped = small_model();
+  auto sgd = make_sgd(*model), sgd_ref = make_sgd(*reference), sgd_raw = make_sgd(*unclipped);
+  Trainer trainer(o, *model, *model, *sgd, nullptr, group, kCPU);
+  TrainOptions no_clip;
+  Trainer raw(no_clip, *unclipped, *unclipped, *sgd_raw, nullptr, group, kCPU);
+  const data::Batch batch = random_batch(16, 5);
+  trainer.run_batch(batch);
+  raw.run_batch(batch);
+  // What a PyTorch user writes: forward, loss, backward, clip_grad_norm_, step.
+  sgd_ref->zero_grad();
+  const Tensor loss =
+      cross_entropy(reference->forward(batch.data), batch.target, {.label_smoothing = 0.1});
+  loss.backward();
+  const double norm = optim::clip_grad_norm_(reference->parameters(), 0.05).item<double>();
+  EXPECT_GT(norm, 0.05);  // the clip did something
+  sgd_ref->step();
+  expect_close(flat_parameters(*model), flat_parameters(*reference), 0.0f);
+  EXPECT_NE(flat_parameters(*model), flat_parameters(*unclipped));
+}
+
+TEST(Trainer, NoDecayGroupsHoldNormsAndBiases) {
+  auto resnet = nn::resnet("resnet20", 10, 3);
+  const auto groups = parameter_groups(*resnet, true);
+  ASSERT_EQ(groups.size(), 2u);
+  size_t matrices = 0, vectors = 0;
+  for (const auto& [name, p] : resnet->named_parameters()) {
+    const bool is_vector = name.find("bn") != std::string::npos ||
+                           name.find("bias") != std::string::npos ||
+                           name.find("downsample.1") != std::string::npos;
+    EXPECT_EQ(p.dim() <= 1, is_vector) << name;
+    (p.dim() <= 1 ? vectors : matrices) += 1;
+  }
+  EXPECT_EQ(groups[0].params.size(), matrices);
+  EXPECT_EQ(groups[1].params.size(), vectors);
+  optim::SGD sgd(groups, {.lr = 0.1, .momentum = 0.9, .weight_decay = 5e-4});
+  EXPECT_EQ(sgd.param_groups()[0].option("weight_decay"), 5e-4);
+  EXPECT_EQ(sgd.param_groups()[1].option("weight_decay"), 0.0);
+  EXPECT_EQ(parameter_groups(*resnet, false).size(), 1u);
+}
+
+// Counts metrics.jsonl lines of a kind.
+int64_t count_records(const fs::path& jsonl, const std::string& kind) {
+  std::ifstream in(jsonl);
+  int64_t n = 0;
+  for (std::string line; std::getline(in, line);)
+    n += line.find("\"kind\": \"" + kind + "\"") != std::string::npos;
+  return n;
+}
+
+struct EpochFixture {
+  dist::SingleProcessGroup group;
+  std::shared_ptr<data::Dataset> train, test;
+  std::unique_ptr<data::DataLoader> train_loader, test_loader;
+  fs::path dir;
+  explicit EpochFixture(const std::string& name) {
+    manual_seed(3);
+    train = std::make_shared<data::TensorDataset>(randn({100, 8}), randint(0, 3, {100}));
+    test = std::make_shared<data::TensorDataset>(randn({20, 8}), randint(0, 3, {20}));
+    data::DataLoaderOptions lo;
+    lo.batch_size = 4;
+    lo.shuffle = true;
+    lo.drop_last = true;
+    train_loader = std::make_unique<data::DataLoader>(train, lo);
+    lo.shuffle = false;
+    test_loader = std::make_unique<data::DataLoader>(test, lo);
+    dir = fs::temp_directory_path() / ("ember_apps_" + name + "_" + std::to_string(getpid()));
+    fs::remove_all(dir);
+  }
+  ~EpochFixture() { fs::remove_all(dir); }
+  // A trainer of small_model() on these loaders, writing its metrics to dir.
+  Trainer& trainer(const TrainOptions& options) {
+    model = small_model();
+    sgd = make_sgd(*model);
+    metrics = std::make_unique<MetricsLog>(dir, true, false);
+    trainer_ = std::make_unique<Trainer>(options, *model, *model, *sgd, nullptr, group, kCPU);
+    trainer_->attach(*train_loader, *test_loader, nullptr, *metrics, progress);
+    return *trainer_;
+  }
+  std::shared_ptr<nn::Module> model;
+  std::unique_ptr<optim::SGD> sgd;
+  std::unique_ptr<MetricsLog> metrics;
+  Progress progress{false, 50};
+  std::unique_ptr<Trainer> trainer_;
+};
+
+TEST(Trainer, EpochsWriteStepEvalAndEpochRecords) {
+  EpochFixture f("records");
+  TrainOptions o;
+  o.epochs = 2;
+  o.log_every = 10;
+  o.eval_every_steps = 10;
+  Trainer& trainer = f.trainer(o);
+  const MetricsLog& metrics = *f.metrics;
+  EXPECT_EQ(trainer.steps_per_epoch(), 25);
+  trainer.train(0);
+  EXPECT_EQ(trainer.step(), 50);
+  // Steps 10, 20, 25 (epoch end), 30, 40, 50.
+  EXPECT_EQ(count_records(metrics.jsonl_path(), "step"), 6);
+  // Evaluations at 10, 20 and each epoch's end (25, 50), and 30, 40.
+  EXPECT_EQ(count_records(metrics.jsonl_path(), "eval"), 6);
+  EXPECT_EQ(count_records(metrics.jsonl_path(), "epoch"), 2);
+  const std::string png = f.metrics->plot(trainer.steps_per_epoch(), trainer.step());
+  if (std::system("command -v gnuplot >/dev/null 2>&1") == 0) {
+    ASSERT_FALSE(png.empty());
+    EXPECT_GT(fs::file_size(png), 1000u);
+  }
+}
+
+TEST(Trainer, DefaultLogEveryGivesFiftyPointsAnEpochAndMaxStepsStops) {
+  EpochFixture f("default");
+  TrainOptions o;
+  o.epochs = 3;
+  o.max_steps = 30;
+  Trainer& trainer = f.trainer(o);
+  const MetricsLog& metrics = *f.metrics;
+  EXPECT_EQ(trainer.log_every(), 1);   // 25 steps an epoch: every step
+  EXPECT_EQ(trainer.eval_every(), 0);  // a --max-steps run: each epoch's end only
+  trainer.train(0);
+  EXPECT_EQ(trainer.step(), 30);
+  EXPECT_EQ(count_records(metrics.jsonl_path(), "step"), 30);
+  EXPECT_EQ(count_records(metrics.jsonl_path(), "epoch"), 2);
+  EXPECT_EQ(count_records(metrics.jsonl_path(), "eval"), 2);
+  o.log_every = 0;
+  o.max_steps = 0;
+  // 468 steps an epoch (Fashion-MNIST, batch 128): every 9th, 52 records.
+  data::DataLoaderOptions lo;
+  lo.batch_size = 1;
+  data::DataLoader big(std::make_shared<data::TensorDataset>(zeros({468, 1}), zeros({468}, kI64)),
+                       lo);
+  Trainer sized(o, *f.model, *f.model, *f.sgd, nullptr, f.group, kCPU);
+  sized.attach(big, *f.test_loader, nullptr, *f.metrics, f.progress);
+  EXPECT_EQ(sized.log_every(), 9);
+  EXPECT_GE(468 / sized.log_every(), 50);
+}
+
+TEST(Trainer, ShortRunsAreEvaluatedEveryQuarter) {
+  EpochFixture f("quarters");
+  TrainOptions o;
+  o.epochs = 2;
+  Trainer& trainer = f.trainer(o);
+  EXPECT_EQ(trainer.eval_every(), 12);  // 50 steps in all
+  trainer.train(0);
+  // Steps 12, 24, 25 (epoch end), 36, 48, 50 (epoch end).
+  EXPECT_EQ(count_records(f.metrics->jsonl_path(), "eval"), 6);
+  o.epochs = 4;
+  EXPECT_EQ(f.trainer(o).eval_every(), 0);  // each epoch's end is enough
+}
+
+}  // namespace
+}  // namespace ember::apps
