@@ -32,8 +32,12 @@ void load_folder(const TrainOptions& o, DataSplits& d) {
                 (root / split).string(), "' is not a folder (want ", o.data,
                 "/train/CLASS/*.png|jpg and ", o.data, "/val/CLASS/...)");
   }
-  auto train = std::make_shared<data::ImageFolder>((root / "train").string());
-  auto val = std::make_shared<data::ImageFolder>((root / "val").string());
+  const data::ImageFolderOptions folder_options{.skip_bad_files = o.bad_images == "skip"};
+  auto train = std::make_shared<data::ImageFolder>((root / "train").string(), folder_options);
+  auto val = std::make_shared<data::ImageFolder>((root / "val").string(), folder_options);
+  for (const auto* split : {train.get(), val.get()}) {
+    for (const auto& bad : split->bad_files()) d.bad_files.push_back(bad.path + ": " + bad.reason);
+  }
   EMBER_CHECK(train->classes() == val->classes(), "ember-train --dataset folder", "train/ holds ",
               train->classes().size(), " classes and val/ ", val->classes().size(),
               ": both need the same class folders");

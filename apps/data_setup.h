@@ -21,12 +21,15 @@ struct DataSplits {
   int64_t image_size = 32;
   // Image folders only: the images' sizes vary, so both splits resize to image_size first.
   bool resize = false;
+  // Image folders with --bad-images skip: the files left out, "path: reason".
+  std::vector<std::string> bad_files;
 };
 
 // The data set options.dataset names. "folder": options.data/train/CLASS/* and
 // options.data/val/CLASS/* (classes by sorted folder name, as torchvision's ImageFolder; both
-// splits must hold the same classes), decoded as RGB, normalised with --mean/--std or with
-// statistics measured once over the training split (measure_mean_std).
+// splits must hold the same classes), decoded as RGB (a file that does not decode fails the
+// run, or with --bad-images skip is left out and listed in bad_files), normalised with --mean/--std
+// or with statistics measured once over the training split (measure_mean_std).
 DataSplits load_data(const TrainOptions& options);
 
 // Training: (for folders: shorter side resized to image_size,) random crop image_size square

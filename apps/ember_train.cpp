@@ -157,6 +157,11 @@ int run(const apps::TrainOptions& o) {
                 static_cast<long>(steps_per_epoch), lr, static_cast<long>(plan.warmup_steps),
                 plan.warmup_capped ? " (capped to 30% of the run)" : "");
   log.log(plan_line);
+  if (!d.bad_files.empty()) {
+    log.log("left out " + std::to_string(d.bad_files.size()) +
+            " image(s) that do not decode (--bad-images skip):");
+    for (const std::string& bad : d.bad_files) log.log("  " + bad);
+  }
   if (d.resize) {
     char stats[256];
     std::snprintf(stats, sizeof stats, "normalisation: mean %.4f %.4f %.4f, std %.4f %.4f %.4f%s",
@@ -181,6 +186,9 @@ int run(const apps::TrainOptions& o) {
     std::printf("done: %ld steps in %s, final test accuracy %.2f%% (metrics: %s)\n",
                 static_cast<long>(trainer.step()), apps::format_duration(total).c_str(),
                 100 * last_eval.accuracy, metrics.jsonl_path().c_str());
+    if (!d.bad_files.empty())
+      std::printf("skipped %zu image(s) that do not decode (listed at the start)\n",
+                  d.bad_files.size());
   }
   return 0;
 }

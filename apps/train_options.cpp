@@ -39,6 +39,10 @@ int parse_train_options(int argc, char** argv, TrainOptions& o) {
   app.add_option("--image-size", o.image_size,
                  "--dataset folder: shorter side resized to this, then cropped square")
       ->check(kPositive);
+  app.add_option("--bad-images", o.bad_images,
+                 "--dataset folder: an image that does not decode ends the run naming it (fail), "
+                 "or is left out, named and counted in the summary (skip)")
+      ->check(CLI::IsMember({"fail", "skip"}));
   app.add_option("--mean", o.mean,
                  "--dataset folder: per-channel mean (R G B) in [0, 1]; default: measured once "
                  "over the training split")

@@ -8,10 +8,11 @@
 namespace ember::apps {
 
 struct TrainOptions {
-  std::string data = "data";      // cifar-10-batches-bin/, cifar-100-binary/ or train/ + val/
-  std::string dataset = "auto";   // auto | cifar10 | cifar100 | fashion-mnist | mnist | folder
-  int64_t image_size = 64;        // --dataset folder: shorter side resized, then cropped square
-  std::vector<double> mean, std;  // --dataset folder: normalisation; empty: measured on train
+  std::string data = "data";        // cifar-10-batches-bin/, cifar-100-binary/ or train/ + val/
+  std::string dataset = "auto";     // auto | cifar10 | cifar100 | fashion-mnist | mnist | folder
+  int64_t image_size = 64;          // --dataset folder: shorter side resized, then cropped square
+  std::vector<double> mean, std;    // --dataset folder: normalisation; empty: measured on train
+  std::string bad_images = "fail";  // --dataset folder: fail | skip (named, counted)
   std::string model = "resnet20";
   int64_t epochs = 10;
   int64_t batch_size = 128;       // per rank

@@ -98,8 +98,9 @@ TEST_F(ImageFolderTrain, TrainsAFewStepsWithMeasuredStatistics) {
   }
 }
 
-// A non-image file is not a sample; an unreadable image is named by path, never a crash
-// (whether it is skipped or ends the run is the image folder's policy).
+// A non-image file is not a sample; an image that does not decode is named by path with the
+// reason, never a crash: it ends the run (--bad-images fail, the default) or is left out and
+// counted (--bad-images skip).
 TEST_F(ImageFolderTrain, BadFilesAreNamedNotACrash) {
   std::ofstream(root_ / "train" / "dog" / "notes.txt") << "not an image";
   const Result ignored = run(command("--max-steps 2"));
@@ -109,9 +110,16 @@ TEST_F(ImageFolderTrain, BadFilesAreNamedNotACrash) {
                  bad = root_ / "train" / "cat" / "cut.png";
   fs::copy_file(good, bad);
   fs::resize_file(bad, 40);  // the header and part of the first chunk
-  const Result truncated = run(command("--max-steps 2"));
-  EXPECT_TRUE(truncated.code == 0 || truncated.code == 1) << truncated.output;
-  EXPECT_NE(truncated.output.find(bad.string()), std::string::npos) << truncated.output;
+  const Result failed = run(command("--max-steps 2"));
+  EXPECT_EQ(failed.code, 1) << failed.output;
+  EXPECT_NE(failed.output.find(bad.string()), std::string::npos) << failed.output;
+  EXPECT_NE(failed.output.find("truncated"), std::string::npos) << failed.output;
+  const Result skipped = run(command("--max-steps 2 --bad-images skip"));
+  ASSERT_EQ(skipped.code, 0) << skipped.output;
+  EXPECT_NE(skipped.output.find("32 train"), std::string::npos) << skipped.output;
+  EXPECT_NE(skipped.output.find("left out 1 image(s)"), std::string::npos) << skipped.output;
+  EXPECT_NE(skipped.output.find("  " + bad.string() + ": "), std::string::npos) << skipped.output;
+  EXPECT_NE(skipped.output.find("skipped 1 image(s)"), std::string::npos) << skipped.output;
 }
 
 TEST_F(ImageFolderTrain, GivenStatisticsAndClearErrors) {
