@@ -287,5 +287,40 @@ TEST(InitMethod, StaleFileIsRefusedNotReused) {
   ::unlink(path.c_str());
 }
 
+// Under mpirun (ctest dist_init_method_mpirun_np2): explicit values that repeat mpirun's are
+// fine, others are refused naming both; the fork-based tests above are left out there.
+TEST(UnderMpirun, ExplicitRankAndWorldSizeMustAgreeWithMpirun) {
+  const LaunchEnv launch = read_launch_env();
+  if (launch.launcher != "mpirun") GTEST_SKIP() << "run under mpirun";
+  InitOptions init;
+  init.backend = "mpi";
+  init.device = kCPU;
+  init.init_method = "tcp://127.0.0.1:1";  // not used under mpirun
+  init.rank = (launch.rank + 1) % launch.world_size;
+  init.world_size = launch.world_size;
+  try {
+    init_process_group(init);
+    ADD_FAILURE() << "rank " << init.rank << " was accepted on mpirun's rank " << launch.rank;
+  } catch (const Error& e) {
+    EXPECT_NE(
+        std::string(e.what()).find("rank=" + std::to_string(init.rank) +
+                                   ", world_size=" + std::to_string(launch.world_size) +
+                                   " disagree with mpirun's rank " + std::to_string(launch.rank)),
+        std::string::npos)
+        << e.what();
+  }
+  init.rank = launch.rank;
+  init.world_size = launch.world_size + 1;
+  EXPECT_THROW(init_process_group(init), Error);
+  init.world_size = launch.world_size;
+  auto pg = init_process_group(init);
+  EXPECT_EQ(get_rank(), launch.rank);
+  EXPECT_EQ(get_world_size(), launch.world_size);
+  Tensor t = full({2}, 1.0);
+  all_reduce(t);
+  EXPECT_EQ(t.sum().item<double>(), 2.0 * launch.world_size);
+  destroy_process_group();
+}
+
 }  // namespace
 }  // namespace ember::dist

@@ -59,3 +59,8 @@ add_dependencies(ember_dist_tests ember_dist_init_method)
 add_test(NAME dist_init_method COMMAND $<TARGET_FILE:ember_dist_init_method>)
 set_tests_properties(dist_init_method PROPERTIES TIMEOUT 240 LABELS "dist;tcp" PROCESSORS 3
                      ENVIRONMENT "RANK=;WORLD_SIZE=;LOCAL_RANK=;MASTER_ADDR=;MASTER_PORT=")
+add_test(NAME dist_init_method_mpirun_np2
+  COMMAND ${EMBER_MPIRUN} ${MPIEXEC_NUMPROC_FLAG} 2 $<TARGET_FILE:ember_dist_init_method>
+          --gtest_filter=UnderMpirun.*)
+set_tests_properties(dist_init_method_mpirun_np2 PROPERTIES TIMEOUT 120 LABELS "dist;mpi"
+                                                           PROCESSORS 2)
