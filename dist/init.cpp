@@ -193,11 +193,11 @@ std::shared_ptr<ProcessGroup> make_process_group(const InitOptions& user_options
     cuda::set_device(launch.local_rank);
   }
   // Where TCP and NCCL ranks meet (not under MPI's own bootstrap).
-  const auto meet = [&]() -> detail::StoreAddress {
+  const auto meet = [&](const char* name) -> detail::StoreAddress {
     if (launch.world_size == 1 && method.scheme == "env") {
       return {launch.master_addr, launch.master_port};
     }
-    return detail::rendezvous(method, launch, options.group.timeout);
+    return detail::rendezvous(method, launch, name, options.group.timeout);
   };
 
   if (backend == "single") {
@@ -223,7 +223,7 @@ std::shared_ptr<ProcessGroup> make_process_group(const InitOptions& user_options
   if (backend == "tcp") {
     EMBER_CHECK(device.is_cpu(), kOp, "the tcp backend moves CPU tensors but the device is ",
                 device, "; use the nccl backend on GPUs");
-    const detail::StoreAddress store = meet();
+    const detail::StoreAddress store = meet("tcp");
     return std::make_shared<TcpProcessGroup>(store.host, store.port, launch.rank, launch.world_size,
                                              launch.local_rank, options.group);
   }
@@ -249,7 +249,7 @@ std::shared_ptr<ProcessGroup> make_process_group(const InitOptions& user_options
         MPI_Bcast(id.data(), static_cast<int>(id.size()), MPI_BYTE, 0, MPI_COMM_WORLD),
         "init_process_group: MPI_Bcast of the NCCL unique id");
   } else {
-    const detail::StoreAddress address = meet();
+    const detail::StoreAddress address = meet("NCCL");
     // The store TCP groups use too (rank 0 serves MASTER_PORT once per process); it lives
     // until exit, so no rank can lose it before every rank has read the id. With a job secret
     // (EMBER_JOB_SECRET) only processes that prove it can read or replace the id.

@@ -308,14 +308,14 @@ LaunchEnv resolve_identity(const InitMethod& method, int rank, int world_size,
   return self;
 }
 
-StoreAddress rendezvous(const InitMethod& method, const LaunchEnv& self,
+StoreAddress rendezvous(const InitMethod& method, const LaunchEnv& self, const std::string& backend,
                         std::chrono::milliseconds timeout) {
   if (method.scheme == "file") return file_rendezvous(method, self, timeout);
   StoreAddress address{self.master_addr, self.master_port};
   if (method.scheme == "env") {
     EMBER_CHECK(!address.host.empty() && address.port > 0, kOp,
-                "MASTER_ADDR and MASTER_PORT must be set (init_method env://, ", self.launcher,
-                " launch of ", self.world_size, " processes)");
+                "MASTER_ADDR and MASTER_PORT must be set (", self.launcher, " launch of ",
+                self.world_size, " processes, ", backend, " backend) for init_method env://");
   }
   auto store = shared_store(address.host, address.port, self.world_size, self.rank, timeout);
   meet(*store, method.url + " (" + address.host + ":" + std::to_string(address.port) + ")", self,

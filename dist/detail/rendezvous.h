@@ -36,7 +36,8 @@ struct StoreAddress {
 // address rank 0 published in the file) and meets every rank there within `timeout`: they must
 // agree on the world size and each rank must come once. The store is detail::shared_store's, so
 // the backend that follows finds it at the address returned.
-StoreAddress rendezvous(const InitMethod& method, const LaunchEnv& self,
+// `backend` names the backend in messages.
+StoreAddress rendezvous(const InitMethod& method, const LaunchEnv& self, const std::string& backend,
                         std::chrono::milliseconds timeout);
 
 }  // namespace ember::dist::detail
