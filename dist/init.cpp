@@ -11,6 +11,7 @@
 
 #include "detail/default_group.h"
 #include "detail/mpi_runtime.h"
+#include "detail/rendezvous.h"
 #include "detail/shared_store.h"
 #include "mpi_process_group.h"
 #include "single_process_group.h"
@@ -177,8 +178,12 @@ void destroy_process_group() {
 
 namespace {
 
-std::shared_ptr<ProcessGroup> make_process_group(const InitOptions& options) {
-  const LaunchEnv launch = read_launch_env();
+std::shared_ptr<ProcessGroup> make_process_group(const InitOptions& user_options) {
+  InitOptions options = user_options;
+  if (options.timeout) options.group.timeout = *options.timeout;
+  const detail::InitMethod method = detail::parse_init_method(options.init_method);
+  const LaunchEnv launch =
+      detail::resolve_identity(method, options.rank, options.world_size, read_launch_env());
   const Device device = pick_device(options);
   const std::string backend = pick_backend(options, launch, device);
   if (device.is_cuda()) {
@@ -187,6 +192,13 @@ std::shared_ptr<ProcessGroup> make_process_group(const InitOptions& options) {
                 " has no GPU of its own: ", count, " visible on this node");
     cuda::set_device(launch.local_rank);
   }
+  // Where TCP and NCCL ranks meet (not under MPI's own bootstrap).
+  const auto meet = [&](const char* name) -> detail::StoreAddress {
+    if (launch.world_size == 1 && method.scheme == "env") {
+      return {launch.master_addr, launch.master_port};
+    }
+    return detail::rendezvous(method, launch, name, options.group.timeout);
+  };
 
   if (backend == "single") {
     EMBER_CHECK(launch.world_size == 1, kOp, "the single-process backend needs world size 1 but ",
@@ -211,11 +223,9 @@ std::shared_ptr<ProcessGroup> make_process_group(const InitOptions& options) {
   if (backend == "tcp") {
     EMBER_CHECK(device.is_cpu(), kOp, "the tcp backend moves CPU tensors but the device is ",
                 device, "; use the nccl backend on GPUs");
-    EMBER_CHECK(launch.world_size == 1 || (!launch.master_addr.empty() && launch.master_port > 0),
-                kOp, "MASTER_ADDR and MASTER_PORT must be set (", launch.launcher, " launch of ",
-                launch.world_size, " processes, tcp backend)");
-    return std::make_shared<TcpProcessGroup>(launch.master_addr, launch.master_port, launch.rank,
-                                             launch.world_size, launch.local_rank, options.group);
+    const detail::StoreAddress store = meet("tcp");
+    return std::make_shared<TcpProcessGroup>(store.host, store.port, launch.rank, launch.world_size,
+                                             launch.local_rank, options.group);
   }
 
   // NCCL.
@@ -239,14 +249,12 @@ std::shared_ptr<ProcessGroup> make_process_group(const InitOptions& options) {
         MPI_Bcast(id.data(), static_cast<int>(id.size()), MPI_BYTE, 0, MPI_COMM_WORLD),
         "init_process_group: MPI_Bcast of the NCCL unique id");
   } else {
-    EMBER_CHECK(!launch.master_addr.empty() && launch.master_port > 0, kOp,
-                "MASTER_ADDR and MASTER_PORT must be set (", launch.launcher, " launch of ",
-                launch.world_size, " processes, NCCL backend)");
+    const detail::StoreAddress address = meet("NCCL");
     // The store TCP groups use too (rank 0 serves MASTER_PORT once per process); it lives
     // until exit, so no rank can lose it before every rank has read the id. With a job secret
     // (EMBER_JOB_SECRET) only processes that prove it can read or replace the id.
-    auto store = detail::shared_store(launch.master_addr, launch.master_port, launch.world_size,
-                                      launch.rank, options.group.timeout);
+    auto store = detail::shared_store(address.host, address.port, launch.world_size, launch.rank,
+                                      options.group.timeout);
     // The n-th NCCL group of every rank meets under the same key.
     const int64_t group = store->add("ember/nccl/groups/" + std::to_string(launch.rank), 1);
     const std::string key = "ember/nccl/" + std::to_string(group) + "/id";

@@ -3,6 +3,7 @@
 // torch.distributed-style free functions use (see api.h). destroy_process_group() ends it.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <optional>
 #include <string>
@@ -38,6 +39,26 @@ struct InitOptions {
   // process is bound to GPU local_rank (made its current device).
   std::optional<Device> device{};
   ProcessGroupOptions group{};
+  // Where the ranks meet, as torch.distributed's init_method (TCP and NCCL backends):
+  //   "env://"           MASTER_ADDR:MASTER_PORT; rank / world_size from the launcher unless
+  //                      both are given here.
+  //   "tcp://HOST:PORT"  rank 0 serves the store on HOST:PORT; rank and world_size required.
+  //   "file:///PATH"     rank 0 serves the store on a free port of its host (MASTER_ADDR when
+  //                      set, else its host name) and publishes the address, its world size and
+  //                      a fresh nonce in PATH atomically; the other ranks wait for the file,
+  //                      and use it once the store there answers with the file's nonce. Rank 0
+  //                      removes the file once every rank has joined (or the start failed), so
+  //                      a file found at the start is stale, from a run that died starting:
+  //                      rank 0 refuses it, and the others give up at the timeout naming it.
+  //                      rank and world_size required; PATH must be shared by all ranks.
+  // Every rank checks at the store that it agrees with rank 0's world size and that no other
+  // process has its rank, within the timeout. Under mpirun (MPI backend, or NCCL meeting over
+  // MPI) the URL is not used, and rank / world_size, when given, must equal mpirun's.
+  std::string init_method = "env://";
+  int rank = -1;        // -1: from the launcher
+  int world_size = -1;  // -1: from the launcher
+  // The rendezvous's and the group's timeout; unset: group.timeout.
+  std::optional<std::chrono::milliseconds> timeout{};
 };
 
 // Builds the process group for this job and makes it the default group, which the free

@@ -16,4 +16,9 @@ namespace ember::dist::detail {
 std::shared_ptr<TcpStore> shared_store(const std::string& host, int port, int world_size, int rank,
                                        std::chrono::milliseconds timeout);
 
+// Serves a new store on a free port of `host` (rank 0 of a file:// rendezvous) and registers
+// it, so that shared_store(host, store->port(), ...) returns it.
+std::shared_ptr<TcpStore> serve_shared_store(const std::string& host, int world_size,
+                                             std::chrono::milliseconds timeout);
+
 }  // namespace ember::dist::detail

@@ -49,3 +49,18 @@ foreach(np 2 3)
   set_tests_properties(dist_tcp_job_secret_np${np} PROPERTIES TIMEOUT 180 LABELS "dist;tcp"
                                                               PROCESSORS ${np})
 endforeach()
+
+# init_process_group's init_method (init_method_main.cpp): env://, tcp:// and file:// at 2 and 3
+# ranks forked on loopback with explicit rank and world size; bad URLs, world size mismatches
+# and a stale file:// refused within the timeout.
+add_executable(ember_dist_init_method ${CMAKE_CURRENT_LIST_DIR}/init_method_main.cpp)
+target_link_libraries(ember_dist_init_method PRIVATE ember::ember ember_warnings GTest::gtest_main)
+add_dependencies(ember_dist_tests ember_dist_init_method)
+add_test(NAME dist_init_method COMMAND $<TARGET_FILE:ember_dist_init_method>)
+set_tests_properties(dist_init_method PROPERTIES TIMEOUT 240 LABELS "dist;tcp" PROCESSORS 3
+                     ENVIRONMENT "RANK=;WORLD_SIZE=;LOCAL_RANK=;MASTER_ADDR=;MASTER_PORT=")
+add_test(NAME dist_init_method_mpirun_np2
+  COMMAND ${EMBER_MPIRUN} ${MPIEXEC_NUMPROC_FLAG} 2 $<TARGET_FILE:ember_dist_init_method>
+          --gtest_filter=UnderMpirun.*)
+set_tests_properties(dist_init_method_mpirun_np2 PROPERTIES TIMEOUT 120 LABELS "dist;mpi"
+                                                           PROCESSORS 2)
