@@ -85,16 +85,16 @@ check_reports() {
 #            .deb packages) with the user's own flags, without -fsanitize: an uninstrumented
 #            program cannot load ASan-instrumented libraries ("ASan runtime does not come
 #            first"). What they check is packaging, not ember's memory use; build/ runs them.
-# Two passes. Everything but dist: ASan's fast frame-pointer unwinder.
+# Two passes. Everything that starts no MPI: ASan's fast frame-pointer unwinder.
 ASAN_OPTIONS="$asan_options" ctest "${ctest_args[@]}" --no-tests=error \
-  -LE '^(install|dist)$' || status=1
-check_reports "the non-dist tests"
-# dist (every process in it starts MPI): fast_unwind_on_malloc=0 unwinds through Open MPI,
-# which has no frame pointers, so its leaks show the library they come from and the
+  -LE '^(install|dist|mpi)$' || status=1
+check_reports "the tests without MPI"
+# dist and mpi (every process in them starts MPI): fast_unwind_on_malloc=0 unwinds through
+# Open MPI, which has no frame pointers, so its leaks show the library they come from and the
 # suppressions can match them; slower, so only here.
 ASAN_OPTIONS="$asan_options:fast_unwind_on_malloc=0" ctest "${ctest_args[@]}" \
-  --no-tests=ignore -L '^dist$' -LE '^install$' || status=1
-check_reports "the dist tests"
+  --no-tests=ignore -L '^(dist|mpi)$' -LE '^install$' || status=1
+check_reports "the dist and MPI tests"
 
 if [[ -f "$repo_root/tests/data/fuzz/run.sh" ]]; then
   bash "$repo_root/tests/data/fuzz/run.sh" "$build_dir/fuzz" 60 || status=1

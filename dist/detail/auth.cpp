@@ -58,6 +58,14 @@ std::string read_job_secret() {
 
 namespace {
 
+// NOTE: libcrypto is set up without its atexit teardown. The store's and the mesh's threads
+// may still answer a handshake while the process exits; with the teardown, such a late
+// RAND_bytes would run on a torn-down library (and rebuild its generator, unreachable).
+void init_crypto_once() {
+  static const bool ready = ::OPENSSL_init_crypto(OPENSSL_INIT_NO_ATEXIT, nullptr) == 1;
+  EMBER_CHECK(ready, "job secret", "OpenSSL's libcrypto failed to initialise");
+}
+
 std::array<unsigned char, kMac> mac(const std::string& secret, char role,
                                     const std::string& context, const Bytes& first,
                                     const Bytes& second) {
@@ -70,6 +78,7 @@ std::array<unsigned char, kMac> mac(const std::string& secret, char role,
   message.insert(message.end(), second.begin(), second.end());
   std::array<unsigned char, kMac> out{};
   unsigned int length = 0;
+  init_crypto_once();
   const unsigned char* ok = ::HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()),
                                    reinterpret_cast<const unsigned char*>(message.data()),
                                    message.size(), out.data(), &length);
@@ -78,6 +87,7 @@ std::array<unsigned char, kMac> mac(const std::string& secret, char role,
 }
 
 Bytes nonce() {
+  init_crypto_once();
   Bytes n{};
   EMBER_CHECK(::RAND_bytes(n.data(), static_cast<int>(n.size())) == 1, "job secret",
               "RAND_bytes failed: no random nonce for the handshake");
