@@ -19,6 +19,7 @@
 #include <list>
 #include <map>
 #include <mutex>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -216,7 +217,13 @@ struct TcpStore::Server {
           c.fd = it->fd;
           c.peer = std::move(it->peer);
           c.challenge = it->challenge;
-          c.thread = std::thread([this, &c] { serve(c); });
+          try {
+            c.thread = std::thread([this, &c] { serve(c); });
+          } catch (const std::system_error& e) {  // no thread to be had: refuse this one
+            connections.pop_back();
+            it = drop(it, std::string(": no thread to serve it (") + e.what() + ")");
+            continue;
+          }
           it = waiting.erase(it);
         } else if (!secret.empty() && now > it->deadline) {
           it = drop(it, ": it sent no proof of the job secret in time");
@@ -266,7 +273,13 @@ struct TcpStore::Server {
         w.peer = peer;
         w.deadline = Clock::now() +
                      std::min<std::chrono::milliseconds>(options.request_timeout, kHandshakeLimit);
-        if (!detail::send_challenge(fd, secret, w.challenge)) drop(std::prev(waiting.end()), "");
+        bool sent = false;
+        try {
+          sent = detail::send_challenge(fd, secret, w.challenge);
+        } catch (const std::exception& e) {
+          detail::log_dropped(name, "dropped the connection from " + peer + ": " + e.what());
+        }
+        if (!sent) drop(std::prev(waiting.end()), "");
       }
     }
     for (const Waiting& w : waiting) ::close(w.fd);  // they never spoke: closed at once
@@ -349,6 +362,10 @@ struct TcpStore::Server {
       }
       if (!quiet)
         detail::log_dropped(name, "dropped the connection from " + c.peer + ": it " + e.reason);
+    } catch (const std::exception& e) {
+      // Out of memory for a value, a failed handshake step: this connection ends, the store
+      // and the process go on (an exception leaving the thread would end the process).
+      detail::log_dropped(name, "dropped the connection from " + c.peer + ": " + e.what());
     }
     ::shutdown(fd, SHUT_RDWR);  // the peer sees the end now; the fd is closed once reaped
     std::lock_guard<std::mutex> lock(mutex);

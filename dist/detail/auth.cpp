@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <vector>
@@ -44,6 +45,15 @@ std::string read_job_secret() {
               "EMBER_JOB_SECRET and EMBER_JOB_SECRET_FILE are both set; set one");
   if (inline_secret != nullptr) return inline_secret;
   if (file == nullptr) return {};
+  // A regular file of a secret's size: a FIFO or /dev/zero would block or grow without end.
+  constexpr uintmax_t kMaxSecretFileBytes = 64 * 1024;
+  std::error_code ec;
+  const bool regular = std::filesystem::is_regular_file(file, ec);
+  const uintmax_t bytes = regular ? std::filesystem::file_size(file, ec) : 0;
+  EMBER_CHECK(regular && !ec, "job secret", "cannot read EMBER_JOB_SECRET_FILE=", file,
+              ": it is not a regular file (a FIFO, a device or missing)");
+  EMBER_CHECK(bytes <= kMaxSecretFileBytes, "job secret", "EMBER_JOB_SECRET_FILE=", file, " holds ",
+              bytes, " bytes (a secret has at most ", kMaxSecretFileBytes, ")");
   std::ifstream in(file, std::ios::binary);
   EMBER_CHECK(in.good(), "job secret", "cannot read EMBER_JOB_SECRET_FILE=", file, ": ",
               std::strerror(errno));

@@ -500,8 +500,12 @@ TEST(JobSecret, ReadFromTheVariableOrAFile) {
   EXPECT_EQ(detail::read_job_secret(), "from a file");
   std::ofstream(path) << "";
   EXPECT_EMBER_ERROR(detail::read_job_secret(), "is empty");
+  std::ofstream(path) << std::string(70000, 'x');
+  EXPECT_EMBER_ERROR(detail::read_job_secret(), "holds 70000 bytes (a secret has at most 65536)");
   std::filesystem::remove(path);
   EXPECT_EMBER_ERROR(detail::read_job_secret(), "cannot read EMBER_JOB_SECRET_FILE=");
+  ::setenv("EMBER_JOB_SECRET_FILE", "/dev/zero", 1);  // would grow without end
+  EXPECT_EMBER_ERROR(detail::read_job_secret(), "/dev/zero: it is not a regular file");
   ::unsetenv("EMBER_JOB_SECRET_FILE");
 }
 
