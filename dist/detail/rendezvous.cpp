@@ -170,15 +170,25 @@ StoreAddress file_rendezvous(const InitMethod& method, const LaunchEnv& self,
                     std::to_string(static_cast<long long>(std::time(nullptr)));
     auto store = serve_shared_store(record.host, self.world_size, timeout);
     record.port = store->port();
-    store->set("ember/init/file/nonce", record.nonce);
-    publish(path, record);
+    try {
+      store->set("ember/init/file/nonce", record.nonce);
+      publish(path, record);
+    } catch (...) {
+      forget_shared_store(record.host, record.port);  // a stale file: nobody meets here
+      throw;
+    }
     // The file goes once every rank has joined, or when the meeting fails: a file found at
     // the start of a run is then always a stale one.
     struct Remove {
       std::string path;
       ~Remove() { ::unlink(path.c_str()); }
     } remove{path};
-    meet(*store, method.url, self, timeout);
+    try {
+      meet(*store, method.url, self, timeout);
+    } catch (...) {
+      forget_shared_store(record.host, record.port);  // no rank will use this store
+      throw;
+    }
     return {record.host, record.port};
   }
   const auto deadline = std::chrono::steady_clock::now() + timeout;

@@ -37,4 +37,10 @@ std::shared_ptr<TcpStore> serve_shared_store(const std::string& host, int world_
   return store;
 }
 
+void forget_shared_store(const std::string& host, int port) {
+  Stores& s = stores();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  s.by_address.erase(address(host, port));
+}
+
 }  // namespace ember::dist::detail

@@ -20,5 +20,8 @@ std::shared_ptr<TcpStore> shared_store(const std::string& host, int port, int wo
 // it, so that shared_store(host, store->port(), ...) returns it.
 std::shared_ptr<TcpStore> serve_shared_store(const std::string& host, int world_size,
                                              std::chrono::milliseconds timeout);
+// Unregisters the store served at host:port (a rendezvous that failed after serving it), so
+// it closes once its last user lets go.
+void forget_shared_store(const std::string& host, int port);
 
 }  // namespace ember::dist::detail
