@@ -22,15 +22,23 @@ class Sampler {
   // How many indices one epoch yields.
   virtual int64_t size() const = 0;
   // Selects the epoch whose order indices() returns; shuffling samplers reseed from it.
-  // An override must call Sampler::set_epoch().
-  virtual void set_epoch(uint64_t epoch) {
+  // Not virtual, so the DataLoader always sees the selection; samplers that react to a new
+  // epoch override on_set_epoch().
+  void set_epoch(uint64_t epoch) {
+    const uint64_t previous = epoch_;
     epoch_ = epoch;
     ++epoch_selections_;
+    on_set_epoch(previous, epoch);
   }
   uint64_t epoch() const { return epoch_; }
   // How many times set_epoch() has been called: the DataLoader tells from it whether the
   // epoch was chosen since its last pass.
   uint64_t epoch_selections() const { return epoch_selections_; }
+
+ protected:
+  // Called by set_epoch() after the epoch changed from `previous` to `epoch` (or was
+  // selected again, when they are equal).
+  virtual void on_set_epoch(uint64_t /*previous*/, uint64_t /*epoch*/) {}
 
  private:
   uint64_t epoch_ = 0;

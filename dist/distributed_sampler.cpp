@@ -27,9 +27,8 @@ DistributedSampler::DistributedSampler(int64_t dataset_size, const ProcessGroup&
                                        DistributedSamplerOptions options)
     : DistributedSampler(dataset_size, group.size(), group.rank(), options) {}
 
-void DistributedSampler::set_epoch(uint64_t epoch) {
-  if (epoch != this->epoch()) position_ = 0;
-  data::Sampler::set_epoch(epoch);
+void DistributedSampler::on_set_epoch(uint64_t previous, uint64_t epoch) {
+  if (epoch != previous) position_ = 0;
 }
 
 void DistributedSampler::set_position(int64_t position) {

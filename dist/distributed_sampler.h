@@ -37,7 +37,6 @@ class DistributedSampler : public data::Sampler {
   std::vector<int64_t> indices() const override;
   // How many indices() yields: num_samples() - position().
   int64_t size() const override { return num_samples_ - position_; }
-  void set_epoch(uint64_t epoch) override;
 
   // The length of one rank's full shard, and of the padded (or cut) global order.
   int64_t num_samples() const { return num_samples_; }
@@ -48,6 +47,9 @@ class DistributedSampler : public data::Sampler {
   // Where in this rank's shard of the current epoch indices() starts (0..num_samples()).
   int64_t position() const { return position_; }
   void set_position(int64_t position);
+
+ protected:
+  void on_set_epoch(uint64_t previous, uint64_t epoch) override;
 
  private:
   int64_t dataset_size_;

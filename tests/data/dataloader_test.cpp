@@ -241,11 +241,10 @@ class OddReverseSampler : public Sampler {
     return v;
   }
   int64_t size() const override { return n_ / 2; }
-  void set_epoch(uint64_t epoch) override {
-    Sampler::set_epoch(epoch);
-    epochs.push_back(epoch);
-  }
   std::vector<uint64_t> epochs;
+
+ protected:
+  void on_set_epoch(uint64_t, uint64_t epoch) override { epochs.push_back(epoch); }
 
  private:
   int64_t n_;
