@@ -123,8 +123,9 @@ class Output {
     const uint64_t bytes = static_cast<uint64_t>(height) * width * std::max(native, wanted_);
     try {
       if (native == wanted_) return final_ = allocate_(height, width, wanted_);
-      scratch_.resize(static_cast<size_t>(height * width * native));
-      return scratch_.data();
+      // Uninitialised: the decoder writes every byte, and untouched pages cost nothing.
+      scratch_.reset(new uint8_t[static_cast<size_t>(height * width * native)]);
+      return scratch_.get();
     } catch (const std::bad_alloc&) {
       throw Error(ember::detail::str_cat(kOp, ": '", name_, "' (", width, "x", height, ") needs ",
                                          grouped(bytes),
@@ -140,7 +141,7 @@ class Output {
       throw Error(ember::detail::str_cat(kOp, ": '", name_, "' (", width_, "x", height_,
                                          "): out of memory for its pixels"));
     }
-    convert_channels(scratch_.data(), native_, out, wanted_, static_cast<size_t>(height_ * width_));
+    convert_channels(scratch_.get(), native_, out, wanted_, static_cast<size_t>(height_ * width_));
   }
 
  private:
@@ -150,7 +151,7 @@ class Output {
   int64_t height_ = 0, width_ = 0;
   int native_ = 0;
   uint8_t* final_ = nullptr;
-  std::vector<uint8_t> scratch_;
+  std::unique_ptr<uint8_t[]> scratch_;
 };
 
 // --- PNG ---------------------------------------------------------------------------------
@@ -267,6 +268,13 @@ void decode_png(const uint8_t* data, size_t size, const std::string& name, int64
   };
   if (!png_header(&s)) fail("the end of its header chunks");
   check_pixels(name, "PNG", s.width, s.height, max_pixels);
+  // Every pixel takes at least one bit of the inflated stream, which deflate makes at most
+  // 1032 times larger than the file: a header claiming more pixels is refused before its
+  // buffer is allocated.
+  constexpr uint64_t kMaxPixelsPerByte = 1032 * 8;
+  EMBER_CHECK(static_cast<uint64_t>(s.width) * s.height <= kMaxPixelsPerByte * size, kOp, "'", name,
+              "' claims ", s.width, "x", s.height, " pixels, more than a PNG file of ",
+              grouped(size), " bytes can hold (deflate expands at most 1032-fold)");
   if (!png_pixels_setup(&s)) fail("the end of its header chunks");
   s.pixels = output.buffer(s.height, s.width, s.channels);
   if (!png_pixels_read(&s)) {

@@ -249,6 +249,12 @@ TEST(Corpus, HugeImageClaimsAreRefusedNamingTheFile) {
   bmp[18] = bmp[22] = 0;
   bmp[19] = bmp[23] = 0x40;  // 16384 x 16384
   EXPECT_EMBER_ERROR(decode_image(dir.write("big.bmp", bmp)), "claims 16384x16384 pixels");
+  // Within max_pixels but more than a file this small can hold: refused before its buffer.
+  Bytes small_png = testing::png(2, 2, 3, rgb(2, 2));
+  small_png[18] = small_png[22] = 0x20;  // 8194 x 8194 (67,141,636 pixels)
+  testing::fix_png_crc(small_png, 12);
+  EXPECT_EMBER_ERROR(decode_image(dir.write("claims.png", small_png)),
+                     "claims 8194x8194 pixels, more than a PNG file of");
 }
 
 // Every proper prefix of a valid file is an error that names the file and says "truncated".
