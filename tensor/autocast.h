@@ -15,8 +15,8 @@
 // Gradients flow back through the casts: f32 leaves receive f32 gradients.
 #pragma once
 
-#include "tensor/device.h"
-#include "tensor/dtype.h"
+#include "device.h"
+#include "dtype.h"
 
 namespace ember {
 
