@@ -376,6 +376,31 @@ TEST(Autocast, CpuHalfPrecisionGemmRoundsTheF32ProductOnce) {
   }
 }
 
+// bf16 convolution (oneDNN's bf16 kernels where the CPU has them, f32 copies elsewhere) and
+// f16 convolution (f32 copies): the f32 sums of the same rounded values, rounded once, so
+// within one rounding (2u relative: the f32 sums may round to the neighbouring value).
+TEST(Autocast, CpuHalfPrecisionConvolutionRoundsTheF32SumsOnce) {
+  for (const DType low : kLowTypes) {
+    SCOPED_TRACE(dtype_name(low));
+    const double u = unit_roundoff(low);
+    const Tensor x = input({3, 4, 7, 7}, 95, low), w = input({6, 4, 3, 3}, 96, low);
+    const Tensor b = input({6}, 97, low), g = input({3, 6, 4, 4}, 98, low);
+    Tensor xl = x.clone().requires_grad_(), wl = w.clone().requires_grad_(),
+           bl = b.clone().requires_grad_();
+    const Tensor y = conv2d(xl, wl, bl, {2, 2}, {1, 1});
+    EXPECT_EQ(y.dtype(), low);
+    sum(y.to(kF32) * g.to(kF32)).backward();
+    Tensor x32 = x.to(kF32).requires_grad_(), w32 = w.to(kF32).requires_grad_(),
+           b32 = b.to(kF32).requires_grad_();
+    const Tensor y32 = conv2d(x32, w32, b32, {2, 2}, {1, 1});
+    sum(y32 * g.to(kF32)).backward();
+    expect_close(y, y32.to(low), 2 * u, 1e-6);
+    expect_close(xl.grad(), x32.grad().to(low), 2 * u, 1e-6);
+    expect_close(wl.grad(), w32.grad().to(low), 2 * u, 1e-6);
+    expect_close(bl.grad(), b32.grad().to(low), 2 * u, 1e-6);
+  }
+}
+
 TEST(Autocast, BatchNormTakesLowPrecisionInputWithF32Parameters) {
   const Tensor x32 = input({4, 3, 5, 5}, 100, kF32, -2, 3);
   for (const DType low : kLowTypes) {
