@@ -9,6 +9,10 @@
 namespace ember {
 namespace {
 
+void expect_close_all(const Tensor& t, double value) {
+  for (const double v : t.to_vector<double>()) EXPECT_DOUBLE_EQ(v, value);
+}
+
 struct TrainingRun {
   std::vector<double> losses;
   bool params_f32 = true, grads_f32 = true;
@@ -62,6 +66,20 @@ TEST(AutocastTraining, ResNet20LossTracksTheF32RunInBf16AndF16) {
       EXPECT_NEAR(mixed.losses[i], f32.losses[i], band) << "step " << i;
     EXPECT_LT(mixed.losses.back(), 0.5 * mixed.losses.front());
   }
+}
+
+// The cached weight cast of a training loop inside one guard is reached by every step's
+// backward: a node that saved nothing survives the first backward, as in PyTorch, while one
+// that saved tensors still refuses a second pass.
+TEST(AutogradEngine, NodesThatSavedNothingAllowASecondBackward) {
+  Tensor x = ones({3}).requires_grad_();
+  const Tensor cast = x.to(kBF16);
+  sum(cast.to(kF32) * 2.0).backward();
+  sum(cast.to(kF32) * 3.0).backward();
+  expect_close_all(x.grad(), 5.0);
+  const Tensor y = sum(exp(x));
+  y.backward();
+  EXPECT_EMBER_ERROR(y.backward(), "backward through the graph a second time");
 }
 
 }  // namespace

@@ -323,6 +323,30 @@ TEST(Autocast, GradientsReachF32LeavesInF32ThroughCachedCasts) {
   expect_close(b.grad(), b32.grad(), tol, tol);
 }
 
+TEST(Autocast, TrainingStepsInsideOneGuardReuseAndRefreshTheCachedCast) {
+  // A loop of steps inside one guard, as `with autocast(): for ...` code does: each backward
+  // reaches the weight through the cached cast, and an optimizer update recasts it.
+  Tensor w = input({3, 4}, 75).requires_grad_();
+  const Tensor x = input({2, 4}, 76);
+  AutocastGuard guard(kCPU, kBF16);
+  std::vector<Tensor> grads;
+  for (int step = 0; step < 3; ++step) {
+    w.set_grad(Tensor());
+    sum(linear(x, w)).backward();
+    ASSERT_TRUE(w.grad().defined()) << "step " << step;
+    grads.push_back(w.grad().clone());
+    if (step == 1) {
+      NoGradGuard no_grad;
+      w.sub_(w.grad(), 0.1);
+    }
+  }
+  // d sum(x w^T) / dw = column sums of x (bf16, summed in f32 and rounded once by the bf16
+  // product), whatever w is: the same each step.
+  const Tensor expected = sum(x.to(kBF16).to(kF32), {0}, true).to(kBF16).to(kF32).expand({3, 4});
+  for (const Tensor& g : grads) expect_close(g, expected, 1e-6, 1e-6);
+  expect_close(detail::autocast_cached_cast(w), w.detach().to(kBF16), 0, 0);
+}
+
 TEST(Autocast, BackwardInsideTheGuardRunsInTheForwardsDtypes) {
   Tensor w = input({4, 4}, 73).requires_grad_();
   const Tensor x = input({2, 4}, 74);
