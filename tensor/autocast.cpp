@@ -71,7 +71,10 @@ static_assert(rules_in_order(), "kRules must list the AutocastOps in declaration
 // A cast of a leaf that requires grad, kept while the outermost guard lives.
 struct CacheEntry {
   Tensor leaf;
-  uint64_t version = 0;   // the leaf's storage version when cast: an in-place update recasts
+  // The leaf's memory and storage version when cast: an in-place update (an optimizer step)
+  // or new data (set_data) recasts.
+  const void* data = nullptr;
+  uint64_t version = 0;
   bool recorded = false;  // made with grad mode on (has a backward to the leaf)
   Tensor cast;
 };
@@ -86,26 +89,25 @@ thread_local AutocastState state;
 
 size_t index_of(DeviceType type) { return static_cast<size_t>(type); }
 
+// PyTorch's rule: casts of f32 leaves that require grad (weights) to the low dtype.
 bool cacheable(const Tensor& t, DType to) {
-  return t.dtype() == kF32 && is_floating(to) && to != kF32 && t.requires_grad() && t.is_leaf();
+  return t.dtype() == kF32 && (to == kBF16 || to == kF16) && t.requires_grad() && t.is_leaf();
 }
 
 Tensor cast_to(const Tensor& t, DType to) {
   if (t.dtype() == to) return t;
   if (!cacheable(t, to)) return t.to(to);
+  const void* data = t.data_ptr();
   const uint64_t version = t.storage().version();
   const bool grad = GradMode::is_enabled();
   for (CacheEntry& e : state.cache) {
     if (!e.leaf.is_same(t) || e.cast.dtype() != to) continue;
-    if (e.version == version && (e.recorded || !grad)) return e.cast;
-    e.cast = t.to(to);
-    e.version = version;
-    e.recorded = grad;
+    if (e.data == data && e.version == version && (e.recorded || !grad)) return e.cast;
+    e = {t, data, version, grad, t.to(to)};
     return e.cast;
   }
-  Tensor cast = t.to(to);
-  state.cache.push_back({t, version, grad, cast});
-  return cast;
+  state.cache.push_back({t, data, version, grad, t.to(to)});
+  return state.cache.back().cast;
 }
 
 }  // namespace

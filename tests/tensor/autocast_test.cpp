@@ -291,6 +291,20 @@ TEST(Autocast, WeightCastsAreCachedUntilTheOutermostGuardExits) {
     EXPECT_FALSE(recast.is_same(first));
     expect_close(recast, w.detach().to(kBF16), 0, 0);
     EXPECT_EQ(detail::autocast_cache_size(), 1u);
+    // New data under the same leaf (set_data, as model.to() does) recasts too.
+    w.set_data(full({5, 4}, 0.5));
+    linear(x, w);
+    expect_close(detail::autocast_cached_cast(w), full({5, 4}, 0.5, kBF16), 0, 0);
+    // A cast made under no_grad has no backward: a later use with grad on recasts.
+    Tensor v = input({5, 4}, 63).requires_grad_();
+    {
+      NoGradGuard no_grad;
+      linear(x, v);
+    }
+    const Tensor no_history = detail::autocast_cached_cast(v);
+    const Tensor y4 = linear(x, v);
+    EXPECT_FALSE(detail::autocast_cached_cast(v).is_same(no_history));
+    EXPECT_TRUE(y4.requires_grad());
   }
   EXPECT_EQ(detail::autocast_cache_size(), 0u);
   EXPECT_FALSE(detail::autocast_cached_cast(w).defined());
