@@ -8,6 +8,7 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -129,7 +130,13 @@ Supervisor::~Supervisor() {
   stop();
   for (Worker& w : workers_) {
     if (w.pipe_fd >= 0) ::close(w.pipe_fd);
+    close_pid_fd(w);
   }
+}
+
+void Supervisor::close_pid_fd(Worker& w) {
+  if (w.pid_fd >= 0) ::close(w.pid_fd);
+  w.pid_fd = -1;
 }
 
 void Supervisor::start(const std::vector<WorkerLaunch>& launches) {
@@ -176,6 +183,7 @@ void Supervisor::start(const std::vector<WorkerLaunch>& launches) {
     ::setpgid(pid, pid);  // also here, so that a signal sent at once reaches its group
     Worker w;
     w.pid = pid;
+    w.pid_fd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));  // close-on-exec
     w.pipe_fd = fds[0];
     if (w.pipe_fd >= 0) ::fcntl(w.pipe_fd, F_SETFL, O_NONBLOCK);
     workers_.push_back(std::move(w));
@@ -224,6 +232,7 @@ Supervisor::Event Supervisor::wait(std::chrono::milliseconds timeout) {
         w.reaped = true;
         w.wait_status = status;
         drain(w, true);
+        close_pid_fd(w);
         return {Event::kExited, i, status, 0};
       }
     }

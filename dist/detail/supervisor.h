@@ -58,7 +58,8 @@ class Supervisor {
     int signal = 0;       // kSignal: the signal this process caught (see catch_signals)
   };
   // Waits up to `timeout` for a worker to end (reading the result pipes meanwhile) or for a
-  // caught signal. A worker's pipe is read to its end before its exit is reported.
+  // caught signal. A worker's pipe is read to its end before its exit is reported. Exits are
+  // seen at once (a pidfd per worker), so the first exit reported is the first that happened.
   Event wait(std::chrono::milliseconds timeout);
 
   // Sends `sig` to each running worker's process group.
@@ -80,12 +81,14 @@ class Supervisor {
  private:
   struct Worker {
     pid_t pid = -1;
+    int pid_fd = -1;   // pidfd_open(): readable at the exit; -1 where the kernel has none
     int pipe_fd = -1;  // read end, -1 when none or closed
     std::string result;
     bool reaped = false;
     int wait_status = 0;
   };
   void drain(Worker& w, bool to_end);
+  static void close_pid_fd(Worker& w);
   std::chrono::milliseconds grace_;
   std::vector<Worker> workers_;
 };

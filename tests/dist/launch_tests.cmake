@@ -9,3 +9,24 @@ add_dependencies(ember_dist_tests ember_dist_spawn)
 gtest_discover_tests(ember_dist_spawn DISCOVERY_TIMEOUT 60 PROPERTIES LABELS "dist;tcp;launch"
                      TIMEOUT 60 PROCESSORS 3
                      ENVIRONMENT "RANK=;WORLD_SIZE=;LOCAL_RANK=;MASTER_ADDR=;MASTER_PORT=;EMBER_JOB_SECRET=;EMBER_JOB_SECRET_FILE=")
+
+add_executable(ember_dist_launch_worker ${CMAKE_CURRENT_LIST_DIR}/launch_worker_main.cpp)
+target_link_libraries(ember_dist_launch_worker PRIVATE ember::ember ember_warnings)
+add_dependencies(ember_dist_tests ember_dist_launch_worker)
+
+set(EMBER_LAUNCH_TESTS bash ${CMAKE_CURRENT_LIST_DIR}/launch_tests.sh)
+foreach(case local2 local3 nodes nodes_secret_required restart restart_nodes fail fail_nodes
+             sigterm secret)
+  add_test(NAME dist_ember_run_${case}
+    COMMAND ${EMBER_LAUNCH_TESTS} ${case} $<TARGET_FILE:ember-run>
+            $<TARGET_FILE:ember_dist_launch_worker>)
+  set_tests_properties(dist_ember_run_${case} PROPERTIES TIMEOUT 120 LABELS "dist;tcp;launch"
+                                                         PROCESSORS 3)
+endforeach()
+if(TARGET ember-train)
+  add_test(NAME dist_ember_run_train
+    COMMAND ${EMBER_LAUNCH_TESTS} train $<TARGET_FILE:ember-run>
+            $<TARGET_FILE:ember_dist_launch_worker> $<TARGET_FILE:ember-train>)
+  set_tests_properties(dist_ember_run_train PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77
+                                                       LABELS "dist;tcp;launch;apps" PROCESSORS 2)
+endif()

@@ -1,0 +1,224 @@
+#!/usr/bin/env bash
+# ember-run as users start it (see launch_tests.cmake), with launch_worker_main.cpp's worker:
+#   launch_tests.sh CASE EMBER_RUN LAUNCH_WORKER [EMBER_TRAIN]
+# CASE: local2, local3 (one node), nodes (two launchers on loopback), nodes_secret_required,
+# restart (SIGKILL under --max-restarts 1: bit-identical final parameters), restart_nodes,
+# fail, fail_nodes (no restarts: every launcher exits non-zero naming the dead rank), sigterm,
+# secret, train (ember-train under ember-run; exits 77 without Fashion-MNIST).
+# Every launcher runs under `timeout`, so no case can hang; each case takes seconds.
+set -u
+case_name=$1
+run=$2
+worker=$3
+train=${4:-}
+work=$(mktemp -d "${TMPDIR:-/tmp}/ember_launch_${case_name}_XXXXXX")
+trap 'rm -rf "$work"' EXIT
+
+fail() {
+  echo "FAIL ($case_name): $*"
+  for log in "$work"/*.log; do
+    [ -f "$log" ] && { echo "--- $log"; cat "$log"; }
+  done
+  exit 1
+}
+# A loopback port nothing uses now.
+free_port() {
+  local port hex
+  while :; do
+    port=$((20000 + RANDOM % 40000))
+    hex=$(printf ':%04X ' "$port")
+    grep -qi -- "$hex" /proc/net/tcp /proc/net/tcp6 2>/dev/null || break
+  done
+  echo "$port"
+}
+# Every pid written by the workers to $1/pid* must be gone (reaped, not a zombie).
+expect_workers_gone() {
+  local f pid
+  for f in "$1"/pid*; do
+    [ -f "$f" ] || fail "no pid file in $1"
+    pid=$(cat "$f")
+    if kill -0 "$pid" 2>/dev/null; then fail "worker $pid ($f) outlived ember-run"; fi
+  done
+}
+# Waits up to 30 s for the files given.
+wait_files() {
+  local i f missing
+  for ((i = 0; i < 300; ++i)); do
+    missing=0
+    for f in "$@"; do [ -e "$f" ] || missing=1; done
+    [ "$missing" -eq 0 ] && return 0
+    sleep 0.1
+  done
+  fail "timed out waiting for $*"
+}
+# Two launchers on loopback as node 0 and node 1 (2 workers each); their statuses in
+# $status0 / $status1 and output in node0.log / node1.log.
+two_nodes() {
+  local port
+  port=$(free_port)
+  timeout -k 5 90 "$run" --nnodes 2 --node-rank 0 --master-addr 127.0.0.1 --master-port "$port" \
+    --nproc-per-node 2 --rdzv-timeout 30 "$@" >"$work/node0.log" 2>&1 &
+  local pid0=$!
+  timeout -k 5 90 "$run" --nnodes 2 --node-rank 1 --master-addr 127.0.0.1 --master-port "$port" \
+    --nproc-per-node 2 --rdzv-timeout 30 "$@" >"$work/node1.log" 2>&1 &
+  local pid1=$!
+  wait "$pid0"
+  status0=$?
+  wait "$pid1"
+  status1=$?
+}
+shared_secret() {
+  (umask 077 && head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$work/secret")
+  export EMBER_JOB_SECRET_FILE="$work/secret"
+}
+unset EMBER_JOB_SECRET EMBER_JOB_SECRET_FILE RANK WORLD_SIZE LOCAL_RANK MASTER_ADDR MASTER_PORT
+
+case "$case_name" in
+local2 | local3)
+  n=${case_name#local}
+  mkdir -p "$work/job"
+  timeout -k 5 60 "$run" --nproc-per-node "$n" "$worker" check "$work/job" >"$work/run.log" 2>&1 ||
+    fail "ember-run exited with $?"
+  sum=$((n * (n + 1) / 2))
+  gathered=$((n * (n - 1) / 2))
+  secret=""
+  for ((r = 0; r < n; ++r)); do
+    line=$(cat "$work/job/rank$r.txt") || fail "rank $r wrote nothing"
+    [[ $line == "rank $r local $r world $n local_world $n node 0 restart 0 sum $sum gathered $gathered secret /"* ]] ||
+      fail "rank $r: $line"
+    this=${line##* secret }
+    [ -z "$secret" ] || [ "$secret" = "$this" ] || fail "ranks got different secrets"
+    secret=$this
+  done
+  [ ! -e "$secret" ] || fail "the job secret $secret was not removed"
+  ;;
+nodes)
+  shared_secret
+  mkdir -p "$work/job"
+  two_nodes "$worker" check "$work/job"
+  [ "$status0" -eq 0 ] && [ "$status1" -eq 0 ] || fail "launchers exited with $status0, $status1"
+  for r in 0 1 2 3; do
+    line=$(cat "$work/job/rank$r.txt") || fail "rank $r wrote nothing"
+    expected="rank $r local $((r % 2)) world 4 local_world 2 node $((r / 2)) restart 0 sum 10 gathered 6 secret $work/secret"
+    [ "$line" = "$expected" ] || fail "rank $r: $line"
+  done
+  ;;
+nodes_secret_required)
+  out=$("$run" --nnodes 2 --node-rank 0 --nproc-per-node 1 "$worker" check "$work" 2>&1)
+  status=$?
+  [ "$status" -ne 0 ] || fail "ember-run --nnodes 2 ran without a job secret"
+  grep -q "needs the same job secret on every node" <<<"$out" || fail "message: $out"
+  # --no-secret: the job runs, without one
+  mkdir -p "$work/job"
+  two_nodes --no-secret "$worker" check "$work/job"
+  [ "$status0" -eq 0 ] && [ "$status1" -eq 0 ] || fail "launchers exited with $status0, $status1"
+  grep -q "secret none$" "$work/job/rank3.txt" || fail "rank 3: $(cat "$work/job/rank3.txt")"
+  ;;
+restart)
+  mkdir -p "$work/ref" "$work/killed"
+  timeout -k 5 60 "$run" --nproc-per-node 2 "$worker" train "$work/ref" 8 >"$work/ref.log" 2>&1 ||
+    fail "the uninterrupted run failed"
+  timeout -k 5 60 "$run" --nproc-per-node 2 --max-restarts 1 "$worker" train "$work/killed" 8 1 4 \
+    >"$work/killed.log" 2>&1 || fail "the run with a restart failed"
+  grep -q "rank 1 (local rank 1 on node 0, pid [0-9]*) was killed by signal 9 (SIGKILL)" \
+    "$work/killed.log" || fail "no SIGKILL reported"
+  grep -q "restarting the workers (restart 1 of 1)" "$work/killed.log" || fail "no restart"
+  [ "$(cat "$work/killed/resumed0")" = 4 ] && [ "$(cat "$work/killed/resumed1")" = 4 ] ||
+    fail "the restarted workers did not resume from the step 4 snapshot"
+  cmp "$work/ref/final.bin" "$work/killed/final.bin" ||
+    fail "final parameters differ from the uninterrupted run's"
+  ;;
+restart_nodes)
+  shared_secret
+  mkdir -p "$work/ref" "$work/killed"
+  timeout -k 5 60 "$run" --nproc-per-node 4 "$worker" train "$work/ref" 8 >"$work/ref.log" 2>&1 ||
+    fail "the uninterrupted run failed"
+  two_nodes --max-restarts 1 "$worker" train "$work/killed" 8 3 4
+  [ "$status0" -eq 0 ] && [ "$status1" -eq 0 ] || fail "launchers exited with $status0, $status1"
+  grep -q "stopped the workers of node 0: rank 3 (local rank 1 on node 1" "$work/node0.log" ||
+    fail "node 0 did not stop for node 1's failure"
+  grep -q "restarting the workers (restart 1 of 1)" "$work/node0.log" || fail "node 0 no restart"
+  for r in 0 1 2 3; do
+    [ "$(cat "$work/killed/resumed$r")" = 4 ] || fail "rank $r did not resume at step 4"
+  done
+  cmp "$work/ref/final.bin" "$work/killed/final.bin" ||
+    fail "final parameters differ from the uninterrupted run's"
+  ;;
+fail)
+  start=$(date +%s)
+  timeout -k 5 60 "$run" --nproc-per-node 3 --grace 2 "$worker" die "$work" 1 >"$work/run.log" 2>&1
+  status=$?
+  elapsed=$(($(date +%s) - start))
+  [ "$status" -eq 137 ] || fail "ember-run exited with $status, not 137 (128 + SIGKILL)"
+  [ "$elapsed" -le 20 ] || fail "took $elapsed s"
+  grep -q "the job failed: rank 1 (local rank 1 on node 0, pid [0-9]*) was killed by signal 9" \
+    "$work/run.log" || fail "the message does not name rank 1"
+  expect_workers_gone "$work"
+  ;;
+fail_nodes)
+  shared_secret
+  start=$(date +%s)
+  two_nodes --grace 2 "$worker" die "$work" 3
+  elapsed=$(($(date +%s) - start))
+  [ "$status0" -ne 0 ] && [ "$status1" -ne 0 ] || fail "launchers exited with $status0, $status1"
+  [ "$elapsed" -le 30 ] || fail "took $elapsed s"
+  for node in 0 1; do
+    grep -q "the job failed: rank 3 (local rank 1 on node 1, pid [0-9]*) was killed by signal 9" \
+      "$work/node$node.log" || fail "node $node's message does not name rank 3"
+  done
+  expect_workers_gone "$work"
+  ;;
+sigterm)
+  timeout -k 5 60 "$run" --nproc-per-node 2 --grace 2 "$worker" wait "$work" >"$work/run.log" 2>&1 &
+  launcher=$!
+  wait_files "$work/ready0" "$work/ready1"
+  secret=$(cat "$work/ready0")
+  [ -e "$secret" ] || fail "no secret file while the job runs"
+  start=$(date +%s)
+  kill -TERM "$(pgrep -P "$launcher" -x ember-run || echo "$launcher")"
+  wait "$launcher"
+  status=$?
+  elapsed=$(($(date +%s) - start))
+  [ "$status" -eq 143 ] || fail "ember-run exited with $status, not 143 (128 + SIGTERM)"
+  [ "$elapsed" -le 10 ] || fail "took $elapsed s"
+  grep -q "got SIGTERM; forwarding it to the workers" "$work/run.log" || fail "no forwarding"
+  expect_workers_gone "$work"
+  [ ! -e "$secret" ] || fail "the job secret $secret was not removed"
+  ;;
+secret)
+  port=$(free_port)
+  timeout -k 5 60 "$run" --nproc-per-node 2 --master-port "$port" "$worker" wait "$work" \
+    >"$work/run.log" 2>&1 &
+  launcher=$!
+  wait_files "$work/ready0" "$work/ready1"
+  secret=$(cat "$work/ready0")
+  [ "$secret" = "$(cat "$work/ready1")" ] || fail "the workers got different secrets"
+  [ "$(stat -c %a "$secret")" = 600 ] || fail "$secret is not mode 600"
+  [ "$(stat -c %a "$(dirname "$secret")")" = 700 ] || fail "its folder is not mode 700"
+  "$worker" client "$port" none >"$work/none.log" 2>&1
+  [ $? -eq 3 ] || fail "a client without the secret was served"
+  echo wrong >"$work/wrong"
+  "$worker" client "$port" "$work/wrong" >"$work/wrong.log" 2>&1
+  [ $? -eq 3 ] || fail "a client with a wrong secret was served"
+  "$worker" client "$port" "$secret" >"$work/right.log" 2>&1 || fail "the right secret was refused"
+  touch "$work/stop"
+  wait "$launcher" || fail "the job failed"
+  ;;
+train)
+  if [ ! -d /usr/share/datasets/fashion-mnist ]; then
+    echo "SKIP: Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist)"
+    exit 77
+  fi
+  timeout -k 5 240 "$run" --nproc-per-node 2 "$train" --device cpu --threads 1 --workers 0 \
+    --batch-size 32 --max-steps 4 --epochs 1 --out-dir "$work/out" >"$work/train.log" 2>&1 ||
+    fail "ember-train under ember-run exited with $?"
+  grep -q " 2 rank(s) on cpu (tcp)" "$work/train.log" || fail "not 2 ranks over TCP"
+  grep -q "^done: 4 steps" "$work/train.log" || fail "did not finish 4 steps"
+  test -s "$work/out/metrics.jsonl" || fail "no metrics"
+  ;;
+*)
+  echo "unknown case $case_name" >&2
+  exit 2
+  ;;
+esac
+echo "PASS ($case_name)"
