@@ -97,7 +97,7 @@ std::vector<std::string> spawn_bytes(int nprocs, const std::function<std::string
   for (int rank = 0; rank < nprocs; ++rank) {
     WorkerLaunch& l = launches[static_cast<size_t>(rank)];
     l.argv = command;
-    l.argv.front() = "/proc/self/exe";  // this very binary, even if its path changed
+    l.program = "/proc/self/exe";  // this very binary, even if its path changed since
     l.env = {{"RANK", std::to_string(rank)},
              {"LOCAL_RANK", std::to_string(rank)},
              {"WORLD_SIZE", std::to_string(nprocs)},

@@ -1,6 +1,7 @@
 #include "supervisor.h"
 
 #include <fcntl.h>
+#include <linux/close_range.h>
 #include <netdb.h>
 #include <openssl/rand.h>
 #include <poll.h>
@@ -142,7 +143,8 @@ void Supervisor::close_pid_fd(Worker& w) {
 void Supervisor::start(const std::vector<WorkerLaunch>& launches) {
   for (const WorkerLaunch& launch : launches) {
     EMBER_CHECK(!launch.argv.empty(), "launch", "a worker has no command line");
-    const std::string program = resolve_program(launch.argv.front());
+    const std::string program =
+        resolve_program(launch.program.empty() ? launch.argv.front() : launch.program);
     int fds[2] = {-1, -1};
     if (!launch.result_fd_variable.empty()) {
       EMBER_CHECK(::pipe2(fds, O_CLOEXEC) == 0, "launch", "pipe2 failed: ", std::strerror(errno));
@@ -162,6 +164,9 @@ void Supervisor::start(const std::vector<WorkerLaunch>& launches) {
       ::sigemptyset(&none);
       ::sigprocmask(SIG_SETMASK, &none, nullptr);
       ::signal(SIGPIPE, SIG_DFL);
+      // Descriptors this process inherited without O_CLOEXEC stay here too (as Python's
+      // close_fds): only stdin, stdout, stderr and the result pipe reach the worker.
+      ::syscall(SYS_close_range, 3u, ~0u, CLOSE_RANGE_CLOEXEC);
       if (fds[1] >= 0) ::fcntl(fds[1], F_SETFD, 0);  // this one pipe survives exec
       ::execve(program.c_str(), argv.data(), envp.data());
       const char* why = std::strerror(errno);

@@ -8,8 +8,9 @@
 //     half-copied;
 //   - each worker leads its own process group (signals reach what it starts, too) and gets
 //     PR_SET_PDEATHSIG=SIGKILL, so it dies with the thread that started it, even on SIGKILL;
-//   - every descriptor the supervisor opens is O_CLOEXEC; a worker inherits only stdin,
-//     stdout, stderr and, where asked, the write end of its own result pipe;
+//   - a worker inherits only stdin, stdout, stderr and, where asked, the write end of its own
+//     result pipe (every other descriptor is marked close-on-exec in the child before exec,
+//     as Python's subprocess close_fds does, and the supervisor's own are O_CLOEXEC);
 //   - every wait is bounded, and the destructor stops and reaps whatever is still running.
 #pragma once
 
@@ -29,8 +30,10 @@ std::string describe_exit(int wait_status);
 int exit_code_of(int wait_status);
 
 struct WorkerLaunch {
-  // argv[0] is the program: a path, or a name looked up in PATH.
+  // The command line; argv[0] is the program (a path, or a name looked up in PATH) unless
+  // `program` is set.
   std::vector<std::string> argv;
+  std::string program;
   // Set on top of this process's environment; nullopt removes the variable.
   std::map<std::string, std::optional<std::string>> env;
   // Give the worker a pipe back to the supervisor: its write end's descriptor number is put

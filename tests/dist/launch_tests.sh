@@ -4,7 +4,7 @@
 # CASE: local2, local3 (one node), nodes (two launchers on loopback), nodes_secret_required,
 # restart (SIGKILL under --max-restarts 1: bit-identical final parameters), restart_nodes,
 # fail, fail_nodes (no restarts: every launcher exits non-zero naming the dead rank), sigterm,
-# secret, train (ember-train under ember-run; exits 77 without Fashion-MNIST).
+# launcher_killed (SIGKILL to ember-run: its workers die too), secret, train (ember-train under ember-run; exits 77 without Fashion-MNIST).
 # Every launcher runs under `timeout`, so no case can hang; each case takes seconds.
 set -u
 case_name=$1
@@ -77,14 +77,15 @@ case "$case_name" in
 local2 | local3)
   n=${case_name#local}
   mkdir -p "$work/job"
-  timeout -k 5 60 "$run" --nproc-per-node "$n" "$worker" check "$work/job" >"$work/run.log" 2>&1 ||
-    fail "ember-run exited with $?"
+  # a descriptor ember-run inherits (fd 7 here) must not reach the workers
+  timeout -k 5 60 "$run" --nproc-per-node "$n" "$worker" check "$work/job" >"$work/run.log" 2>&1 \
+    7<"$0" || fail "ember-run exited with $?"
   sum=$((n * (n + 1) / 2))
   gathered=$((n * (n - 1) / 2))
   secret=""
   for ((r = 0; r < n; ++r)); do
     line=$(cat "$work/job/rank$r.txt") || fail "rank $r wrote nothing"
-    [[ $line == "rank $r local $r world $n local_world $n node 0 restart 0 sum $sum gathered $gathered secret /"* ]] ||
+    [[ $line == "rank $r local $r world $n local_world $n node 0 restart 0 sum $sum gathered $gathered fds 0 secret /"* ]] ||
       fail "rank $r: $line"
     this=${line##* secret }
     [ -z "$secret" ] || [ "$secret" = "$this" ] || fail "ranks got different secrets"
@@ -99,7 +100,7 @@ nodes)
   [ "$status0" -eq 0 ] && [ "$status1" -eq 0 ] || fail "launchers exited with $status0, $status1"
   for r in 0 1 2 3; do
     line=$(cat "$work/job/rank$r.txt") || fail "rank $r wrote nothing"
-    expected="rank $r local $((r % 2)) world 4 local_world 2 node $((r / 2)) restart 0 sum 10 gathered 6 secret $work/secret"
+    expected="rank $r local $((r % 2)) world 4 local_world 2 node $((r / 2)) restart 0 sum 10 gathered 6 fds 0 secret $work/secret"
     [ "$line" = "$expected" ] || fail "rank $r: $line"
   done
   ;;
@@ -184,6 +185,21 @@ sigterm)
   grep -q "got SIGTERM; forwarding it to the workers" "$work/run.log" || fail "no forwarding"
   expect_workers_gone "$work"
   [ ! -e "$secret" ] || fail "the job secret $secret was not removed"
+  ;;
+launcher_killed)
+  # SIGKILL cannot be forwarded: the workers die with their launcher (PR_SET_PDEATHSIG)
+  timeout -k 5 60 "$run" --nproc-per-node 2 "$worker" wait "$work" >"$work/run.log" 2>&1 &
+  launcher=$!
+  wait_files "$work/ready0" "$work/ready1"
+  kill -KILL "$(pgrep -P "$launcher" -x ember-run || echo "$launcher")"
+  wait "$launcher"
+  for ((i = 0; i < 50; ++i)); do
+    alive=0
+    for f in "$work"/pid*; do kill -0 "$(cat "$f")" 2>/dev/null && alive=1; done
+    [ "$alive" -eq 0 ] && break
+    sleep 0.1
+  done
+  expect_workers_gone "$work"
   ;;
 secret)
   port=$(free_port)

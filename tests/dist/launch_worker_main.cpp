@@ -2,7 +2,8 @@
 // the checks). Every mode but `client` runs as one rank of a TCP job on the CPU.
 //   launch_worker check OUTDIR       checks the launch variables, all-reduces, broadcasts and
 //       all-gathers; writes OUTDIR/rank<R>.txt: "rank R local L world W local_world LW
-//       node N restart C sum S gathered G secret <path or none>".
+//       node N restart C sum S gathered G fds F secret <path or none>" (F: descriptors it
+//       inherited besides stdin, stdout and stderr).
 //   launch_worker train OUTDIR STEPS [KILL_RANK KILL_STEP]   DDP on a small linear model with
 //       SGD + momentum, a snapshot (dist/checkpoint.h) after every step, resumed from at start;
 //       in the first round (EMBER_RESTART_COUNT=0) rank KILL_RANK sends itself SIGKILL in the
@@ -59,7 +60,17 @@ void init(int timeout_s) {
   init_process_group(o);
 }
 
+// The descriptors this process holds besides stdin, stdout and stderr.
+int extra_fds() {
+  int n = 0;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
+    if (std::stoi(entry.path().filename().string()) > 2) ++n;
+  }
+  return n - 1;  // the iterator's own
+}
+
 int check(const std::string& out) {
+  const int inherited = extra_fds();
   const int rank = env_int("RANK"), local = env_int("LOCAL_RANK"), world = env_int("WORLD_SIZE");
   const int local_world = env_int("LOCAL_WORLD_SIZE"), node = env_int("GROUP_RANK");
   if (rank != node * local_world + local || world % local_world != 0) {
@@ -87,8 +98,8 @@ int check(const std::string& out) {
   std::ostringstream line;
   line << "rank " << rank << " local " << local << " world " << world << " local_world "
        << local_world << " node " << node << " restart " << env_int("EMBER_RESTART_COUNT")
-       << " sum " << t.to_vector<double>()[0] << " gathered " << gathered_sum << " secret "
-       << env_or("EMBER_JOB_SECRET_FILE", "none") << "\n";
+       << " sum " << t.to_vector<double>()[0] << " gathered " << gathered_sum << " fds "
+       << inherited << " secret " << env_or("EMBER_JOB_SECRET_FILE", "none") << "\n";
   write_file(out + "/rank" + std::to_string(rank) + ".txt", line.str());
   return 0;
 }
