@@ -302,7 +302,8 @@ int main(int argc, char** argv) {
                       std::move(rendezvous));
     return launcher.run();
   } catch (const std::exception& e) {
-    say(e.what());
+    const std::string what = e.what();
+    say(what.starts_with("ember-run: ") ? what.substr(11) : what);
     return 1;
   }
 }

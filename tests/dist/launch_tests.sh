@@ -2,6 +2,7 @@
 # ember-run as users start it (see launch_tests.cmake), with launch_worker_main.cpp's worker:
 #   launch_tests.sh CASE EMBER_RUN LAUNCH_WORKER [EMBER_TRAIN]
 # CASE: local2, local3 (one node), nodes (two launchers on loopback), nodes_secret_required,
+# nodes_wrong_secret,
 # restart (SIGKILL under --max-restarts 1: bit-identical final parameters), restart_nodes,
 # fail, fail_nodes (no restarts: every launcher exits non-zero naming the dead rank), sigterm,
 # launcher_killed (SIGKILL to ember-run: its workers die too), secret, train (ember-train under ember-run; exits 77 without Fashion-MNIST).
@@ -114,6 +115,28 @@ nodes_secret_required)
   two_nodes --no-secret "$worker" check "$work/job"
   [ "$status0" -eq 0 ] && [ "$status1" -eq 0 ] || fail "launchers exited with $status0, $status1"
   grep -q "secret none$" "$work/job/rank3.txt" || fail "rank 3: $(cat "$work/job/rank3.txt")"
+  ;;
+nodes_wrong_secret)
+  # node 1 holds another secret: node 0's launcher store refuses it, and both give up
+  shared_secret
+  port=$(free_port)
+  start=$(date +%s)
+  timeout -k 5 60 "$run" --nnodes 2 --node-rank 0 --master-port "$port" --nproc-per-node 1 \
+    --rdzv-timeout 4 "$worker" check "$work" >"$work/node0.log" 2>&1 &
+  pid0=$!
+  echo "not the job's secret" >"$work/other"
+  chmod 600 "$work/other"
+  EMBER_JOB_SECRET_FILE="$work/other" timeout -k 5 60 "$run" --nnodes 2 --node-rank 1 \
+    --master-port "$port" --nproc-per-node 1 --rdzv-timeout 4 "$worker" check "$work" \
+    >"$work/node1.log" 2>&1
+  status1=$?
+  wait "$pid0"
+  status0=$?
+  elapsed=$(($(date +%s) - start))
+  [ "$status0" -ne 0 ] && [ "$status1" -ne 0 ] || fail "launchers exited with $status0, $status1"
+  [ "$elapsed" -le 20 ] || fail "took $elapsed s"
+  grep -q "job secret" "$work/node1.log" || fail "node 1 does not say its secret was refused"
+  ! ls "$work"/rank*.txt >/dev/null 2>&1 || fail "a worker ran"
   ;;
 restart)
   mkdir -p "$work/ref" "$work/killed"
