@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -28,7 +29,8 @@ struct WorkerMarker {
   int fd = -1;
 };
 
-// Read once, and removed from the environment so that what the worker starts does not see it.
+// Read once, when the library loads (before main), and removed from the environment, with the
+// result pipe made close-on-exec, so that nothing the worker starts sees either.
 const WorkerMarker& worker_marker() {
   static const WorkerMarker marker = [] {
     WorkerMarker m;
@@ -36,6 +38,7 @@ const WorkerMarker& worker_marker() {
     const char* fd = std::getenv(kResultVar);
     if (worker != nullptr && fd != nullptr && std::sscanf(worker, "%d:%d", &m.call, &m.rank) == 2) {
       m.fd = std::atoi(fd);
+      ::fcntl(m.fd, F_SETFD, FD_CLOEXEC);
     }
     ::unsetenv(kWorkerVar);
     ::unsetenv(kResultVar);
@@ -43,6 +46,7 @@ const WorkerMarker& worker_marker() {
   }();
   return marker;
 }
+[[maybe_unused]] const WorkerMarker& g_marker_at_load = worker_marker();
 
 int64_t monotonic_ns() {
   timespec t{};
@@ -57,7 +61,6 @@ std::string failure_frame(const std::string& message) {
 }
 
 [[noreturn]] void run_worker(const std::function<std::string(int)>& fn, const WorkerMarker& m) {
-  ::fcntl(m.fd, F_SETFD, FD_CLOEXEC);
   std::string frame;
   int code = 0;
   try {
@@ -78,7 +81,7 @@ std::string failure_frame(const std::string& message) {
 
 std::vector<std::string> spawn_bytes(int nprocs, const std::function<std::string(int)>& fn,
                                      const SpawnOptions& options) {
-  static int calls = 0;
+  static std::atomic<int> calls{0};
   const int call = calls++;
   const WorkerMarker& marker = worker_marker();
   if (marker.call == call) run_worker(fn, marker);

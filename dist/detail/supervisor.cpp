@@ -243,13 +243,17 @@ Supervisor::Event Supervisor::wait(std::chrono::milliseconds timeout) {
     }
     std::vector<pollfd> fds;
     if (g_signal_pipe[0] >= 0) fds.push_back({g_signal_pipe[0], POLLIN, 0});
+    bool all_pid_fds = true;
     for (const Worker& w : workers_) {
       if (w.pipe_fd >= 0) fds.push_back({w.pipe_fd, POLLIN, 0});
+      if (!w.reaped && w.pid_fd >= 0) fds.push_back({w.pid_fd, POLLIN, 0});
+      all_pid_fds = all_pid_fds && (w.reaped || w.pid_fd >= 0);
     }
     const auto left =
         std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-    // Exits are noticed by polling waitpid, every 10 ms at most.
-    const int ms = static_cast<int>(std::clamp<int64_t>(left.count(), 0, 10));
+    // A pidfd wakes poll() at its process's exit; without them, waitpid is polled every 10 ms.
+    const int ms =
+        static_cast<int>(std::clamp<int64_t>(left.count() + 1, 0, all_pid_fds ? 1000 : 10));
     if (::poll(fds.data(), fds.size(), ms) > 0) {
       if (g_signal_pipe[0] >= 0 && (fds[0].revents & POLLIN) != 0) {
         unsigned char sig = 0;
