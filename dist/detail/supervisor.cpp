@@ -163,7 +163,11 @@ void Supervisor::start(const std::vector<WorkerLaunch>& launches) {
       sigset_t none;
       ::sigemptyset(&none);
       ::sigprocmask(SIG_SETMASK, &none, nullptr);
+      // A launcher started in the background may ignore SIGINT (exec keeps that): its
+      // workers must still end on the SIGINT it forwards.
       ::signal(SIGPIPE, SIG_DFL);
+      ::signal(SIGINT, SIG_DFL);
+      ::signal(SIGTERM, SIG_DFL);
       // Descriptors this process inherited without O_CLOEXEC stay here too (as Python's
       // close_fds): only stdin, stdout, stderr and the result pipe reach the worker.
       ::syscall(SYS_close_range, 3u, ~0u, CLOSE_RANGE_CLOEXEC);

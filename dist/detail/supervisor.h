@@ -11,6 +11,8 @@
 //   - a worker inherits only stdin, stdout, stderr and, where asked, the write end of its own
 //     result pipe (every other descriptor is marked close-on-exec in the child before exec,
 //     as Python's subprocess close_fds does, and the supervisor's own are O_CLOEXEC);
+//   - SIGINT, SIGTERM and SIGPIPE start at their defaults in a worker, and its signal mask
+//     empty, whatever this process ignores or blocks;
 //   - every wait is bounded, and the destructor stops and reaps whatever is still running.
 #pragma once
 
