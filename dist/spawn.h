@@ -29,6 +29,11 @@
 // fn's return type: void, std::string, an arithmetic type, or a std::vector of an arithmetic
 // type (return t.to_vector<float>() for a tensor); spawn returns std::vector of it, one per
 // rank (nothing for void). A worker ends (std::exit) right after fn returns.
+//
+// Workers write to this process's stdout and stderr. They die with the thread that called
+// spawn (PR_SET_PDEATHSIG), so a parent killed by SIGKILL leaves none behind; call spawn from
+// one thread at a time. ember-run (apps/ember_run.cpp) starts workers the same way
+// (dist/detail/supervisor.h) for programs started from the command line.
 #pragma once
 
 #include <chrono>
