@@ -6,9 +6,13 @@
 add_executable(ember_dist_spawn ${CMAKE_CURRENT_LIST_DIR}/spawn_main.cpp)
 target_link_libraries(ember_dist_spawn PRIVATE ember::ember ember_warnings GTest::gtest_main)
 add_dependencies(ember_dist_tests ember_dist_spawn)
-gtest_discover_tests(ember_dist_spawn DISCOVERY_TIMEOUT 60 PROPERTIES LABELS "dist;tcp;launch"
-                     TIMEOUT 60 PROCESSORS 3
-                     ENVIRONMENT "RANK=;WORLD_SIZE=;LOCAL_RANK=;MASTER_ADDR=;MASTER_PORT=;EMBER_JOB_SECRET=;EMBER_JOB_SECRET_FILE=")
+# gtest_add_tests (tests found in the source at configure time) rather than discovery: the
+# properties below are lists.
+gtest_add_tests(TARGET ember_dist_spawn SOURCES ${CMAKE_CURRENT_LIST_DIR}/spawn_main.cpp
+                TEST_LIST ember_spawn_tests)
+set_tests_properties(${ember_spawn_tests} PROPERTIES LABELS "dist;tcp;launch" TIMEOUT 60
+  PROCESSORS 3 ENVIRONMENT
+  "RANK=;WORLD_SIZE=;LOCAL_RANK=;MASTER_ADDR=;MASTER_PORT=;EMBER_JOB_SECRET=;EMBER_JOB_SECRET_FILE=")
 
 add_executable(ember_dist_launch_worker ${CMAKE_CURRENT_LIST_DIR}/launch_worker_main.cpp)
 target_link_libraries(ember_dist_launch_worker PRIVATE ember::ember ember_warnings)

@@ -126,8 +126,11 @@ TEST(Spawn, TimeoutStopsAHungJob) {
 // file that is gone once spawn returns; the workers' store then requires it.
 TEST(Spawn, WorkersShareAFreshJobSecret) {
   // Read before spawn: in the workers, which run this test again, the variable is set.
-  const bool had_secret =
-      std::getenv("EMBER_JOB_SECRET") != nullptr || std::getenv("EMBER_JOB_SECRET_FILE") != nullptr;
+  const auto set = [](const char* name) {
+    const char* value = std::getenv(name);
+    return value != nullptr && value[0] != '\0';
+  };
+  const bool had_secret = set("EMBER_JOB_SECRET") || set("EMBER_JOB_SECRET_FILE");
   const auto seen = spawn(2, [](int) {
     const char* path = std::getenv("EMBER_JOB_SECRET_FILE");
     if (path == nullptr) throw Error("no EMBER_JOB_SECRET_FILE");
