@@ -78,7 +78,13 @@ class Launcher {
       const int port = rendezvous_          ? rendezvous_->begin_round(round)
                        : o_.master_port > 0 ? o_.master_port
                                             : pick_free_port(o_.master_addr);
-      const Outcome outcome = run_round(round, port);
+      Outcome outcome;
+      try {
+        outcome = run_round(round, port);
+      } catch (const std::exception& e) {
+        abandon(round, e.what());
+        throw;
+      }
       if (outcome.kind == Outcome::kDone) return 0;
       if (outcome.kind == Outcome::kStopped) return outcome.code;
       if (round < o_.max_restarts) {
@@ -186,6 +192,19 @@ class Launcher {
       if (rendezvous_->done(round) == o_.nnodes) return {};
       auto unused = Clock::time_point{};
       if (remote_failure(round, unused)) return settle(round, {Outcome::kFailed, 1, ""});
+    }
+  }
+
+  // This launcher cannot go on (its program cannot be started, say): the other nodes stop too
+  // rather than wait for its ranks until their own timeouts.
+  void abandon(int round, const std::string& why) {
+    if (!rendezvous_) return;
+    try {
+      rendezvous_->report_failure(
+          round, wall_ns(),
+          "the launcher of node " + std::to_string(o_.node_rank) + " failed: " + why, true);
+      rendezvous_->settle_failure(round);
+    } catch (const std::exception&) {  // the store may be what failed
     }
   }
 

@@ -2,7 +2,7 @@
 # ember-run as users start it (see launch_tests.cmake), with launch_worker_main.cpp's worker:
 #   launch_tests.sh CASE EMBER_RUN LAUNCH_WORKER [EMBER_TRAIN]
 # CASE: local2, local3 (one node), nodes (two launchers on loopback), nodes_secret_required,
-# nodes_wrong_secret,
+# nodes_wrong_secret, nodes_bad_program,
 # restart (SIGKILL under --max-restarts 1: bit-identical final parameters), restart_nodes,
 # fail, fail_nodes (no restarts: every launcher exits non-zero naming the dead rank), sigterm,
 # sigint (forwarded: the workers end, ember-run exits 128 + the signal),
@@ -138,6 +138,25 @@ nodes_wrong_secret)
   [ "$elapsed" -le 20 ] || fail "took $elapsed s"
   grep -q "job secret" "$work/node1.log" || fail "node 1 does not say its secret was refused"
   ! ls "$work"/rank*.txt >/dev/null 2>&1 || fail "a worker ran"
+  ;;
+nodes_bad_program)
+  # node 1 cannot start its program: node 0 stops too, long before any timeout
+  shared_secret
+  port=$(free_port)
+  start=$(date +%s)
+  timeout -k 5 60 "$run" --nnodes 2 --node-rank 0 --master-port "$port" --nproc-per-node 1 \
+    "$worker" wait "$work" >"$work/node0.log" 2>&1 &
+  pid0=$!
+  timeout -k 5 60 "$run" --nnodes 2 --node-rank 1 --master-port "$port" --nproc-per-node 1 \
+    "$work/no-such-program" >"$work/node1.log" 2>&1
+  status1=$?
+  wait "$pid0"
+  status0=$?
+  elapsed=$(($(date +%s) - start))
+  [ "$status0" -ne 0 ] && [ "$status1" -ne 0 ] || fail "launchers exited with $status0, $status1"
+  [ "$elapsed" -le 10 ] || fail "took $elapsed s"
+  grep -q "the launcher of node 1 failed: launch: cannot run $work/no-such-program" \
+    "$work/node0.log" || fail "node 0 does not name node 1's failure"
   ;;
 restart)
   mkdir -p "$work/ref" "$work/killed"
