@@ -74,9 +74,10 @@ class LauncherRendezvous {
   bool failed(int round);
   // True once a launcher recorded a final failure.
   bool stopped();
-  // After a failure: counts this launcher's workers as stopped, waits (up to the timeout) until
-  // every launcher's are, and returns the earliest failure recorded, i.e. the cause (one dead
-  // worker soon fails its peers, on every node). The clocks of the nodes should agree (NTP).
+  // After a failure: counts this launcher's workers as stopped, waits (up to 30 s, or the
+  // timeout when shorter) until every launcher's are, and returns the earliest failure
+  // recorded, i.e. the cause (one dead worker soon fails its peers, on every node). The clocks
+  // of the nodes should agree (NTP).
   std::string settle_failure(int round);
   // Counts this node's workers of `round` as done; returns how many nodes are.
   int report_done(int round);

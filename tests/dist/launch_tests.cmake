@@ -20,7 +20,7 @@ add_dependencies(ember_dist_tests ember_dist_launch_worker)
 
 set(EMBER_LAUNCH_TESTS bash ${CMAKE_CURRENT_LIST_DIR}/launch_tests.sh)
 foreach(case local2 local3 nodes nodes_secret_required nodes_wrong_secret
-             nodes_bad_program restart restart_nodes fail fail_nodes
+             nodes_bad_program node_launcher_killed restart restart_nodes fail fail_nodes
              sigterm sigint launcher_killed secret)
   add_test(NAME dist_ember_run_${case}
     COMMAND ${EMBER_LAUNCH_TESTS} ${case} $<TARGET_FILE:ember-run>

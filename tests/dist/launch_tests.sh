@@ -2,7 +2,7 @@
 # ember-run as users start it (see launch_tests.cmake), with launch_worker_main.cpp's worker:
 #   launch_tests.sh CASE EMBER_RUN LAUNCH_WORKER [EMBER_TRAIN]
 # CASE: local2, local3 (one node), nodes (two launchers on loopback), nodes_secret_required,
-# nodes_wrong_secret, nodes_bad_program,
+# nodes_wrong_secret, nodes_bad_program, node_launcher_killed,
 # restart (SIGKILL under --max-restarts 1: bit-identical final parameters), restart_nodes,
 # fail, fail_nodes (no restarts: every launcher exits non-zero naming the dead rank), sigterm,
 # sigint (forwarded: the workers end, ember-run exits 128 + the signal),
@@ -157,6 +157,32 @@ nodes_bad_program)
   [ "$elapsed" -le 10 ] || fail "took $elapsed s"
   grep -q "the launcher of node 1 failed: launch: cannot run $work/no-such-program" \
     "$work/node0.log" || fail "node 0 does not name node 1's failure"
+  ;;
+node_launcher_killed)
+  # SIGKILL to node 1's ember-run: its workers die with it, node 0's fail at their next
+  # collective, and node 0 gives up after --rdzv-timeout (3 s) without an answer from node 1
+  shared_secret
+  port=$(free_port)
+  timeout -k 5 60 "$run" --nnodes 2 --node-rank 0 --master-port "$port" --nproc-per-node 2 \
+    --rdzv-timeout 3 "$worker" wait "$work" >"$work/node0.log" 2>&1 &
+  pid0=$!
+  timeout -k 5 60 "$run" --nnodes 2 --node-rank 1 --master-port "$port" --nproc-per-node 2 \
+    --rdzv-timeout 3 "$worker" wait "$work" >"$work/node1.log" 2>&1 &
+  pid1=$!
+  wait_files "$work/ready0" "$work/ready1" "$work/ready2" "$work/ready3"
+  kill -KILL "$(pgrep -P "$pid1" -x ember-run || echo "$pid1")"
+  wait "$pid1"
+  sleep 0.5
+  start=$(date +%s)
+  touch "$work/stop"
+  wait "$pid0"
+  status0=$?
+  elapsed=$(($(date +%s) - start))
+  [ "$status0" -ne 0 ] || fail "node 0 exited with 0"
+  [ "$elapsed" -le 10 ] || fail "took $elapsed s"
+  grep -q "the job failed: rank [01] (local rank [01] on node 0.*(1 of 2 launchers did not answer" \
+    "$work/node0.log" || fail "node 0 does not report its failure and node 1's silence"
+  expect_workers_gone "$work"
   ;;
 restart)
   mkdir -p "$work/ref" "$work/killed"
