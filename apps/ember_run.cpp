@@ -264,7 +264,8 @@ int parse(int argc, char** argv, RunOptions& o) {
                  "Seconds the launchers of several nodes wait for each other (default 300)")
       ->check(CLI::PositiveNumber);
   app.add_flag("--no-secret", o.no_secret,
-               "Several nodes without EMBER_JOB_SECRET(_FILE): run without a job secret");
+               "Without EMBER_JOB_SECRET(_FILE): run without a job secret (several nodes "
+               "refuse to otherwise; one node draws a fresh one otherwise)");
   // ember-run's own options end at the first argument that is neither an option nor an
   // option's value (or at "--"): that one is the program, and everything after is its own.
   int own = 1;

@@ -1,6 +1,7 @@
 // init_process_group's init_method, in one place for every backend that bootstraps through the
 // TCP store (TCP, NCCL): the URL parse, who this process is (explicit rank / world size or the
-// launcher's), and the rendezvous that finds the store and checks that the ranks agree.
+// launcher's), and the rendezvous that finds the store and checks that the ranks agree. Also
+// the rendezvous of ember-run's launchers (LauncherRendezvous), which keeps theirs apart.
 #pragma once
 
 #include <chrono>
