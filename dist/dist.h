@@ -1,7 +1,7 @@
 // The dist module's umbrella header: process groups (MPI, NCCL, TCP, single process),
 // init_process_group and torch.distributed-style free functions on its default group
 // (all_reduce, barrier, get_rank, ...), the TCP store, and what is built on them (DDP,
-// SyncBatchNorm, DistributedSampler, checkpoints, metrics).
+// SyncBatchNorm, DistributedSampler, checkpoints, metrics), and dist::spawn.
 #pragma once
 
 #include <ember/dist/api.h>
@@ -14,6 +14,7 @@
 #include <ember/dist/nccl_process_group.h>
 #include <ember/dist/process_group.h>
 #include <ember/dist/single_process_group.h>
+#include <ember/dist/spawn.h>
 #include <ember/dist/sync_batch_norm.h>
 #include <ember/dist/tcp_process_group.h>
 #include <ember/dist/tcp_store.h>
