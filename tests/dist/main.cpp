@@ -16,18 +16,22 @@ namespace {
 class RankFailurePrinter : public ::testing::EmptyTestEventListener {
  public:
   explicit RankFailurePrinter(int rank) : rank_(rank) {}
+  // The test is remembered here: asking the UnitTest for it while a result is being
+  // reported would take the lock the reporting holds.
+  void OnTestStart(const ::testing::TestInfo& test) override { test_ = &test; }
+  void OnTestEnd(const ::testing::TestInfo&) override { test_ = nullptr; }
   void OnTestPartResult(const ::testing::TestPartResult& result) override {
     if (!result.failed()) return;
-    const auto* test = ::testing::UnitTest::GetInstance()->current_test_info();
     std::fprintf(stderr, "[rank %d] FAILED %s.%s at %s:%d\n%s\n", rank_,
-                 test != nullptr ? test->test_suite_name() : "?",
-                 test != nullptr ? test->name() : "?",
+                 test_ != nullptr ? test_->test_suite_name() : "?",
+                 test_ != nullptr ? test_->name() : "?",
                  result.file_name() != nullptr ? result.file_name() : "?", result.line_number(),
                  result.message());
   }
 
  private:
   int rank_;
+  const ::testing::TestInfo* test_ = nullptr;
 };
 
 }  // namespace
