@@ -47,16 +47,27 @@ std::pair<Tensor, Tensor> batch(int rank, int step, int64_t rows = 4) {
   return {x, y};
 }
 
-// Rank r has 1 + 2r batches: rank 0 runs out after its first step, before DDP rebuilds
-// its buckets, so the ranks still training rebuild them from a rank that has joined.
+// How many batches rank r has. The layout: 5 and 3 (and 1 for a third rank); the
+// highest active rank, which buffers come from, changes as ranks join.
+using Layout = int (*)(int rank);
+int fewer_on_higher_ranks(int rank) { return 5 - 2 * rank; }
+// 1 and 3 (and 5): rank 0 runs out after its first step, before DDP rebuilds its buckets,
+// so the ranks still training rebuild them from a rank that has joined (a broadcast from
+// rank 0), and rank 0's buffers are stale while the others train.
 int batches_of(int rank) { return 1 + 2 * rank; }
 
-std::vector<int> active_at(int step, int world, int (*count)(int)) {
+std::vector<int> active_at(int step, int world, Layout count) {
   std::vector<int> active;
   for (int r = 0; r < world; ++r) {
     if (count(r) > step) active.push_back(r);
   }
   return active;
+}
+
+int longest(int world, Layout count) {
+  int most = 0;
+  for (int r = 0; r < world; ++r) most = std::max(most, count(r));
+  return most;
 }
 
 optim::SGDOptions sgd_options() {
@@ -140,30 +151,33 @@ void accumulate(std::vector<Tensor>& sum, const nn::Module& model) {
 
 // DDP with per-rank BatchNorm under Join, in one process: at step s the ranks with more
 // than s batches each take the gradient of their own batch (their own BatchNorm batch
-// statistics, running statistics updated from the highest active rank's buffers).
-Trajectory reference_ddp(int world, bool by_initial_world_size) {
+// statistics). Each rank keeps its own buffers; every forward first copies those of the
+// highest active rank to all (so when that rank joins, the next one's own buffers win).
+Trajectory reference_ddp(int world, bool by_initial_world_size, Layout count) {
   auto model = mlp(true);
   optim::SGD sgd(model->parameters(), sgd_options());
+  auto buffers_of_model = [&] {
+    NamedTensors b;
+    for (auto& [name, v] : model->named_buffers()) b.emplace_back(name, v.clone());
+    return b;
+  };
+  std::vector<NamedTensors> buffers(static_cast<size_t>(world), buffers_of_model());
   Trajectory t;
-  for (int step = 0; step < batches_of(world - 1); ++step) {
-    const std::vector<int> active = active_at(step, world, batches_of);
-    const NamedTensors buffers_before = [&] {
-      NamedTensors b;
-      for (auto& [name, v] : model->named_buffers()) b.emplace_back(name, v.clone());
-      return b;
-    }();
+  for (int step = 0; step < longest(world, count); ++step) {
+    const std::vector<int> active = active_at(step, world, count);
+    const NamedTensors synced = buffers[static_cast<size_t>(active.back())];
     std::vector<Tensor> sum;
-    for (int r : active) {  // ascending: the highest active rank's buffer update stays
+    for (int r : active) {  // ascending: the model ends with the highest active rank's buffers
       {
         NoGradGuard no_grad;
-        const auto buffers = model->named_buffers();
-        for (size_t i = 0; i < buffers.size(); ++i)
-          Tensor(buffers[i].second).copy_(buffers_before[i].second);
+        const auto mine = model->named_buffers();
+        for (size_t i = 0; i < mine.size(); ++i) Tensor(mine[i].second).copy_(synced[i].second);
       }
       model->zero_grad();
       auto [x, y] = batch(r, step);
       cross_entropy((*model)(x), y).backward();
       accumulate(sum, *model);
+      buffers[static_cast<size_t>(r)] = buffers_of_model();
     }
     record_step(*model, sgd, sum,
                 by_initial_world_size ? world : static_cast<double>(active.size()), t);
@@ -174,14 +188,19 @@ Trajectory reference_ddp(int world, bool by_initial_world_size) {
 TEST(Join, UnevenBatchesFollowPyTorchsJoinUnderBothDivisors) {
   auto pg = join_world();
   const int rank = pg->rank(), world = pg->size();
-  for (bool by_initial : {true, false}) {
+  for (auto [count, by_initial] : {std::pair<Layout, bool>{fewer_on_higher_ranks, true},
+                                   {fewer_on_higher_ranks, false},
+                                   {batches_of, true},
+                                   {batches_of, false}}) {
     SCOPED_TRACE(by_initial ? "divide_by_initial_world_size" : "divide by active ranks");
-    const Trajectory expected = reference_ddp(world, by_initial);
+    SCOPED_TRACE(::testing::Message() << "rank 0 has " << count(0) << " batches");
+    const Trajectory expected = reference_ddp(world, by_initial, count);
+    const int last = count == fewer_on_higher_ranks ? 0 : world - 1;  // the most batches
     auto ddp = std::make_shared<DistributedDataParallel>(mlp(true), pg, small_buckets());
     optim::SGD sgd(ddp->parameters(), sgd_options());
     {
       Join join({ddp}, {.divide_by_initial_world_size = by_initial});
-      for (int step = 0; step < batches_of(rank); ++step) {
+      for (int step = 0; step < count(rank); ++step) {
         SCOPED_TRACE(::testing::Message() << "step " << step);
         auto [x, y] = batch(rank, step);
         sgd.zero_grad();
@@ -192,12 +211,12 @@ TEST(Join, UnevenBatchesFollowPyTorchsJoinUnderBothDivisors) {
       }
       join.join();
       EXPECT_TRUE(join.joined());
-      EXPECT_EQ(join.is_last_joiner(), rank == world - 1);
-      EXPECT_EQ(join.shadowed_rounds() > 0, rank < world - 1);
+      EXPECT_EQ(join.is_last_joiner(), rank == last);
+      EXPECT_EQ(join.shadowed_rounds() > 0, rank != last);
     }
     // Every rank ends with the last joiner's model, buffers included.
     expect_state(ddp->module(), expected.states.back());
-    EXPECT_EQ(ddp->buckets_rebuilt(), world > 1);
+    EXPECT_EQ(ddp->buckets_rebuilt(), longest(world, count) > 1);
 
     // After the Join, plain DDP again: an even step averages every rank's gradient.
     auto reference = mlp(true);
@@ -231,8 +250,8 @@ TEST(Join, SyncBatchNormUsesTheActiveRanksBatchesOnly) {
     {
       auto model = mlp(true);
       optim::SGD sgd(model->parameters(), sgd_options());
-      for (int step = 0; step < batches_of(world - 1); ++step) {
-        const std::vector<int> active = active_at(step, world, batches_of);
+      for (int step = 0; step < longest(world, fewer_on_higher_ranks); ++step) {
+        const std::vector<int> active = active_at(step, world, fewer_on_higher_ranks);
         std::vector<Tensor> xs, ys;
         for (int r : active) {
           auto [x, y] = batch(r, step, rows(r));
@@ -258,7 +277,7 @@ TEST(Join, SyncBatchNormUsesTheActiveRanksBatchesOnly) {
     optim::SGD sgd(ddp->parameters(), sgd_options());
     {
       Join join({ddp}, {.divide_by_initial_world_size = by_initial});
-      for (int step = 0; step < batches_of(rank); ++step) {
+      for (int step = 0; step < fewer_on_higher_ranks(rank); ++step) {
         SCOPED_TRACE(::testing::Message() << "step " << step);
         auto [x, y] = batch(rank, step, rows(rank));
         sgd.zero_grad();
