@@ -4,7 +4,10 @@
 // initial world size or over the active count, buffers from the highest active rank, the
 // final model from the last rank to join) and checks every step against it.
 #include <algorithm>
+#include <fstream>
 #include <optional>
+
+#include <nlohmann/json.hpp>
 
 #include <ember/dist/ddp.h>
 #include <ember/dist/distributed_sampler.h>
@@ -234,6 +237,67 @@ TEST(Join, UnevenBatchesFollowPyTorchsJoinUnderBothDivisors) {
     sgd.zero_grad();
     cross_entropy((*ddp)(x), y).backward();
     expect_grads(ddp->module(), sum);
+  }
+}
+
+Tensor golden_tensor(const nlohmann::json& j) {
+  const auto data = j["data"].get<std::vector<double>>();
+  return from_vector<double>(data, {static_cast<int64_t>(data.size())})
+      .reshape(j["shape"].get<Shape>());  // num_batches_tracked is 0-dim
+}
+
+NamedTensors golden_state(const nlohmann::json& j) {
+  NamedTensors out;
+  for (auto& [name, t] : j.items()) out.emplace_back(name, golden_tensor(t));
+  return out;
+}
+
+// PyTorch 1.13's DDP under Join over gloo, 2 ranks with 5 and 3 batches (written by
+// golden/make_join_golden.py): the same gradients at every step and the same final model on
+// both ranks, under both divisors.
+TEST(Join, MatchesPyTorchOnFiveAndThreeBatches) {
+  auto pg = join_world();
+  if (pg->size() != 2) GTEST_SKIP() << "PyTorch's values are for 2 ranks";
+  const int rank = pg->rank();
+  std::ifstream in(EMBER_JOIN_GOLDEN);
+  ASSERT_TRUE(in.good()) << "cannot open " << EMBER_JOIN_GOLDEN;
+  const nlohmann::json golden = nlohmann::json::parse(in);
+  const NamedTensors initial = golden_state(golden["initial"]);
+  const auto& batches = golden["batches"][static_cast<size_t>(rank)];
+  for (const auto& c : golden["cases"]) {
+    const bool by_initial = c["divide_by_initial_world_size"].get<bool>();
+    SCOPED_TRACE(by_initial ? "divide_by_initial_world_size" : "divide by active ranks");
+    auto model = mlp(true);
+    model->load_state_dict(initial);  // strict: PyTorch's names and shapes
+    auto ddp = std::make_shared<DistributedDataParallel>(model, pg);
+    optim::SGD sgd(ddp->parameters(), sgd_options());
+    const auto& grads = c["grads"][static_cast<size_t>(rank)];
+    ASSERT_EQ(grads.size(), batches.size());
+    {
+      Join join({ddp}, {.divide_by_initial_world_size = by_initial});
+      for (size_t step = 0; step < batches.size(); ++step) {
+        SCOPED_TRACE(::testing::Message() << "step " << step);
+        const Tensor x = golden_tensor(batches[step]["x"]);
+        const auto labels = batches[step]["y"].get<std::vector<int64_t>>();
+        const Tensor y = from_vector<int64_t>(labels, {static_cast<int64_t>(labels.size())});
+        sgd.zero_grad();
+        cross_entropy((*ddp)(x), y).backward();
+        for (auto& [name, p] : ddp->module().named_parameters()) {
+          SCOPED_TRACE(name);
+          expect_close(p.grad(), golden_tensor(grads[step][name]), 1e-9, 1e-12);
+        }
+        sgd.step();
+      }
+      join.join();
+    }
+    const NamedTensors final_state = golden_state(c["final"][static_cast<size_t>(rank)]);
+    for (auto& [name, t] : ddp->module().state_dict()) {
+      SCOPED_TRACE(name);
+      auto it = std::find_if(final_state.begin(), final_state.end(),
+                             [&name = name](const auto& e) { return e.first == name; });
+      ASSERT_NE(it, final_state.end());
+      expect_close(t.detach().to(kF64), it->second, 1e-9, 1e-12);
+    }
   }
 }
 
