@@ -513,6 +513,29 @@ TEST(Join, ThrowOnEarlyTerminationThrowsOnEveryRank) {
   EXPECT_EQ(one.item<float>(), static_cast<float>(world));
 }
 
+// An exception leaving the Join's scope (here on every rank alike) makes the destructor
+// communicate nothing, as PyTorch's __exit__; the DDP is released for the next Join.
+TEST(Join, AnExceptionLeavingTheScopeCommunicatesNothing) {
+  auto pg = join_world();
+  auto counting = std::make_shared<CountingGroup>(pg);
+  auto ddp = std::make_shared<DistributedDataParallel>(mlp(false), counting);
+  int calls = -1;
+  try {
+    Join join({ddp});
+    auto [x, y] = batch(pg->rank(), 0);
+    cross_entropy((*ddp)(x), y).backward();
+    calls = counting->calls;
+    throw std::runtime_error("the user's loop failed");
+  } catch (const std::runtime_error&) {
+  }
+  EXPECT_EQ(counting->calls, calls);
+  Join again({ddp});
+  auto [x, y] = batch(pg->rank(), 1);
+  cross_entropy((*ddp)(x), y).backward();
+  again.join();
+  EXPECT_TRUE(again.is_last_joiner());  // all ran out together
+}
+
 TEST(Join, RefusesWhatItCannotCover) {
   auto pg = join_world();
   EXPECT_EMBER_ERROR(Join({}), "no modules given");
