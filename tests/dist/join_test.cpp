@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <ember/data/dataloader.h>
 #include <ember/dist/ddp.h>
 #include <ember/dist/distributed_sampler.h>
 #include <ember/dist/join.h>
@@ -547,6 +548,46 @@ TEST(Join, RefusesWhatItCannotCover) {
   join.join();
   Join again({ddp});  // a released DDP can be joined again (the next epoch)
   again.join();
+}
+
+// As a user writes it: an epoch over a DataLoader whose DistributedSampler does not pad
+// (4 world + 1 samples in batches of 2: rank 0 has one batch more). Every sample is seen
+// once, every rank finishes, and all end with the same parameters.
+TEST(Join, AnEpochOverAnUnpaddedSampler) {
+  auto pg = join_world();
+  const int64_t n = 4 * pg->size() + 1;
+  Generator gen(4);
+  auto data = std::make_shared<data::TensorDataset>(randn({n, 4}, kF64, &gen),
+                                                    randint(0, 3, {n}, kI64, &gen));
+  auto sampler =
+      std::make_shared<DistributedSampler>(n, *pg, DistributedSamplerOptions{.pad = false});
+  data::DataLoader loader(data, {.batch_size = 2, .sampler = sampler});
+  auto ddp = std::make_shared<DistributedDataParallel>(mlp(false), pg);
+  optim::SGD sgd(ddp->parameters(), sgd_options());
+  int64_t seen = 0, steps = 0;
+  for (uint64_t epoch = 0; epoch < 2; ++epoch) {
+    sampler->set_epoch(epoch);
+    Join join({ddp});
+    for (const data::Batch& b : loader) {
+      sgd.zero_grad();
+      cross_entropy((*ddp)(b.data), b.target).backward();
+      sgd.step();
+      seen += b.data.size(0);
+      ++steps;
+    }
+    join.join();
+    EXPECT_EQ(join.is_last_joiner(), pg->rank() == 0);
+  }
+  EXPECT_EQ(steps, pg->rank() == 0 ? 6 : 4);
+  Tensor total = from_vector<int64_t>({seen}, {1});
+  pg->allreduce(total)->wait();
+  EXPECT_EQ(total.item<int64_t>(), 2 * n);
+  for (const Tensor& p : ddp->parameters()) {
+    std::vector<Tensor> all;
+    for (int r = 0; r < pg->size(); ++r) all.push_back(empty(p.sizes(), p.options()));
+    pg->allgather(all, p.detach().contiguous())->wait();
+    for (const Tensor& theirs : all) expect_close(theirs, all[0], 0.0, 0.0);
+  }
 }
 
 TEST(Join, UnpaddedSamplerGivesUnevenShards) {
