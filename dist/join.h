@@ -26,9 +26,18 @@
 // post-hook), so the models are equal everywhere again. Optimizer state (momentum) is not
 // synchronised: a rank that joined early keeps the state of its last step, as in PyTorch.
 //
+// Gradient accumulation: a rank that runs out inside a no_sync() window drops the
+// micro-batches it accumulated since its last synced backward (they never reach the others,
+// as in PyTorch); the others' later synced backwards are shadowed with zeros as usual.
+//
+// Cost while enabled, even before any rank joins: one small blocking all-gather (rank count
+// x 7 int64) per DDP forward and one not waited for before each other covered collective
+// (buffer broadcast, gradient bucket, SyncBatchNorm exchange).
+//
 // Other collectives inside the Join (the user's own all_reduce of a loss, a barrier) are
 // not shadowed and hang the active ranks until the group's timeout, as in PyTorch; so does
-// a joined rank whose peers spend longer than the timeout between two collectives.
+// a joined rank whose peers spend longer than the timeout between two collectives. Every
+// rank must construct the Join with the same modules and options.
 //
 // join() is explicit because it communicates and can fail (a peer died, a timeout): it
 // throws ember::Error like any collective. The destructor only finishes what join() would
