@@ -548,6 +548,11 @@ TEST(Join, RefusesWhatItCannotCover) {
   join.join();
   Join again({ddp});  // a released DDP can be joined again (the next epoch)
   again.join();
+  // SyncBatchNorm over another group (a subgroup, say) than its DDP's.
+  auto other = join_world();
+  auto mixed =
+      std::make_shared<DistributedDataParallel>(convert_sync_batchnorm(mlp(true), other), pg);
+  EXPECT_EMBER_ERROR(Join({mixed}), "one Join covers one group");
 }
 
 // As a user writes it: an epoch over a DataLoader whose DistributedSampler does not pad
