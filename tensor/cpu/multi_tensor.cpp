@@ -1,0 +1,137 @@
+// CPU multi-tensor optimizer updates: all tensors of a call cut into chunks of at most
+// kChunk elements, and one OpenMP loop over the chunks of all of them; each chunk is a plain
+// loop over raw pointers that the compiler vectorises (f32/f64).
+#include <algorithm>
+#include <vector>
+
+#include "../detail/dispatch.h"
+#include "../detail/multi_tensor_math.h"
+#include "cpu_kernels.h"
+
+namespace ember::detail {
+namespace {
+
+constexpr int64_t kChunk = 16384;
+
+struct Chunk {
+  size_t tensor;
+  int64_t begin, end;
+};
+
+// The chunks of every tensor (by the parameters' sizes), in order, and their total length.
+std::vector<Chunk> make_chunks(std::span<const Tensor> params, int64_t* total) {
+  std::vector<Chunk> chunks;
+  *total = 0;
+  for (size_t t = 0; t < params.size(); ++t) {
+    const int64_t n = params[t].numel();
+    *total += n;
+    for (int64_t begin = 0; begin < n; begin += kChunk)
+      chunks.push_back({t, begin, std::min(begin + kChunk, n)});
+  }
+  return chunks;
+}
+
+// f(chunk) for every chunk, across OpenMP threads when there is enough work.
+template <typename F>
+void for_each_chunk(std::span<const Tensor> params, const F& f) {
+  int64_t total = 0;
+  const std::vector<Chunk> chunks = make_chunks(params, &total);
+  const auto count = static_cast<int64_t>(chunks.size());
+#pragma omp parallel for schedule(static) if (total >= kParallelGrain && count > 1)
+  for (int64_t c = 0; c < count; ++c) f(chunks[static_cast<size_t>(c)]);
+}
+
+template <typename T>
+T* ptr(const Tensor& t) {
+  return static_cast<T*>(t.data_ptr());
+}
+
+template <typename T>
+void sgd_typed(std::span<const Tensor> params, std::span<const Tensor> grads,
+               std::span<const Tensor> buffers, std::span<const uint8_t> fresh,
+               const SGDUpdate& update) {
+  using A = acc_t<T>;
+  const SGDConsts<A> c(update);
+  for_each_chunk(params, [&](const Chunk& chunk) {
+    T* __restrict p = ptr<T>(params[chunk.tensor]) + chunk.begin;
+    const T* __restrict g = ptr<const T>(grads[chunk.tensor]) + chunk.begin;
+    const int64_t n = chunk.end - chunk.begin;
+    if (!c.has_momentum) {
+      for (int64_t i = 0; i < n; ++i) {
+        A unused = A(0);
+        p[i] = static_cast<T>(
+            sgd_element<A>(static_cast<A>(p[i]), static_cast<A>(g[i]), unused, false, c));
+      }
+      return;
+    }
+    T* __restrict b = ptr<T>(buffers[chunk.tensor]) + chunk.begin;
+    const bool is_new = fresh[chunk.tensor] != 0;
+    for (int64_t i = 0; i < n; ++i) {
+      A buffer = is_new ? A(0) : static_cast<A>(b[i]);
+      p[i] = static_cast<T>(
+          sgd_element<A>(static_cast<A>(p[i]), static_cast<A>(g[i]), buffer, is_new, c));
+      b[i] = static_cast<T>(buffer);
+    }
+  });
+}
+
+template <typename T>
+void adam_typed(std::span<const Tensor> params, std::span<const Tensor> grads,
+                std::span<const Tensor> exp_avgs, std::span<const Tensor> exp_avg_sqs,
+                std::span<const Tensor> max_exp_avg_sqs, std::span<const int64_t> steps,
+                const AdamUpdate& update) {
+  using A = acc_t<T>;
+  const AdamConsts<A> c(update);
+  std::vector<AdamStepConsts<A>> per_tensor(params.size());
+  for (size_t t = 0; t < params.size(); ++t) per_tensor[t] = adam_step_consts<A>(update, steps[t]);
+  for_each_chunk(params, [&](const Chunk& chunk) {
+    const size_t t = chunk.tensor;
+    T* __restrict p = ptr<T>(params[t]) + chunk.begin;
+    const T* __restrict g = ptr<const T>(grads[t]) + chunk.begin;
+    T* __restrict m = ptr<T>(exp_avgs[t]) + chunk.begin;
+    T* __restrict v = ptr<T>(exp_avg_sqs[t]) + chunk.begin;
+    const AdamStepConsts<A> s = per_tensor[t];
+    const int64_t n = chunk.end - chunk.begin;
+    if (c.amsgrad) {
+      T* __restrict v_max = ptr<T>(max_exp_avg_sqs[t]) + chunk.begin;
+      for (int64_t i = 0; i < n; ++i) {
+        A mi = static_cast<A>(m[i]), vi = static_cast<A>(v[i]), vmi = static_cast<A>(v_max[i]);
+        p[i] = static_cast<T>(
+            adam_element<A>(static_cast<A>(p[i]), static_cast<A>(g[i]), mi, vi, vmi, c, s));
+        m[i] = static_cast<T>(mi);
+        v[i] = static_cast<T>(vi);
+        v_max[i] = static_cast<T>(vmi);
+      }
+    } else {
+      for (int64_t i = 0; i < n; ++i) {
+        A mi = static_cast<A>(m[i]), vi = static_cast<A>(v[i]), unused = A(0);
+        p[i] = static_cast<T>(
+            adam_element<A>(static_cast<A>(p[i]), static_cast<A>(g[i]), mi, vi, unused, c, s));
+        m[i] = static_cast<T>(mi);
+        v[i] = static_cast<T>(vi);
+      }
+    }
+  });
+}
+
+}  // namespace
+
+void cpu_multi_tensor_sgd(std::span<const Tensor> params, std::span<const Tensor> grads,
+                          std::span<const Tensor> momentum_buffers,
+                          std::span<const uint8_t> new_buffer, const SGDUpdate& update) {
+  dispatch_floating(params[0].dtype(), "multi_tensor_sgd_", [&](auto tag) {
+    sgd_typed<typename decltype(tag)::type>(params, grads, momentum_buffers, new_buffer, update);
+  });
+}
+
+void cpu_multi_tensor_adam(std::span<const Tensor> params, std::span<const Tensor> grads,
+                           std::span<const Tensor> exp_avgs, std::span<const Tensor> exp_avg_sqs,
+                           std::span<const Tensor> max_exp_avg_sqs, std::span<const int64_t> steps,
+                           const AdamUpdate& update) {
+  dispatch_floating(params[0].dtype(), "multi_tensor_adam_", [&](auto tag) {
+    adam_typed<typename decltype(tag)::type>(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs,
+                                             steps, update);
+  });
+}
+
+}  // namespace ember::detail
