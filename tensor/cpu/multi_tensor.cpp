@@ -2,6 +2,7 @@
 // kChunk elements, and one OpenMP loop over the chunks of all of them; each chunk is a plain
 // loop over raw pointers that the compiler vectorises (f32/f64).
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
 #include "../detail/dispatch.h"
@@ -46,32 +47,46 @@ T* ptr(const Tensor& t) {
   return static_cast<T*>(t.data_ptr());
 }
 
+// f(std::bool_constant<b>{}): a runtime flag as a compile-time one, so the loops below have no
+// branches left for the vectoriser to give up on.
+template <typename F>
+void with_flag(bool b, const F& f) {
+  if (b)
+    f(std::true_type{});
+  else
+    f(std::false_type{});
+}
+
 template <typename T>
 void sgd_typed(std::span<const Tensor> params, std::span<const Tensor> grads,
                std::span<const Tensor> buffers, std::span<const uint8_t> fresh,
                const SGDUpdate& update) {
   using A = acc_t<T>;
-  const SGDConsts<A> c(update);
+  const SGDConsts<A> consts(update);
   for_each_chunk(params, [&](const Chunk& chunk) {
     T* __restrict p = ptr<T>(params[chunk.tensor]) + chunk.begin;
     const T* __restrict g = ptr<const T>(grads[chunk.tensor]) + chunk.begin;
+    T* __restrict b = consts.has_momentum ? ptr<T>(buffers[chunk.tensor]) + chunk.begin : nullptr;
+    const bool is_new = consts.has_momentum && fresh[chunk.tensor] != 0;
     const int64_t n = chunk.end - chunk.begin;
-    if (!c.has_momentum) {
-      for (int64_t i = 0; i < n; ++i) {
-        A unused = A(0);
-        p[i] = static_cast<T>(
-            sgd_element<A>(static_cast<A>(p[i]), static_cast<A>(g[i]), unused, false, c));
-      }
-      return;
-    }
-    T* __restrict b = ptr<T>(buffers[chunk.tensor]) + chunk.begin;
-    const bool is_new = fresh[chunk.tensor] != 0;
-    for (int64_t i = 0; i < n; ++i) {
-      A buffer = is_new ? A(0) : static_cast<A>(b[i]);
-      p[i] = static_cast<T>(
-          sgd_element<A>(static_cast<A>(p[i]), static_cast<A>(g[i]), buffer, is_new, c));
-      b[i] = static_cast<T>(buffer);
-    }
+    with_flag(consts.has_momentum, [&](auto momentum) {
+      with_flag(is_new, [&](auto new_buffer) {
+        with_flag(consts.nesterov, [&](auto nesterov) {
+          with_flag(consts.has_weight_decay, [&](auto weight_decay) {
+            SGDConsts<A> c = consts;
+            c.has_momentum = momentum;
+            c.nesterov = nesterov;
+            c.has_weight_decay = weight_decay;
+            for (int64_t i = 0; i < n; ++i) {
+              A buffer = (momentum && !new_buffer) ? static_cast<A>(b[i]) : A(0);
+              p[i] = static_cast<T>(sgd_element<A>(static_cast<A>(p[i]), static_cast<A>(g[i]),
+                                                   buffer, new_buffer, c));
+              if constexpr (momentum) b[i] = static_cast<T>(buffer);
+            }
+          });
+        });
+      });
+    });
   });
 }
 
@@ -90,27 +105,28 @@ void adam_typed(std::span<const Tensor> params, std::span<const Tensor> grads,
     const T* __restrict g = ptr<const T>(grads[t]) + chunk.begin;
     T* __restrict m = ptr<T>(exp_avgs[t]) + chunk.begin;
     T* __restrict v = ptr<T>(exp_avg_sqs[t]) + chunk.begin;
+    T* __restrict v_max = c.amsgrad ? ptr<T>(max_exp_avg_sqs[t]) + chunk.begin : nullptr;
     const AdamStepConsts<A> s = per_tensor[t];
     const int64_t n = chunk.end - chunk.begin;
-    if (c.amsgrad) {
-      T* __restrict v_max = ptr<T>(max_exp_avg_sqs[t]) + chunk.begin;
-      for (int64_t i = 0; i < n; ++i) {
-        A mi = static_cast<A>(m[i]), vi = static_cast<A>(v[i]), vmi = static_cast<A>(v_max[i]);
-        p[i] = static_cast<T>(
-            adam_element<A>(static_cast<A>(p[i]), static_cast<A>(g[i]), mi, vi, vmi, c, s));
-        m[i] = static_cast<T>(mi);
-        v[i] = static_cast<T>(vi);
-        v_max[i] = static_cast<T>(vmi);
-      }
-    } else {
-      for (int64_t i = 0; i < n; ++i) {
-        A mi = static_cast<A>(m[i]), vi = static_cast<A>(v[i]), unused = A(0);
-        p[i] = static_cast<T>(
-            adam_element<A>(static_cast<A>(p[i]), static_cast<A>(g[i]), mi, vi, unused, c, s));
-        m[i] = static_cast<T>(mi);
-        v[i] = static_cast<T>(vi);
-      }
-    }
+    with_flag(c.amsgrad, [&](auto amsgrad) {
+      with_flag(c.has_weight_decay, [&](auto weight_decay) {
+        with_flag(c.decoupled, [&](auto decoupled) {
+          AdamConsts<A> local = c;
+          local.amsgrad = amsgrad;
+          local.has_weight_decay = weight_decay;
+          local.decoupled = decoupled;
+          for (int64_t i = 0; i < n; ++i) {
+            A mi = static_cast<A>(m[i]), vi = static_cast<A>(v[i]);
+            A vmi = amsgrad ? static_cast<A>(v_max[i]) : A(0);
+            p[i] = static_cast<T>(
+                adam_element<A>(static_cast<A>(p[i]), static_cast<A>(g[i]), mi, vi, vmi, local, s));
+            m[i] = static_cast<T>(mi);
+            v[i] = static_cast<T>(vi);
+            if constexpr (amsgrad) v_max[i] = static_cast<T>(vmi);
+          }
+        });
+      });
+    });
   });
 }
 

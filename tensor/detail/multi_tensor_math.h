@@ -106,7 +106,11 @@ EMBER_HOST_DEVICE inline A adam_element(A p, A g, A& m, A& v, A& v_max, const Ad
   v = v + c.one_minus_beta2 * g2;
   A denom = v;
   if (c.amsgrad) {
-    v_max = (v_max != v_max || v != v) ? static_cast<A>(v_max + v) : (v_max > v ? v_max : v);
+    // The sum (NaN) is formed unconditionally so that only selects remain and the loop
+    // vectorises.
+    const A nan_sum = v_max + v;
+    const A larger = v_max > v ? v_max : v;
+    v_max = (v_max != v_max || v != v) ? nan_sum : larger;
     denom = v_max;
   }
   denom = sqrt_of(denom);

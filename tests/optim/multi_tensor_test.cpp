@@ -1,6 +1,7 @@
 // The multi-tensor (foreach / fused) optimizer updates against the per-parameter path: bit
 // for bit on CPU in f32 and f64, within rounding in bf16 and on CUDA; state dicts moving
 // between the two; the options that are refused.
+#include <cmath>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -209,6 +210,23 @@ TEST(MultiTensorOptimizer, ParamsWithoutGradsAreLeftAlone) {
   EXPECT_TRUE(adamw.state(0, 1).empty());
   EXPECT_EQ(adamw.state(0, 0).step, 1);
   EXPECT_NE(params[0].to_vector<float>(), std::vector<float>(4, 0.0f));
+}
+
+// A NaN gradient reaches the parameter, the moments and max_exp_avg_sq on both paths alike.
+TEST(MultiTensorOptimizer, NaNGradientPropagatesAsPerParameter) {
+  for (const bool foreach : {false, true}) {
+    std::vector<Tensor> params = {from_vector<float>({1.0f, 2.0f, 3.0f})};
+    params[0].requires_grad_();
+    AdamW adamw(params, {.lr = 0.1, .amsgrad = true, .foreach = foreach});
+    params[0].set_grad(from_vector<float>({0.5f, std::nanf(""), -0.5f}));
+    adamw.step();
+    const auto p = params[0].to_vector<float>();
+    const auto v_max = adamw.state(0, 0).buffers.at("max_exp_avg_sq").to_vector<float>();
+    EXPECT_FALSE(std::isnan(p[0]));
+    EXPECT_TRUE(std::isnan(p[1])) << "foreach " << foreach;
+    EXPECT_TRUE(std::isnan(v_max[1])) << "foreach " << foreach;
+    EXPECT_FALSE(std::isnan(v_max[2]));
+  }
 }
 
 // A transposed parameter cannot be walked flat: it takes the per-parameter path in the same
