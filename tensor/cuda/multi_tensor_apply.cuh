@@ -3,7 +3,9 @@
 // addresses (Depth lists: e.g. param, grad, exp_avg, ...) and up to kMultiTensorMaxBlocks
 // chunk assignments into one kernel argument; each block then handles kMultiTensorChunk
 // elements of one tensor. Tensors that do not fit go to the next launch (a large tensor may
-// be split across launches). Private to tensor/cuda/.
+// be split across launches: detail/multi_tensor_plan.h). Everything a launch needs travels
+// in its arguments (no host-to-device copy), so the launches can be captured in a CUDA graph.
+// Private to tensor/cuda/.
 //
 //   struct Op {  // any device-callable functor
 //     __device__ void operator()(const TensorListMeta<2, Extra, 48>& meta, int tensor,
@@ -16,6 +18,7 @@
 #include <cstdint>
 #include <span>
 
+#include "../detail/multi_tensor_plan.h"
 #include "launch.cuh"
 
 namespace ember::detail {
@@ -62,42 +65,25 @@ void multi_tensor_apply(cudaStream_t stream, std::span<const std::array<void*, D
   EMBER_ASSERT(addresses.size() == numels.size() && extras.size() == numels.size(),
                "multi_tensor_apply: ", addresses.size(), " address rows, ", numels.size(),
                " sizes, ", extras.size(), " extras");
-  Meta meta;
-  int tensors = 0, blocks = 0;
-  auto launch = [&] {
-    multi_tensor_kernel<Depth, Extra, MaxTensors, Op>
-        <<<blocks, kMultiTensorBlockSize, 0, stream>>>(meta, op);
-    EMBER_CUDA_CHECK_LAUNCH();
-    blocks = 0;
-  };
-  auto fill_slot = [&](int slot, size_t t) {
-    for (int d = 0; d < Depth; ++d) meta.addresses[d][slot] = addresses[t][d];
-    meta.numel[slot] = numels[t];
-    meta.extra[slot] = extras[t];
-  };
-  for (size_t t = 0; t < numels.size(); ++t) {
-    if (numels[t] == 0) continue;
-    fill_slot(tensors, t);
-    int slot = tensors++;
-    const int64_t chunks = (numels[t] + kMultiTensorChunk - 1) / kMultiTensorChunk;
-    for (int64_t c = 0; c < chunks; ++c) {
-      meta.block_to_tensor[blocks] = static_cast<uint8_t>(slot);
-      meta.block_to_chunk[blocks] = static_cast<int32_t>(c);
-      ++blocks;
-      const bool last_chunk = c == chunks - 1;
-      if (blocks == kMultiTensorMaxBlocks || (tensors == MaxTensors && last_chunk)) {
-        launch();
-        if (last_chunk) {
-          tensors = 0;
-        } else {  // the tensor goes on in the next launch, in slot 0
-          fill_slot(0, t);
-          slot = 0;
-          tensors = 1;
+  plan_multi_tensor_launches(
+      numels, kMultiTensorChunk, MaxTensors, kMultiTensorMaxBlocks,
+      [&](const MultiTensorLaunch& launch) {
+        Meta meta{};
+        for (size_t slot = 0; slot < launch.slots.size(); ++slot) {
+          const size_t t = launch.slots[slot];
+          for (int d = 0; d < Depth; ++d) meta.addresses[d][slot] = addresses[t][d];
+          meta.numel[slot] = numels[t];
+          meta.extra[slot] = extras[t];
         }
-      }
-    }
-  }
-  if (blocks > 0) launch();
+        for (size_t b = 0; b < launch.blocks.size(); ++b) {
+          meta.block_to_tensor[b] = static_cast<uint8_t>(launch.blocks[b].slot);
+          meta.block_to_chunk[b] = static_cast<int32_t>(launch.blocks[b].chunk);
+        }
+        const auto blocks = static_cast<unsigned>(launch.blocks.size());
+        multi_tensor_kernel<Depth, Extra, MaxTensors, Op>
+            <<<blocks, kMultiTensorBlockSize, 0, stream>>>(meta, op);
+        EMBER_CUDA_CHECK_LAUNCH();
+      });
 }
 
 // Slot `tensor`'s pointer in list `d`, as T*.
