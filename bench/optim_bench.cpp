@@ -1,7 +1,8 @@
 // One optimizer step over a ResNet's parameters (ResNet-18-CIFAR by default: 62 tensors,
 // 11.2M f32 values), per-parameter path against the multi-tensor one (foreach) in the same
 // run: median step time, and the bandwidth the step reaches (bytes of parameters, gradients
-// and state read and written). One JSON line per optimizer.
+// and state read and written). One JSON line per optimizer, and one for clip_grad_norm_
+// (per-gradient vs foreach).
 //
 //   optim_bench [--model resnet18] [--device cpu|cuda] [--threads 2] [--optimizer all]
 #include <CLI/CLI.hpp>
@@ -63,6 +64,30 @@ std::vector<Tensor> params_with_grads(ember::nn::Module& model) {
   return params;
 }
 
+struct Setting {
+  std::string model, device;
+  int threads;
+};
+
+// One JSON line: the per-parameter and foreach medians and the bandwidth each reaches.
+void report(const Setting& setting, const char* what, size_t tensors, int64_t numel, double bytes,
+            const std::vector<double>& seconds) {
+  ember::bench::JsonLine()
+      .add("bench", "optim_step")
+      .add("optimizer", what)
+      .add("model", setting.model)
+      .add("device", setting.device)
+      .add("threads", setting.threads)
+      .add("tensors", static_cast<long long>(tensors))
+      .add("numel", static_cast<long long>(numel))
+      .add("per_param_ms", seconds[0] * 1e3)
+      .add("foreach_ms", seconds[1] * 1e3)
+      .add("speedup", seconds[0] / seconds[1])
+      .add("per_param_gbps", bytes / seconds[0] * 1e-9)
+      .add("foreach_gbps", bytes / seconds[1] * 1e-9)
+      .print();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -74,7 +99,8 @@ int main(int argc, char** argv) {
           CLI::IsMember({"resnet20", "resnet32", "resnet56", "resnet110", "resnet18", "resnet34"}));
   app.add_option("--device", device_name, "cpu | cuda")->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--threads", threads, "CPU threads")->check(CLI::PositiveNumber);
-  app.add_option("--optimizer", only, "all | sgd_nesterov | adam | adamw | adamw_amsgrad");
+  app.add_option("--optimizer", only,
+                 "all | sgd_nesterov | adam | adamw | adamw_amsgrad | clip_grad_norm");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -83,6 +109,7 @@ int main(int argc, char** argv) {
     ember::manual_seed(0);
     std::shared_ptr<ember::nn::Module> model = ember::nn::resnet(model_name, 10, 3);
     model->to(device);
+    const Setting setting{model_name, device_name, threads};
     auto sync = [&] {
       if (device.is_cuda()) ember::cuda::synchronize(device.index);
     };
@@ -99,20 +126,20 @@ int main(int argc, char** argv) {
       // Read: param, grad, state; written: param, state.
       const double bytes =
           static_cast<double>(numel) * sizeof(float) * (3.0 + 2.0 * v.state_tensors);
-      ember::bench::JsonLine()
-          .add("bench", "optim_step")
-          .add("optimizer", v.name)
-          .add("model", model_name)
-          .add("device", device_name)
-          .add("threads", threads)
-          .add("tensors", static_cast<long long>(multi_params.size()))
-          .add("numel", static_cast<long long>(numel))
-          .add("per_param_ms", s[0] * 1e3)
-          .add("foreach_ms", s[1] * 1e3)
-          .add("speedup", s[0] / s[1])
-          .add("per_param_gbps", bytes / s[0] * 1e-9)
-          .add("foreach_gbps", bytes / s[1] * 1e-9)
-          .print();
+      report(setting, v.name, multi_params.size(), numel, bytes, s);
+    }
+    if (only == "all" || only == "clip_grad_norm") {
+      // clip_grad_norm_(max_norm = 1): per-gradient norms and multiplies vs two passes.
+      std::vector<Tensor> per_grad = params_with_grads(*model);
+      std::vector<Tensor> multi = params_with_grads(*model);
+      int64_t numel = 0;
+      for (const Tensor& p : multi) numel += p.numel();
+      const std::vector<double> s = ember::bench::median_seconds(
+          {[&] { ember::optim::clip_grad_norm_(per_grad, 1.0, 2.0, false); },
+           [&] { ember::optim::clip_grad_norm_(multi, 1.0, 2.0, true); }},
+          sync, 3, 10, 1.0, 100);
+      const double bytes = static_cast<double>(numel) * sizeof(float) * 3.0;  // read, read+write
+      report(setting, "clip_grad_norm", multi.size(), numel, bytes, s);
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "optim_bench: %s\n", e.what());

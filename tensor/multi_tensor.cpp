@@ -2,12 +2,14 @@
 // or the CUDA kernels (tensor/cpu/multi_tensor.cpp, tensor/cuda/multi_tensor.cu).
 #include "multi_tensor.h"
 
+#include <cmath>
 #include <vector>
 
 #include <ember/config.h>
 
 #include "detail/multi_tensor_math.h"
 #include "error.h"
+#include "ops.h"
 
 namespace ember {
 namespace {
@@ -118,6 +120,71 @@ void multi_tensor_adam_(std::span<const Tensor> params, std::span<const Tensor> 
 #if EMBER_WITH_CUDA
     detail::cuda_multi_tensor_adam(params, g, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps,
                                    update);
+#else
+    no_cuda(op);
+#endif
+  }
+}
+
+namespace {
+
+// All tensors defined, contiguous, floating, on one device and of one dtype.
+void check_same_kind(const char* op, std::span<const Tensor> tensors) {
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const Tensor& t = tensors[i];
+    EMBER_CHECK(t.defined(), op, "tensors[", i, "] is undefined");
+    EMBER_CHECK(is_floating(t.dtype()), op, "tensors[", i, "] has dtype ", t.dtype(),
+                " (expected a floating dtype)");
+    EMBER_CHECK(t.device() == tensors[0].device() && t.dtype() == tensors[0].dtype(), op,
+                "tensors[", i, "] is ", t.dtype(), " on ", t.device(), " but tensors[0] is ",
+                tensors[0].dtype(), " on ", tensors[0].device(),
+                " (one device and dtype per call)");
+    EMBER_CHECK(t.is_contiguous(), op, "tensors[", i, "] is not contiguous");
+  }
+}
+
+}  // namespace
+
+Tensor multi_tensor_norm(std::span<const Tensor> tensors, double p) {
+  constexpr const char* op = "multi_tensor_norm";
+  EMBER_CHECK(p > 0.0, op, "p must be > 0, got ", p);
+  EMBER_CHECK(!tensors.empty(), op, "got no tensors");
+  check_same_kind(op, tensors);
+  const Tensor& first = tensors[0];
+  if (first.device().is_cpu()) {
+    const double total = detail::cpu_multi_tensor_norm_total(tensors, p);
+    const double norm = std::isinf(p) ? total
+                        : p == 1.0    ? total
+                        : p == 2.0    ? std::sqrt(total)
+                                      : std::pow(total, 1.0 / p);
+    return scalar_tensor(norm, TensorOptions(first.dtype(), first.device()));
+  }
+#if EMBER_WITH_CUDA
+  const Tensor partials = detail::cuda_multi_tensor_norm_partials(tensors, p);
+  Tensor total = std::isinf(p) ? max(partials) : sum(partials);
+  if (p == 2.0)
+    total = sqrt(total);
+  else if (!std::isinf(p) && p != 1.0)
+    total = pow(total, 1.0 / p);
+  return total.to(first.dtype());
+#else
+  no_cuda(op);
+#endif
+}
+
+void multi_tensor_mul_(std::span<const Tensor> tensors, const Tensor& scale) {
+  constexpr const char* op = "multi_tensor_mul_";
+  if (tensors.empty()) return;
+  check_same_kind(op, tensors);
+  EMBER_CHECK(scale.defined() && scale.dim() == 0 && scale.dtype() == tensors[0].dtype() &&
+                  scale.device() == tensors[0].device(),
+              op, "scale must be a 0-d tensor of dtype ", tensors[0].dtype(), " on ",
+              tensors[0].device());
+  if (tensors[0].device().is_cpu()) {
+    detail::cpu_multi_tensor_mul(tensors, scale);
+  } else {
+#if EMBER_WITH_CUDA
+    detail::cuda_multi_tensor_mul(tensors, scale);
 #else
     no_cuda(op);
 #endif

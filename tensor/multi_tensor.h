@@ -57,4 +57,16 @@ void multi_tensor_adam_(std::span<const Tensor> params, std::span<const Tensor> 
                         std::span<const Tensor> max_exp_avg_sqs, std::span<const int64_t> steps,
                         const AdamUpdate& update);
 
+// The p-norm of all elements of all tensors together, (sum |x|^p)^(1/p) (p = infinity: the
+// largest |x|; NaN anywhere gives NaN), as a 0-d tensor of their dtype on their device, with
+// no device-to-host copy (torch.nn.utils.clip_grad_norm_(..., foreach=True)'s total norm).
+// One pass: partial sums per chunk (in double on CPU, in float, or double for f64, on CUDA),
+// added in a fixed order, so the result is deterministic; it agrees with the per-tensor
+// norm() path within rounding. p > 0; 0 for no tensors is the caller's business.
+Tensor multi_tensor_norm(std::span<const Tensor> tensors, double p);
+
+// tensors[i] *= scale for every tensor, scale a 0-d tensor of their dtype on their device
+// (read there, no device-to-host copy); the same products as tensors[i].mul_(scale).
+void multi_tensor_mul_(std::span<const Tensor> tensors, const Tensor& scale);
+
 }  // namespace ember

@@ -2,6 +2,7 @@
 // kChunk elements, and one OpenMP loop over the chunks of all of them; each chunk is a plain
 // loop over raw pointers that the compiler vectorises (f32/f64).
 #include <algorithm>
+#include <cmath>
 #include <type_traits>
 #include <vector>
 
@@ -32,11 +33,18 @@ std::vector<Chunk> make_chunks(std::span<const Tensor> params, int64_t* total) {
   return chunks;
 }
 
-// f(chunk) for every chunk, across OpenMP threads when there is enough work.
+// f(chunk) for every chunk (of `chunks`, or of the tensors' own), across OpenMP threads when
+// there is enough work.
 template <typename F>
-void for_each_chunk(std::span<const Tensor> params, const F& f) {
+void for_each_chunk(std::span<const Tensor> tensors, const F& f,
+                    const std::vector<Chunk>& given = {}) {
   int64_t total = 0;
-  const std::vector<Chunk> chunks = make_chunks(params, &total);
+  std::vector<Chunk> own;
+  if (given.empty())
+    own = make_chunks(tensors, &total);
+  else
+    for (const Chunk& c : given) total += c.end - c.begin;
+  const std::vector<Chunk>& chunks = given.empty() ? own : given;
   const auto count = static_cast<int64_t>(chunks.size());
 #pragma omp parallel for schedule(static) if (total >= kParallelGrain && count > 1)
   for (int64_t c = 0; c < count; ++c) f(chunks[static_cast<size_t>(c)]);
@@ -131,6 +139,60 @@ void adam_typed(std::span<const Tensor> params, std::span<const Tensor> grads,
 }
 
 }  // namespace
+
+double cpu_multi_tensor_norm_total(std::span<const Tensor> tensors, double p) {
+  int64_t total = 0;
+  const std::vector<Chunk> chunks = make_chunks(tensors, &total);
+  std::vector<double> partials(chunks.size(), 0.0);
+  const bool inf = std::isinf(p);
+  dispatch_floating(tensors[0].dtype(), "multi_tensor_norm", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    for_each_chunk(
+        tensors,
+        [&](const Chunk& chunk) {
+          const T* __restrict x = ptr<const T>(tensors[chunk.tensor]) + chunk.begin;
+          const int64_t n = chunk.end - chunk.begin;
+          double acc = 0.0;
+          // Eight running sums (a fixed order, so deterministic) that the compiler vectorises.
+          auto sum = [&](auto term) {
+            double lanes[8] = {};
+            int64_t i = 0;
+            for (; i + 8 <= n; i += 8)
+              for (int j = 0; j < 8; ++j) lanes[j] += term(static_cast<double>(x[i + j]));
+            for (; i < n; ++i) lanes[0] += term(static_cast<double>(x[i]));
+            for (const double lane : lanes) acc += lane;
+          };
+          if (inf) {
+            for (int64_t i = 0; i < n; ++i) acc = norm_max<double>(acc, static_cast<double>(x[i]));
+          } else if (p == 2.0) {
+            sum([](double v) { return v * v; });
+          } else if (p == 1.0) {
+            sum([](double v) { return std::abs(v); });
+          } else {
+            sum([p](double v) { return norm_term<double>(v, p); });
+          }
+          // Chunks come in the order make_chunks gave them: find this one's slot.
+          partials[static_cast<size_t>(&chunk - chunks.data())] = acc;
+        },
+        chunks);
+  });
+  double result = 0.0;
+  for (const double v : partials) result = inf ? norm_max<double>(result, v) : result + v;
+  return result;
+}
+
+void cpu_multi_tensor_mul(std::span<const Tensor> tensors, const Tensor& scale) {
+  dispatch_floating(tensors[0].dtype(), "multi_tensor_mul_", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using A = acc_t<T>;
+    const A s = static_cast<A>(*static_cast<const T*>(scale.data_ptr()));
+    for_each_chunk(tensors, [&](const Chunk& chunk) {
+      T* __restrict x = ptr<T>(tensors[chunk.tensor]) + chunk.begin;
+      const int64_t n = chunk.end - chunk.begin;
+      for (int64_t i = 0; i < n; ++i) x[i] = static_cast<T>(static_cast<A>(x[i]) * s);
+    });
+  });
+}
 
 void cpu_multi_tensor_sgd(std::span<const Tensor> params, std::span<const Tensor> grads,
                           std::span<const Tensor> momentum_buffers,

@@ -136,4 +136,29 @@ void cuda_multi_tensor_adam(std::span<const Tensor> params, std::span<const Tens
                             std::span<const Tensor> max_exp_avg_sqs, std::span<const int64_t> steps,
                             const AdamUpdate& update);
 
+// Norm backends. CPU: the sum of |x|^p over all tensors (the largest |x| for p = infinity),
+// in double. CUDA: a 1-D device tensor of per-chunk partial sums (maxima), float (double
+// for f64 tensors), for the front end to add up on the device.
+double cpu_multi_tensor_norm_total(std::span<const Tensor> tensors, double p);
+Tensor cuda_multi_tensor_norm_partials(std::span<const Tensor> tensors, double p);
+void cpu_multi_tensor_mul(std::span<const Tensor> tensors, const Tensor& scale);
+void cuda_multi_tensor_mul(std::span<const Tensor> tensors, const Tensor& scale);
+
+// |x|^p for the norm, with exact forms for p = 1 and 2 (as the per-tensor reduce).
+template <typename A>
+EMBER_HOST_DEVICE inline A norm_term(A x, A p) {
+  const A a = x < A(0) ? -x : x;
+  if (p == A(2)) return a * a;
+  if (p == A(1)) return a;
+  return pow(a, p);
+}
+
+// max for the infinity norm: NaN, once seen, stays.
+template <typename A>
+EMBER_HOST_DEVICE inline A norm_max(A m, A x) {
+  if (m != m) return m;
+  const A a = x < A(0) ? -x : x;
+  return (a > m || a != a) ? a : m;
+}
+
 }  // namespace ember::detail

@@ -3,10 +3,12 @@
 // between the two; the options that are refused.
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <optional>
 
 #include <ember/optim/adam.h>
+#include <ember/optim/clip_grad.h>
 #include <ember/optim/sgd.h>
 #include <ember/tensor/multi_tensor.h>
 
@@ -212,6 +214,111 @@ TEST(MultiTensorOptimizer, ParamsWithoutGradsAreLeftAlone) {
   EXPECT_NE(params[0].to_vector<float>(), std::vector<float>(4, 0.0f));
 }
 
+// max(|a - b| - rtol * |b|) <= atol over every element, computed on a's device.
+void expect_close_on_device(const std::vector<Tensor>& a, const std::vector<Tensor>& b, double rtol,
+                            double atol) {
+  for (size_t k = 0; k < a.size(); ++k) {
+    if (a[k].numel() == 0) continue;
+    const Tensor excess = sub(abs(sub(a[k], b[k])), mul(abs(b[k]), rtol));
+    EXPECT_LE(max(excess).item().to_double(), atol) << "param " << k;
+  }
+}
+
+// clip_grad_norm_ with foreach: the same total within rounding (exactly for the infinity
+// norm), mixed dtypes and a non-contiguous gradient included.
+TEST(MultiTensorClipGradNorm, MatchesPerGradientPath) {
+  const double inf = std::numeric_limits<double>::infinity();
+  for (const double norm_type : {2.0, 1.0, 3.0, inf}) {
+    SCOPED_TRACE(norm_type);
+    std::vector<Tensor> a = make_params({{7, 5}, {2, 17000}, {}, {0}}, kF32, kCPU, 4);
+    std::vector<Tensor> extra = make_params({{300}}, kF64, kCPU, 5);
+    a.push_back(extra[0]);
+    Tensor transposed = randn({6, 4}).t().detach();
+    transposed.requires_grad_();
+    a.push_back(transposed);
+    std::vector<Tensor> b = clone_params(a, kCPU);
+    for (size_t k = 0; k < a.size(); ++k) {
+      Tensor g = randn(a[k].sizes(), TensorOptions(a[k].dtype())).mul_(3.0);
+      if (k + 1 == a.size()) g = randn({6, 4}).t();  // non-contiguous
+      a[k].set_grad(g);
+      b[k].set_grad(g.clone());
+    }
+    const Tensor per_gradient = clip_grad_norm_(a, 1.5, norm_type, false);
+    const Tensor foreach = clip_grad_norm_(b, 1.5, norm_type, true);
+    EXPECT_EQ(foreach.dtype(), kF32);
+    if (std::isinf(norm_type)) {
+      EXPECT_EQ(foreach.item().to_double(), per_gradient.item().to_double());
+    } else {
+      EXPECT_NEAR(foreach.item().to_double(), per_gradient.item().to_double(),
+                  2e-6 * per_gradient.item().to_double());
+    }
+    for (size_t k = 0; k < a.size(); ++k)
+      testing::expect_close(b[k].grad(), a[k].grad(), 2e-6, 1e-9);
+  }
+}
+
+TEST(MultiTensorClipGradNorm, ZeroGradientsAndNaN) {
+  std::vector<Tensor> params = make_params({{3}, {2}}, kF32, kCPU, 1);
+  params[0].set_grad(zeros({3}));
+  params[1].set_grad(zeros({2}));
+  EXPECT_EQ(clip_grad_norm_(params, 1.0, 2.0, true).item().to_double(), 0.0);
+  EXPECT_EQ(params[0].grad().to_vector<float>(), std::vector<float>(3, 0.0f));
+  params[1].set_grad(from_vector<float>({1.0f, std::nanf("")}));
+  EXPECT_TRUE(std::isnan(clip_grad_norm_(params, 1.0, 2.0, true).item().to_double()));
+  params[1].set_grad(from_vector<float>({std::nanf(""), 1.0f}));
+  EXPECT_TRUE(std::isnan(clip_grad_norm_(params, 1.0, std::numeric_limits<double>::infinity(), true)
+                             .item()
+                             .to_double()));
+}
+
+TEST(MultiTensorClipGradNorm, NormOfAllTensorsTogether) {
+  const std::vector<Tensor> t = {from_vector<double>({3.0}), from_vector<double>({-4.0, 0.0}),
+                                 zeros({0}, TensorOptions(kF64))};
+  EXPECT_EQ(multi_tensor_norm(t, 2.0).item().to_double(), 5.0);
+  EXPECT_EQ(multi_tensor_norm(t, 1.0).item().to_double(), 7.0);
+  EXPECT_EQ(multi_tensor_norm(t, std::numeric_limits<double>::infinity()).item().to_double(), 4.0);
+  EXPECT_DOUBLE_EQ(multi_tensor_norm(t, 3.0).item().to_double(), std::cbrt(91.0));
+  EXPECT_EQ(multi_tensor_norm(t, 2.0).dim(), 0);
+  multi_tensor_mul_(t, scalar_tensor(-0.5, kF64));
+  EXPECT_EQ(t[0].to_vector<double>(), std::vector<double>{-1.5});
+  EXPECT_EQ(t[1].to_vector<double>(), (std::vector<double>{2.0, -0.0}));
+}
+
+TEST(MultiTensorClipGradNorm, NormAndMulRejectBadInput) {
+  std::vector<Tensor> mixed = {zeros({2}), zeros({2}, TensorOptions(kF64))};
+  EXPECT_EMBER_ERROR(multi_tensor_norm(mixed, 2.0), "multi_tensor_norm: tensors[1] is f64");
+  EXPECT_EMBER_ERROR(multi_tensor_norm({}, 2.0), "got no tensors");
+  std::vector<Tensor> one = {zeros({2})};
+  EXPECT_EMBER_ERROR(multi_tensor_norm(one, 0.0), "p must be > 0");
+  EXPECT_EMBER_ERROR(multi_tensor_mul_(one, scalar_tensor(2.0, kF64)),
+                     "multi_tensor_mul_: scale must be a 0-d tensor of dtype");
+}
+
+// The multi-tensor norm and scaling on the GPU against the CPU's.
+TEST(MultiTensorClipGradNorm, CudaMatchesCpu) {
+  EMBER_REQUIRE_CUDA();
+  for (const double norm_type : {2.0, 1.0, 3.0, std::numeric_limits<double>::infinity()}) {
+    std::vector<Tensor> a = make_params(param_shapes(true), kF32, cuda_device(0), 4);
+    std::vector<Tensor> b = clone_params(a, kCPU);
+    for (size_t k = 0; k < a.size(); ++k) {
+      const Tensor g = randn(a[k].sizes(), TensorOptions(kF32, a[k].device()));
+      a[k].set_grad(g);
+      b[k].set_grad(g.to(kCPU));
+    }
+    const Tensor on_cuda = clip_grad_norm_(a, 1.5, norm_type);  // the CUDA default: foreach
+    const Tensor on_cpu = clip_grad_norm_(b, 1.5, norm_type, false);
+    EXPECT_TRUE(on_cuda.device().is_cuda());
+    EXPECT_NEAR(on_cuda.item().to_double(), on_cpu.item().to_double(),
+                1e-5 * on_cpu.item().to_double());
+    std::vector<Tensor> cuda_grads, cpu_grads;
+    for (size_t k = 0; k < a.size(); ++k) {
+      cuda_grads.push_back(a[k].grad().to(kCPU));
+      cpu_grads.push_back(b[k].grad());
+    }
+    expect_close_on_device(cuda_grads, cpu_grads, 1e-5, 1e-7);
+  }
+}
+
 // A NaN gradient reaches the parameter, the moments and max_exp_avg_sq on both paths alike.
 TEST(MultiTensorOptimizer, NaNGradientPropagatesAsPerParameter) {
   for (const bool foreach : {false, true}) {
@@ -317,16 +424,6 @@ TEST(MultiTensorOptimizer, MultiTensorCallsRejectMismatchedLists) {
   EXPECT_EMBER_ERROR(
       multi_tensor_adam_(params, grads, grads, grads, {}, ok_steps, {.lr = 0.1, .amsgrad = true}),
       "amsgrad is on but max_exp_avg_sqs has 0 tensors");
-}
-
-// max(|a - b| - rtol * |b|) <= atol over every element, computed on a's device.
-void expect_close_on_device(const std::vector<Tensor>& a, const std::vector<Tensor>& b, double rtol,
-                            double atol) {
-  for (size_t k = 0; k < a.size(); ++k) {
-    if (a[k].numel() == 0) continue;
-    const Tensor excess = sub(abs(sub(a[k], b[k])), mul(abs(b[k]), rtol));
-    EXPECT_LE(max(excess).item().to_double(), atol) << "param " << k;
-  }
 }
 
 // CUDA: the multi-tensor kernels (86 tensors in several launches, one tensor split across
