@@ -171,35 +171,36 @@ double max_abs_diff(const std::vector<Tensor>& a, const std::vector<Tensor>& b) 
   return worst;
 }
 
-// bf16: the multi-tensor update rounds once per stored value, the per-parameter path after
-// every op, so over 20 steps it stays at least as close to the f64 trajectory.
-void check_bf16_against_f64(Device device) {
-  for (const Case& c : all_cases()) {
-    SCOPED_TRACE(c.name);
-    std::vector<Tensor> exact = make_params({{5, 9}, {300}}, kF64, kCPU, 3);
-    std::vector<Tensor> per_param = make_params({{5, 9}, {300}}, kBF16, device, 3);
-    std::vector<Tensor> fused = clone_params(per_param, device);
-    std::vector<Tensor> exact_start = clone_params(per_param, kCPU);
-    {
-      NoGradGuard no_grad;  // the f64 run starts from the same (bf16-rounded) values
-      for (size_t k = 0; k < exact.size(); ++k) exact[k].copy_(exact_start[k]);
+// bf16/f16: the multi-tensor update rounds once per stored value, the per-parameter path
+// after every op, so over 20 steps it stays at least as close to the f64 trajectory.
+void check_low_precision_against_f64(Device device) {
+  for (const DType dtype : {kBF16, kF16})
+    for (const Case& c : all_cases()) {
+      SCOPED_TRACE(c.name);
+      std::vector<Tensor> exact = make_params({{5, 9}, {300}}, kF64, kCPU, 3);
+      std::vector<Tensor> per_param = make_params({{5, 9}, {300}}, dtype, device, 3);
+      std::vector<Tensor> fused = clone_params(per_param, device);
+      std::vector<Tensor> exact_start = clone_params(per_param, kCPU);
+      {
+        NoGradGuard no_grad;  // the f64 run starts from the same (bf16-rounded) values
+        for (size_t k = 0; k < exact.size(); ++k) exact[k].copy_(exact_start[k]);
+      }
+      auto a = c.make({ParamGroup(exact)}, false);
+      auto b = c.make({ParamGroup(per_param)}, false);
+      auto m = c.make({ParamGroup(fused)}, true);
+      std::vector<Tensor> unused = clone_params(exact, kCPU);
+      auto ignored = c.make({ParamGroup(unused)}, false);
+      run_steps(*b, per_param, *m, fused, 1, 20);
+      run_steps(*a, exact, *ignored, unused, 1, 20);
+      const double per_param_error = max_abs_diff(per_param, exact);
+      const double fused_error = max_abs_diff(fused, exact);
+      EXPECT_LE(fused_error, 1.25 * per_param_error + 4e-3)
+          << "per-parameter error " << per_param_error;
     }
-    auto a = c.make({ParamGroup(exact)}, false);
-    auto b = c.make({ParamGroup(per_param)}, false);
-    auto m = c.make({ParamGroup(fused)}, true);
-    std::vector<Tensor> unused = clone_params(exact, kCPU);
-    auto ignored = c.make({ParamGroup(unused)}, false);
-    run_steps(*b, per_param, *m, fused, 1, 20);
-    run_steps(*a, exact, *ignored, unused, 1, 20);
-    const double per_param_error = max_abs_diff(per_param, exact);
-    const double fused_error = max_abs_diff(fused, exact);
-    EXPECT_LE(fused_error, 1.25 * per_param_error + 4e-3)
-        << "per-parameter error " << per_param_error;
-  }
 }
 
-TEST(MultiTensorOptimizer, BFloat16AtLeastAsCloseToFloat64AsPerParameter) {
-  check_bf16_against_f64(kCPU);
+TEST(MultiTensorOptimizer, LowPrecisionAtLeastAsCloseToFloat64AsPerParameter) {
+  check_low_precision_against_f64(kCPU);
 }
 
 TEST(MultiTensorOptimizer, ParamsWithoutGradsAreLeftAlone) {
@@ -453,9 +454,9 @@ TEST(MultiTensorOptimizer, CudaMatchesPerParameterWithinRounding) {
   }
 }
 
-TEST(MultiTensorOptimizer, CudaBFloat16AtLeastAsCloseToFloat64AsPerParameter) {
+TEST(MultiTensorOptimizer, CudaLowPrecisionAtLeastAsCloseToFloat64AsPerParameter) {
   EMBER_REQUIRE_CUDA();
-  check_bf16_against_f64(cuda_device(0));
+  check_low_precision_against_f64(cuda_device(0));
 }
 
 }  // namespace
