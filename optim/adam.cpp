@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include <ember/tensor/multi_tensor.h>
 #include <ember/tensor/ops.h>
 
 namespace ember::optim {
@@ -29,23 +30,30 @@ Options AdamWOptions::to_options() const {
 }
 
 Adam::Adam(std::vector<Tensor> params, AdamOptions options)
-    : Adam("Adam", one_group(std::move(params)), options.to_options(), false) {}
+    : Adam("Adam", one_group(std::move(params)), options.to_options(), false, options.foreach,
+           options.fused) {}
 
 Adam::Adam(std::vector<ParamGroup> groups, AdamOptions defaults)
-    : Adam("Adam", std::move(groups), defaults.to_options(), false) {}
+    : Adam("Adam", std::move(groups), defaults.to_options(), false, defaults.foreach,
+           defaults.fused) {}
 
-Adam::Adam(const char* name, std::vector<ParamGroup> groups, Options defaults, bool decoupled)
-    : Optimizer(name, std::move(defaults)), decoupled_weight_decay_(decoupled) {
+Adam::Adam(const char* name, std::vector<ParamGroup> groups, Options defaults, bool decoupled,
+           std::optional<bool> foreach, bool fused)
+    : Optimizer(name, std::move(defaults)),
+      decoupled_weight_decay_(decoupled),
+      multi_tensor_(detail::multi_tensor_mode(name, foreach, fused)) {
   check_options(this->defaults());
   EMBER_CHECK(!groups.empty(), this->name(), "got an empty parameter list");
   for (auto& group : groups) add_param_group(std::move(group));
 }
 
 AdamW::AdamW(std::vector<Tensor> params, AdamWOptions options)
-    : Adam("AdamW", one_group(std::move(params)), options.to_options(), true) {}
+    : Adam("AdamW", one_group(std::move(params)), options.to_options(), true, options.foreach,
+           options.fused) {}
 
 AdamW::AdamW(std::vector<ParamGroup> groups, AdamWOptions defaults)
-    : Adam("AdamW", std::move(groups), defaults.to_options(), true) {}
+    : Adam("AdamW", std::move(groups), defaults.to_options(), true, defaults.foreach,
+           defaults.fused) {}
 
 void Adam::check_options(const Options& options) const {
   const double lr = options.at("lr");
@@ -64,25 +72,46 @@ void Adam::check_options(const Options& options) const {
 }
 
 void Adam::step_group(ParamGroup& group, std::vector<ParamState>& state) {
-  const double lr = group.option("lr");
-  const double beta1 = group.option("beta1");
-  const double beta2 = group.option("beta2");
-  const double eps = group.option("eps");
-  const double weight_decay = group.option("weight_decay");
-  const bool amsgrad = group.option("amsgrad") != 0.0;
+  const AdamUpdate update{group.option("lr"),
+                          group.option("beta1"),
+                          group.option("beta2"),
+                          group.option("eps"),
+                          group.option("weight_decay"),
+                          decoupled_weight_decay_,
+                          group.option("amsgrad") != 0.0};
+  const double lr = update.lr, beta1 = update.beta1, beta2 = update.beta2, eps = update.eps;
+  const double weight_decay = update.weight_decay;
+  const bool amsgrad = update.amsgrad;
+  const detail::ParamSplit split = detail::split_params(
+      group, state, multi_tensor_, {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"});
 
-  for (size_t i = 0; i < group.params.size(); ++i) {
+  // The parameter's buffers, created (zero) on its first update.
+  auto buffer = [&](size_t i, const char* name) -> Tensor& {
+    auto& buffers = state[i].buffers;
+    auto it = buffers.find(name);
+    if (it == buffers.end()) it = buffers.emplace(name, zeros_like(group.params[i])).first;
+    return it->second;
+  };
+
+  for (const detail::ParamBucket& bucket : split.buckets) {
+    std::vector<Tensor> params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs;
+    std::vector<int64_t> steps;
+    for (const size_t i : bucket.indices) {
+      params.push_back(group.params[i]);
+      grads.push_back(group.params[i].grad());
+      exp_avgs.push_back(buffer(i, "exp_avg"));
+      exp_avg_sqs.push_back(buffer(i, "exp_avg_sq"));
+      if (amsgrad) max_exp_avg_sqs.push_back(buffer(i, "max_exp_avg_sq"));
+      steps.push_back(++state[i].step);
+    }
+    multi_tensor_adam_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, update);
+  }
+
+  for (const size_t i : split.single) {
     Tensor& p = group.params[i];
-    if (!p.grad().defined()) continue;
-    ParamState& s = state[i];
-    auto& buffers = s.buffers;
-    if (buffers.count("exp_avg") == 0) buffers["exp_avg"] = zeros_like(p);
-    if (buffers.count("exp_avg_sq") == 0) buffers["exp_avg_sq"] = zeros_like(p);
-    if (amsgrad && buffers.count("max_exp_avg_sq") == 0) buffers["max_exp_avg_sq"] = zeros_like(p);
-    Tensor& exp_avg = buffers["exp_avg"];
-    Tensor& exp_avg_sq = buffers["exp_avg_sq"];
-
-    s.step += 1;
+    Tensor& exp_avg = buffer(i, "exp_avg");
+    Tensor& exp_avg_sq = buffer(i, "exp_avg_sq");
+    const int64_t step = ++state[i].step;
     Tensor grad = p.grad();
     if (weight_decay != 0.0) {
       if (decoupled_weight_decay_)
@@ -95,12 +124,12 @@ void Adam::step_group(ParamGroup& group, std::vector<ParamState>& state) {
     Tensor scratch = mul(grad, grad);
     exp_avg_sq.mul_(beta2).add_(scratch, 1.0 - beta2);
 
-    const double t = static_cast<double>(s.step);
+    const double t = static_cast<double>(step);
     const double bias_correction1 = 1.0 - std::pow(beta1, t);
     const double bias_correction2_sqrt = std::sqrt(1.0 - std::pow(beta2, t));
     const double step_size = lr / bias_correction1;
     if (amsgrad) {
-      Tensor& max_exp_avg_sq = buffers["max_exp_avg_sq"];
+      Tensor& max_exp_avg_sq = buffer(i, "max_exp_avg_sq");
       max_exp_avg_sq.maximum_(exp_avg_sq);
       scratch.copy_(max_exp_avg_sq);
     } else {

@@ -9,10 +9,17 @@
 //   p = p - lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
 //
 // State per parameter: step, "exp_avg", "exp_avg_sq" and, with amsgrad, "max_exp_avg_sq".
+//
+// `foreach` / `fused` pick the multi-tensor update (all parameters of a group in one pass;
+// torch.optim.AdamW(..., fused=True)): see optim/multi_tensor.h. Unset, it is used for CUDA
+// parameters only, as PyTorch does; on CPU its results are bit-identical to the
+// per-parameter path in f32 and f64.
 #pragma once
 
+#include <optional>
 #include <utility>
 
+#include "multi_tensor.h"
 #include "optimizer.h"
 
 namespace ember::optim {
@@ -23,6 +30,9 @@ struct AdamOptions {
   double eps = 1e-8;                               // > 0
   double weight_decay = 0.0;
   bool amsgrad = false;
+  // Execution only, not options: they are not in param groups or state dicts.
+  std::optional<bool> foreach = std::nullopt;  // unset: multi-tensor on CUDA, per-parameter on CPU
+  bool fused = false;  // the same multi-tensor update; not with foreach = true
 
   Options to_options() const;
 };
@@ -34,6 +44,9 @@ struct AdamWOptions {
   double eps = 1e-8;
   double weight_decay = 1e-2;
   bool amsgrad = false;
+  // Execution only, not options: they are not in param groups or state dicts.
+  std::optional<bool> foreach = std::nullopt;  // unset: multi-tensor on CUDA, per-parameter on CPU
+  bool fused = false;  // the same multi-tensor update; not with foreach = true
 
   Options to_options() const;
 };
@@ -46,12 +59,14 @@ class Adam : public Optimizer {
   Adam(std::vector<ParamGroup> groups, AdamOptions defaults = {});
 
  protected:
-  Adam(const char* name, std::vector<ParamGroup> groups, Options defaults, bool decoupled);
+  Adam(const char* name, std::vector<ParamGroup> groups, Options defaults, bool decoupled,
+       std::optional<bool> foreach, bool fused);
   void check_options(const Options& options) const override;
   void step_group(ParamGroup& group, std::vector<ParamState>& state) override;
 
  private:
   bool decoupled_weight_decay_;
+  detail::MultiTensorMode multi_tensor_;
 };
 
 class AdamW : public Adam {

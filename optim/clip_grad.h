@@ -1,6 +1,7 @@
 // Gradient-norm clipping, as torch.nn.utils.clip_grad_norm_.
 #pragma once
 
+#include <optional>
 #include <vector>
 
 #include <ember/tensor/tensor.h>
@@ -12,6 +13,13 @@ namespace ember::optim {
 // every gradient is multiplied by min(1, max_norm / (total + 1e-6)). Parameters without a
 // gradient are skipped. Returns the total norm before clipping as a 0-d tensor on the first
 // gradient's device, so no device-to-host copy is forced; 0 when no parameter has a gradient.
-Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, double norm_type = 2.0);
+//
+// foreach (torch's foreach=): true computes the norm of all gradients of one device and dtype
+// in one multi-tensor pass and scales them in another (tensor/multi_tensor.h), false takes
+// one norm and one multiply per gradient; unset, as PyTorch: multi-tensor for CUDA gradients,
+// per-gradient on CPU. The scaled gradients are the same products either way; the norm
+// agrees within rounding (it is summed in another order).
+Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, double norm_type = 2.0,
+                       std::optional<bool> foreach = std::nullopt);
 
 }  // namespace ember::optim

@@ -1,5 +1,6 @@
 #include "sgd.h"
 
+#include <ember/tensor/multi_tensor.h>
 #include <ember/tensor/ops.h>
 
 namespace ember::optim {
@@ -16,7 +17,8 @@ SGD::SGD(std::vector<Tensor> params, SGDOptions options)
     : SGD(std::vector<ParamGroup>{ParamGroup(std::move(params))}, options) {}
 
 SGD::SGD(std::vector<ParamGroup> groups, SGDOptions defaults)
-    : Optimizer("SGD", defaults.to_options()) {
+    : Optimizer("SGD", defaults.to_options()),
+      multi_tensor_(detail::multi_tensor_mode("SGD", defaults.foreach, defaults.fused)) {
   check_options(this->defaults());
   EMBER_CHECK(!groups.empty(), "SGD", "got an empty parameter list");
   for (auto& group : groups) add_param_group(std::move(group));
@@ -38,40 +40,56 @@ void SGD::check_options(const Options& options) const {
 }
 
 void SGD::step_group(ParamGroup& group, std::vector<ParamState>& state) {
-  const double lr = group.option("lr");
-  const double momentum = group.option("momentum");
-  const double dampening = group.option("dampening");
-  const double weight_decay = group.option("weight_decay");
-  const bool nesterov = group.option("nesterov") != 0.0;
+  const SGDUpdate update{group.option("lr"), group.option("momentum"), group.option("dampening"),
+                         group.option("weight_decay"), group.option("nesterov") != 0.0};
+  const bool momentum = update.momentum != 0.0;
+  const detail::ParamSplit split =
+      detail::split_params(group, state, multi_tensor_, {"momentum_buffer"});
 
-  for (size_t i = 0; i < group.params.size(); ++i) {
+  for (const detail::ParamBucket& bucket : split.buckets) {
+    std::vector<Tensor> params, grads, buffers;
+    std::vector<uint8_t> fresh;
+    for (const size_t i : bucket.indices) {
+      params.push_back(group.params[i]);
+      grads.push_back(group.params[i].grad());
+      if (!momentum) continue;
+      auto& state_buffers = state[i].buffers;
+      auto it = state_buffers.find("momentum_buffer");
+      fresh.push_back(it == state_buffers.end() ? 1 : 0);
+      if (fresh.back())
+        it = state_buffers.emplace("momentum_buffer", empty_like(params.back())).first;
+      buffers.push_back(it->second);
+    }
+    multi_tensor_sgd_(params, grads, buffers, fresh, update);
+  }
+
+  for (const size_t i : split.single) {
     Tensor& p = group.params[i];
-    if (!p.grad().defined()) continue;
     // d_p aliases the gradient until something needs to be written into it.
     Tensor d_p = p.grad();
     bool owned = false;
-    if (weight_decay != 0.0) {
-      d_p = add(d_p, p, weight_decay);
+    if (update.weight_decay != 0.0) {
+      d_p = add(d_p, p, update.weight_decay);
       owned = true;
     }
-    if (momentum != 0.0) {
+    if (momentum) {
       auto& buffers = state[i].buffers;
       auto it = buffers.find("momentum_buffer");
       if (it == buffers.end()) {
         it = buffers.emplace("momentum_buffer", d_p.clone()).first;
       } else {
-        it->second.mul_(momentum).add_(d_p, 1.0 - dampening);
+        it->second.mul_(update.momentum).add_(d_p, 1.0 - update.dampening);
       }
-      if (nesterov) {
+      if (update.nesterov) {
         if (owned)
-          d_p.add_(it->second, momentum);
+          d_p.add_(it->second, update.momentum);
         else
-          d_p = add(d_p, it->second, momentum);
+          d_p = add(d_p, it->second, update.momentum);
       } else {
         d_p = it->second;
       }
     }
-    p.add_(d_p, -lr);
+    p.add_(d_p, -update.lr);
   }
 }
 

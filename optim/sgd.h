@@ -6,8 +6,16 @@
 //   b = momentum * b + (1 - dampening) * g afterwards
 //   g = g + momentum * b  (nesterov)  or  g = b
 //   p = p - lr * g
+//
+// `foreach` / `fused` pick the multi-tensor update (all parameters of a group in one pass;
+// torch.optim.SGD(..., foreach=True)): see optim/multi_tensor.h. Unset, it is used for CUDA
+// parameters only, as PyTorch does; on CPU its results are bit-identical to the
+// per-parameter path in f32 and f64.
 #pragma once
 
+#include <optional>
+
+#include "multi_tensor.h"
 #include "optimizer.h"
 
 namespace ember::optim {
@@ -18,6 +26,9 @@ struct SGDOptions {
   double dampening = 0.0;
   double weight_decay = 0.0;
   bool nesterov = false;  // needs momentum > 0 and dampening == 0
+  // Execution only, not options: they are not in param groups or state dicts.
+  std::optional<bool> foreach = std::nullopt;  // unset: multi-tensor on CUDA, per-parameter on CPU
+  bool fused = false;  // the same multi-tensor update; not with foreach = true
 
   Options to_options() const;
 };
@@ -31,6 +42,9 @@ class SGD : public Optimizer {
  protected:
   void check_options(const Options& options) const override;
   void step_group(ParamGroup& group, std::vector<ParamState>& state) override;
+
+ private:
+  detail::MultiTensorMode multi_tensor_;
 };
 
 }  // namespace ember::optim

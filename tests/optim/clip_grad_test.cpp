@@ -1,6 +1,7 @@
 // clip_grad_norm_ against PyTorch and by hand.
 #include <cmath>
 #include <limits>
+#include <optional>
 
 #include <ember/optim/clip_grad.h>
 
@@ -25,7 +26,8 @@ std::vector<Tensor> golden_params(Device device, DType dtype) {
 }
 
 // float64 must agree to double rounding: max_norm and the 1e-6 guard are not rounded to f32.
-void check_golden(Device device, DType dtype) {
+// foreach: the multi-tensor norm and scaling (true), per gradient (false), the device's default.
+void check_golden(Device device, DType dtype, std::optional<bool> foreach = std::nullopt) {
   const json& cases = testing::optim_golden()[dtype == kF64 ? "clip_f64" : "clip"]["cases"];
   const double rtol = dtype == kF64 ? 1e-14 : 1e-5, atol = dtype == kF64 ? 1e-16 : 1e-7;
   ASSERT_GE(cases.size(), 4u);
@@ -35,7 +37,7 @@ void check_golden(Device device, DType dtype) {
     SCOPED_TRACE("norm_type " + std::to_string(norm_type));
     SCOPED_TRACE("max_norm " + std::to_string(c["max_norm"].get<double>()));
     auto params = golden_params(device, dtype);
-    const Tensor total = clip_grad_norm_(params, c["max_norm"].get<double>(), norm_type);
+    const Tensor total = clip_grad_norm_(params, c["max_norm"].get<double>(), norm_type, foreach);
     EXPECT_EQ(total.device(), device);
     EXPECT_EQ(total.dtype(), dtype);
     EXPECT_EQ(total.numel(), 1);
@@ -52,6 +54,15 @@ void check_golden(Device device, DType dtype) {
 
 TEST(ClipGradNorm, MatchesPyTorch) { check_golden(kCPU, kF32); }
 TEST(ClipGradNorm, MatchesPyTorchInFloat64) { check_golden(kCPU, kF64); }
+TEST(ClipGradNorm, ForeachMatchesPyTorch) { check_golden(kCPU, kF32, true); }
+TEST(ClipGradNorm, ForeachMatchesPyTorchInFloat64) { check_golden(kCPU, kF64, true); }
+
+// The CUDA default is the multi-tensor pass; this pins the per-gradient one there.
+TEST(ClipGradNorm, PerGradientMatchesPyTorchOnCuda) {
+  EMBER_REQUIRE_CUDA();
+  check_golden(cuda_device(0), kF32, false);
+  check_golden(cuda_device(0), kF64, false);
+}
 
 TEST(ClipGradNorm, MatchesPyTorchOnCuda) {
   EMBER_REQUIRE_CUDA();

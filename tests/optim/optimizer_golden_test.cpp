@@ -1,6 +1,7 @@
 // SGD, Adam and AdamW against parameter trajectories recorded from PyTorch 1.13, in float32
 // and in float64 (where every option must take part at full double precision).
 #include <memory>
+#include <optional>
 
 #include <ember/optim/adam.h>
 #include <ember/optim/sgd.h>
@@ -12,7 +13,9 @@ namespace {
 
 using nlohmann::json;
 
-std::unique_ptr<Optimizer> make_optimizer(const json& spec, const std::vector<Tensor>& params) {
+// foreach: the multi-tensor update (true), the per-parameter one (false) or the device's default.
+std::unique_ptr<Optimizer> make_optimizer(const json& spec, const std::vector<Tensor>& params,
+                                          std::optional<bool> foreach) {
   const auto defaults = spec["defaults"].get<Options>();
   std::vector<ParamGroup> groups;
   if (spec["groups"].empty()) {
@@ -25,10 +28,10 @@ std::unique_ptr<Optimizer> make_optimizer(const json& spec, const std::vector<Te
     }
   }
   const auto name = spec["optimizer"].get<std::string>();
-  if (name == "SGD") return std::make_unique<SGD>(groups);
-  if (name == "Adam") return std::make_unique<Adam>(groups);
+  if (name == "SGD") return std::make_unique<SGD>(groups, SGDOptions{.foreach = foreach});
+  if (name == "Adam") return std::make_unique<Adam>(groups, AdamOptions{.foreach = foreach});
   EXPECT_EQ(name, "AdamW");
-  return std::make_unique<AdamW>(groups);
+  return std::make_unique<AdamW>(groups, AdamWOptions{.foreach = foreach});
 }
 
 // grad = p*p - 0.5*p + 0.3, in the script's order of float32 operations.
@@ -58,7 +61,7 @@ std::vector<Tensor> golden_params(Device device, DType dtype) {
 // f32 trajectories agree to float rounding; f64 ones to a few double roundings (PyTorch fuses
 // some multiply-adds that ember rounds twice), far below the 1e-9..4e-7 an option rounded
 // through float32 costs.
-void check_all_cases(Device device, DType dtype) {
+void check_all_cases(Device device, DType dtype, std::optional<bool> foreach = std::nullopt) {
   const json& golden = testing::optim_golden();
   const json& cases = golden[dtype == kF64 ? "optimizers_f64" : "optimizers"];
   const double rtol = dtype == kF64 ? 1e-13 : 1e-5, atol = dtype == kF64 ? 1e-15 : 1e-7;
@@ -66,7 +69,7 @@ void check_all_cases(Device device, DType dtype) {
   for (const json& spec : cases) {
     SCOPED_TRACE(spec["name"].get<std::string>());
     const std::vector<Tensor> params = golden_params(device, dtype);
-    auto optimizer = make_optimizer(spec, params);
+    auto optimizer = make_optimizer(spec, params, foreach);
     const json& trajectory = spec["trajectory"];
     for (size_t step = 0; step < trajectory.size(); ++step) {
       set_golden_grads(params);
@@ -83,6 +86,11 @@ void check_all_cases(Device device, DType dtype) {
 TEST(OptimizerGolden, MatchesPyTorchOnCpu) { check_all_cases(kCPU, kF32); }
 TEST(OptimizerGolden, MatchesPyTorchInFloat64OnCpu) { check_all_cases(kCPU, kF64); }
 
+TEST(OptimizerGolden, MultiTensorMatchesPyTorchOnCpu) { check_all_cases(kCPU, kF32, true); }
+TEST(OptimizerGolden, MultiTensorMatchesPyTorchInFloat64OnCpu) {
+  check_all_cases(kCPU, kF64, true);
+}
+
 TEST(OptimizerGolden, MatchesPyTorchOnCuda) {
   EMBER_REQUIRE_CUDA();
   check_all_cases(cuda_device(0), kF32);
@@ -91,6 +99,13 @@ TEST(OptimizerGolden, MatchesPyTorchOnCuda) {
 TEST(OptimizerGolden, MatchesPyTorchInFloat64OnCuda) {
   EMBER_REQUIRE_CUDA();
   check_all_cases(cuda_device(0), kF64);
+}
+
+// The CUDA default is the multi-tensor update; these pin the per-parameter path there.
+TEST(OptimizerGolden, PerParameterMatchesPyTorchOnCuda) {
+  EMBER_REQUIRE_CUDA();
+  check_all_cases(cuda_device(0), kF32, false);
+  check_all_cases(cuda_device(0), kF64, false);
 }
 
 }  // namespace

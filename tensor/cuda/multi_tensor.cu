@@ -1,0 +1,221 @@
+// CUDA multi-tensor updates: SGD and Adam/AdamW over all tensors of a call in
+// ceil(chunks / 320) launches of multi_tensor_apply, the element math shared with the CPU
+// loop (detail/multi_tensor_math.h); the gradient norm's per-chunk partials and the scaling
+// of clip_grad_norm_.
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <vector>
+
+#include "../detail/dispatch.h"
+#include "../detail/multi_tensor_math.h"
+#include "../ops.h"
+#include "block_sum.cuh"
+#include "multi_tensor_apply.cuh"
+
+namespace ember::detail {
+namespace {
+
+constexpr int kSGDMaxTensors = 64;   // 3 lists
+constexpr int kAdamMaxTensors = 36;  // 5 lists and two scalars per tensor
+
+struct SGDExtra {
+  int32_t fresh;  // the momentum buffer is new: it takes the gradient
+};
+
+template <typename T>
+struct SGDOp {
+  using A = compute_t<T>;
+  SGDConsts<A> c;
+
+  __device__ void operator()(const TensorListMeta<3, SGDExtra, kSGDMaxTensors>& meta, int tensor,
+                             int64_t begin, int64_t end) const {
+    T* p = list_ptr<T>(meta, 0, tensor);
+    const T* g = list_ptr<T>(meta, 1, tensor);
+    T* b = list_ptr<T>(meta, 2, tensor);
+    const bool fresh = meta.extra[tensor].fresh != 0;
+    for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+      A buffer = (c.has_momentum && !fresh) ? cast_to<A>(b[i]) : A(0);
+      p[i] = cast_to<T>(sgd_element<A>(cast_to<A>(p[i]), cast_to<A>(g[i]), buffer, fresh, c));
+      if (c.has_momentum) b[i] = cast_to<T>(buffer);
+    }
+  }
+};
+
+template <typename T>
+struct AdamOp {
+  using A = compute_t<T>;
+  AdamConsts<A> c;
+
+  __device__ void operator()(const TensorListMeta<5, AdamStepConsts<A>, kAdamMaxTensors>& meta,
+                             int tensor, int64_t begin, int64_t end) const {
+    T* p = list_ptr<T>(meta, 0, tensor);
+    const T* g = list_ptr<T>(meta, 1, tensor);
+    T* m = list_ptr<T>(meta, 2, tensor);
+    T* v = list_ptr<T>(meta, 3, tensor);
+    T* v_max = list_ptr<T>(meta, 4, tensor);
+    const AdamStepConsts<A> s = meta.extra[tensor];
+    for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+      A mi = cast_to<A>(m[i]), vi = cast_to<A>(v[i]);
+      A vmi = c.amsgrad ? cast_to<A>(v_max[i]) : A(0);
+      p[i] = cast_to<T>(adam_element<A>(cast_to<A>(p[i]), cast_to<A>(g[i]), mi, vi, vmi, c, s));
+      m[i] = cast_to<T>(mi);
+      v[i] = cast_to<T>(vi);
+      if (c.amsgrad) v_max[i] = cast_to<T>(vmi);
+    }
+  }
+};
+
+struct NormExtra {
+  int64_t partial_base;  // where the tensor's chunks start in the partials
+};
+
+// Each block: the sum of |x|^p (max |x| for Inf) over its chunk, to partials[base + chunk].
+template <typename T, bool Inf>
+struct NormOp {
+  using A = compute_t<T>;
+  A* partials;
+  A p;
+
+  __device__ void operator()(const TensorListMeta<1, NormExtra, kSGDMaxTensors>& meta, int tensor,
+                             int64_t begin, int64_t end) const {
+    __shared__ A shared[kMultiTensorBlockSize];
+    const T* x = list_ptr<T>(meta, 0, tensor);
+    A acc = A(0);
+    for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+      if constexpr (Inf)
+        acc = norm_max<A>(acc, cast_to<A>(x[i]));
+      else
+        acc += norm_term<A>(cast_to<A>(x[i]), p);
+    }
+    A total;
+    if constexpr (Inf) {  // a fixed-order tree, as block_sum
+      shared[threadIdx.x] = acc;
+      __syncthreads();
+      for (int half = kMultiTensorBlockSize / 2; half > 0; half >>= 1) {
+        if (static_cast<int>(threadIdx.x) < half)
+          shared[threadIdx.x] = norm_max<A>(shared[threadIdx.x], shared[threadIdx.x + half]);
+        __syncthreads();
+      }
+      total = shared[0];
+    } else {
+      total = block_sum<kMultiTensorBlockSize>(acc, shared);
+    }
+    if (threadIdx.x == 0)
+      partials[meta.extra[tensor].partial_base + begin / kMultiTensorChunk] = total;
+  }
+};
+
+template <typename T>
+struct MulOp {
+  using A = compute_t<T>;
+  const T* scale;
+
+  __device__ void operator()(const TensorListMeta<1, NoExtra, kSGDMaxTensors>& meta, int tensor,
+                             int64_t begin, int64_t end) const {
+    T* x = list_ptr<T>(meta, 0, tensor);
+    const A s = cast_to<A>(*scale);
+    for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x)
+      x[i] = cast_to<T>(cast_to<A>(x[i]) * s);
+  }
+};
+
+}  // namespace
+
+Tensor cuda_multi_tensor_norm_partials(std::span<const Tensor> tensors, double p) {
+  const KernelContext ctx(tensors[0]);
+  std::vector<std::array<void*, 1>> addresses(tensors.size());
+  std::vector<int64_t> numels(tensors.size());
+  std::vector<NormExtra> extras(tensors.size());
+  int64_t chunks = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    addresses[i] = {tensors[i].data_ptr()};
+    numels[i] = tensors[i].numel();
+    extras[i] = {chunks};
+    chunks += (numels[i] + kMultiTensorChunk - 1) / kMultiTensorChunk;
+  }
+  const DType dtype = tensors[0].dtype() == kF64 ? kF64 : kF32;
+  const Tensor partials =
+      zeros({std::max<int64_t>(chunks, 1)}, TensorOptions(dtype, tensors[0].device()));
+  dispatch_floating(tensors[0].dtype(), "multi_tensor_norm", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using A = compute_t<T>;
+    A* out = static_cast<A*>(partials.data_ptr());
+    auto run = [&](auto op) {
+      multi_tensor_apply<1, NormExtra, kSGDMaxTensors>(
+          ctx.stream, std::span<const std::array<void*, 1>>(addresses), numels,
+          std::span<const NormExtra>(extras), op);
+    };
+    if (std::isinf(p))
+      run(NormOp<T, true>{out, A(0)});
+    else
+      run(NormOp<T, false>{out, static_cast<A>(p)});
+  });
+  return partials;
+}
+
+void cuda_multi_tensor_mul(std::span<const Tensor> tensors, const Tensor& scale) {
+  const KernelContext ctx(tensors[0]);
+  std::vector<std::array<void*, 1>> addresses(tensors.size());
+  std::vector<int64_t> numels(tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    addresses[i] = {tensors[i].data_ptr()};
+    numels[i] = tensors[i].numel();
+  }
+  const std::vector<NoExtra> extras(tensors.size());
+  dispatch_floating(tensors[0].dtype(), "multi_tensor_mul_", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    multi_tensor_apply<1, NoExtra, kSGDMaxTensors>(
+        ctx.stream, std::span<const std::array<void*, 1>>(addresses), numels,
+        std::span<const NoExtra>(extras), MulOp<T>{static_cast<const T*>(scale.data_ptr())});
+  });
+}
+
+void cuda_multi_tensor_sgd(std::span<const Tensor> params, std::span<const Tensor> grads,
+                           std::span<const Tensor> momentum_buffers,
+                           std::span<const uint8_t> new_buffer, const SGDUpdate& update) {
+  const KernelContext ctx(params[0]);
+  std::vector<std::array<void*, 3>> addresses(params.size());
+  std::vector<int64_t> numels(params.size());
+  std::vector<SGDExtra> extras(params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    addresses[i] = {params[i].data_ptr(), grads[i].data_ptr(),
+                    momentum_buffers.empty() ? nullptr : momentum_buffers[i].data_ptr()};
+    numels[i] = params[i].numel();
+    extras[i] = {new_buffer.empty() ? 0 : static_cast<int32_t>(new_buffer[i])};
+  }
+  dispatch_floating(params[0].dtype(), "multi_tensor_sgd_", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const SGDOp<T> op{SGDConsts<compute_t<T>>(update)};
+    multi_tensor_apply<3, SGDExtra, kSGDMaxTensors>(
+        ctx.stream, std::span<const std::array<void*, 3>>(addresses), numels,
+        std::span<const SGDExtra>(extras), op);
+  });
+}
+
+void cuda_multi_tensor_adam(std::span<const Tensor> params, std::span<const Tensor> grads,
+                            std::span<const Tensor> exp_avgs, std::span<const Tensor> exp_avg_sqs,
+                            std::span<const Tensor> max_exp_avg_sqs, std::span<const int64_t> steps,
+                            const AdamUpdate& update) {
+  const KernelContext ctx(params[0]);
+  std::vector<std::array<void*, 5>> addresses(params.size());
+  std::vector<int64_t> numels(params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    addresses[i] = {params[i].data_ptr(), grads[i].data_ptr(), exp_avgs[i].data_ptr(),
+                    exp_avg_sqs[i].data_ptr(),
+                    max_exp_avg_sqs.empty() ? nullptr : max_exp_avg_sqs[i].data_ptr()};
+    numels[i] = params[i].numel();
+  }
+  dispatch_floating(params[0].dtype(), "multi_tensor_adam_", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using A = compute_t<T>;
+    std::vector<AdamStepConsts<A>> extras(params.size());
+    for (size_t i = 0; i < params.size(); ++i) extras[i] = adam_step_consts<A>(update, steps[i]);
+    const AdamOp<T> op{AdamConsts<A>(update)};
+    multi_tensor_apply<5, AdamStepConsts<A>, kAdamMaxTensors>(
+        ctx.stream, std::span<const std::array<void*, 5>>(addresses), numels,
+        std::span<const AdamStepConsts<A>>(extras), op);
+  });
+}
+
+}  // namespace ember::detail

@@ -1,0 +1,194 @@
+// Front end of the multi-tensor optimizer updates: checks the lists, then runs the CPU loop
+// or the CUDA kernels (tensor/cpu/multi_tensor.cpp, tensor/cuda/multi_tensor.cu).
+#include "multi_tensor.h"
+
+#include <cmath>
+#include <vector>
+
+#include <ember/config.h>
+
+#include "detail/multi_tensor_math.h"
+#include "error.h"
+#include "ops.h"
+
+namespace ember {
+namespace {
+
+// Checks that `list` (named `what`) runs parallel to params: contiguous tensors of the
+// parameters' shapes, device and dtype. An empty list is allowed when `optional`.
+void check_list(const char* op, const char* what, std::span<const Tensor> params,
+                std::span<const Tensor> list, bool optional, bool need_contiguous = true) {
+  if (optional && list.empty()) return;
+  EMBER_CHECK(list.size() == params.size(), op, what, " has ", list.size(), " tensors for ",
+              params.size(), " parameters");
+  for (size_t i = 0; i < list.size(); ++i) {
+    const Tensor& t = list[i];
+    const Tensor& p = params[i];
+    EMBER_CHECK(t.defined(), op, what, "[", i, "] is undefined");
+    EMBER_CHECK(t.sizes() == p.sizes(), op, what, "[", i, "] has shape ", shape_str(t.sizes()),
+                " but its parameter has shape ", shape_str(p.sizes()));
+    EMBER_CHECK(t.dtype() == p.dtype(), op, what, "[", i, "] has dtype ", t.dtype(),
+                " but its parameter has dtype ", p.dtype());
+    EMBER_CHECK(t.device() == p.device(), op, what, "[", i, "] is on ", t.device(),
+                " but its parameter is on ", p.device());
+    EMBER_CHECK(!need_contiguous || t.is_contiguous(), op, what, "[", i, "] is not contiguous");
+  }
+}
+
+void check_params(const char* op, std::span<const Tensor> params) {
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Tensor& p = params[i];
+    EMBER_CHECK(p.defined(), op, "params[", i, "] is undefined");
+    EMBER_CHECK(is_floating(p.dtype()), op, "params[", i, "] has dtype ", p.dtype(),
+                " (expected a floating dtype)");
+    EMBER_CHECK(p.device() == params[0].device(), op, "params[", i, "] is on ", p.device(),
+                " but params[0] is on ", params[0].device(), " (one device per call)");
+    EMBER_CHECK(p.dtype() == params[0].dtype(), op, "params[", i, "] has dtype ", p.dtype(),
+                " but params[0] has dtype ", params[0].dtype(), " (one dtype per call)");
+    EMBER_CHECK(p.is_contiguous(), op, "params[", i, "] is not contiguous");
+  }
+}
+
+// The gradients, contiguous (copied only where needed).
+std::vector<Tensor> contiguous_grads(std::span<const Tensor> grads) {
+  std::vector<Tensor> out;
+  out.reserve(grads.size());
+  for (const Tensor& g : grads) out.push_back(g.contiguous());
+  return out;
+}
+
+[[maybe_unused]] [[noreturn]] void no_cuda(const char* op) {
+  throw Error(detail::str_cat(op, ": ember was built without CUDA"));
+}
+
+}  // namespace
+
+void multi_tensor_sgd_(std::span<const Tensor> params, std::span<const Tensor> grads,
+                       std::span<const Tensor> momentum_buffers,
+                       std::span<const uint8_t> new_buffer, const SGDUpdate& update) {
+  constexpr const char* op = "multi_tensor_sgd_";
+  if (params.empty()) return;
+  check_params(op, params);
+  check_list(op, "grads", params, grads, false, false);
+  const bool momentum = update.momentum != 0.0;
+  EMBER_CHECK(
+      !momentum || (momentum_buffers.size() == params.size() && new_buffer.size() == params.size()),
+      op, "momentum ", update.momentum,
+      " needs one momentum buffer and one new_buffer flag "
+      "per parameter (got ",
+      momentum_buffers.size(), " and ", new_buffer.size(), " for ", params.size(), " parameters)");
+  if (momentum) check_list(op, "momentum_buffers", params, momentum_buffers, false);
+  EMBER_CHECK(!update.nesterov || (momentum && update.dampening == 0.0), op,
+              "Nesterov momentum requires momentum > 0 and dampening == 0 (momentum ",
+              update.momentum, ", dampening ", update.dampening, ")");
+  const std::vector<Tensor> g = contiguous_grads(grads);
+  const std::span<const Tensor> buffers = momentum ? momentum_buffers : std::span<const Tensor>{};
+  const std::span<const uint8_t> fresh = momentum ? new_buffer : std::span<const uint8_t>{};
+  if (params[0].device().is_cpu()) {
+    detail::cpu_multi_tensor_sgd(params, g, buffers, fresh, update);
+  } else {
+#if EMBER_WITH_CUDA
+    detail::cuda_multi_tensor_sgd(params, g, buffers, fresh, update);
+#else
+    no_cuda(op);
+#endif
+  }
+}
+
+void multi_tensor_adam_(std::span<const Tensor> params, std::span<const Tensor> grads,
+                        std::span<const Tensor> exp_avgs, std::span<const Tensor> exp_avg_sqs,
+                        std::span<const Tensor> max_exp_avg_sqs, std::span<const int64_t> steps,
+                        const AdamUpdate& update) {
+  constexpr const char* op = "multi_tensor_adam_";
+  if (params.empty()) return;
+  check_params(op, params);
+  check_list(op, "grads", params, grads, false, false);
+  check_list(op, "exp_avgs", params, exp_avgs, false);
+  check_list(op, "exp_avg_sqs", params, exp_avg_sqs, false);
+  EMBER_CHECK(update.amsgrad == (max_exp_avg_sqs.size() == params.size()), op, "amsgrad is ",
+              update.amsgrad ? "on" : "off", " but max_exp_avg_sqs has ", max_exp_avg_sqs.size(),
+              " tensors for ", params.size(), " parameters");
+  check_list(op, "max_exp_avg_sqs", params, max_exp_avg_sqs, true);
+  EMBER_CHECK(steps.size() == params.size(), op, "steps has ", steps.size(), " counts for ",
+              params.size(), " parameters");
+  for (size_t i = 0; i < steps.size(); ++i)
+    EMBER_CHECK(steps[i] >= 1, op, "steps[", i, "] is ", steps[i], " (must be >= 1)");
+  const std::vector<Tensor> g = contiguous_grads(grads);
+  if (params[0].device().is_cpu()) {
+    detail::cpu_multi_tensor_adam(params, g, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, update);
+  } else {
+#if EMBER_WITH_CUDA
+    detail::cuda_multi_tensor_adam(params, g, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps,
+                                   update);
+#else
+    no_cuda(op);
+#endif
+  }
+}
+
+namespace {
+
+// All tensors defined, contiguous, floating, on one device and of one dtype.
+void check_same_kind(const char* op, std::span<const Tensor> tensors) {
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const Tensor& t = tensors[i];
+    EMBER_CHECK(t.defined(), op, "tensors[", i, "] is undefined");
+    EMBER_CHECK(is_floating(t.dtype()), op, "tensors[", i, "] has dtype ", t.dtype(),
+                " (expected a floating dtype)");
+    EMBER_CHECK(t.device() == tensors[0].device() && t.dtype() == tensors[0].dtype(), op,
+                "tensors[", i, "] is ", t.dtype(), " on ", t.device(), " but tensors[0] is ",
+                tensors[0].dtype(), " on ", tensors[0].device(),
+                " (one device and dtype per call)");
+    EMBER_CHECK(t.is_contiguous(), op, "tensors[", i, "] is not contiguous");
+  }
+}
+
+}  // namespace
+
+Tensor multi_tensor_norm(std::span<const Tensor> tensors, double p) {
+  constexpr const char* op = "multi_tensor_norm";
+  EMBER_CHECK(p > 0.0, op, "p must be > 0, got ", p);
+  EMBER_CHECK(!tensors.empty(), op, "got no tensors");
+  check_same_kind(op, tensors);
+  const Tensor& first = tensors[0];
+  if (first.device().is_cpu()) {
+    const double total = detail::cpu_multi_tensor_norm_total(tensors, p);
+    const double norm = std::isinf(p) ? total
+                        : p == 1.0    ? total
+                        : p == 2.0    ? std::sqrt(total)
+                                      : std::pow(total, 1.0 / p);
+    return scalar_tensor(norm, TensorOptions(first.dtype(), first.device()));
+  }
+#if EMBER_WITH_CUDA
+  const Tensor partials = detail::cuda_multi_tensor_norm_partials(tensors, p);
+  Tensor total = std::isinf(p) ? max(partials) : sum(partials);
+  if (p == 2.0)
+    total = sqrt(total);
+  else if (!std::isinf(p) && p != 1.0)
+    total = pow(total, 1.0 / p);
+  return total.to(first.dtype());
+#else
+  no_cuda(op);
+#endif
+}
+
+void multi_tensor_mul_(std::span<const Tensor> tensors, const Tensor& scale) {
+  constexpr const char* op = "multi_tensor_mul_";
+  if (tensors.empty()) return;
+  check_same_kind(op, tensors);
+  EMBER_CHECK(scale.defined() && scale.dim() == 0 && scale.dtype() == tensors[0].dtype() &&
+                  scale.device() == tensors[0].device(),
+              op, "scale must be a 0-d tensor of dtype ", tensors[0].dtype(), " on ",
+              tensors[0].device());
+  if (tensors[0].device().is_cpu()) {
+    detail::cpu_multi_tensor_mul(tensors, scale);
+  } else {
+#if EMBER_WITH_CUDA
+    detail::cuda_multi_tensor_mul(tensors, scale);
+#else
+    no_cuda(op);
+#endif
+  }
+}
+
+}  // namespace ember
