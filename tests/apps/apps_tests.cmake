@@ -2,7 +2,9 @@
 # the apps suite (schedule, trainer, metrics, and ember-train on a generated image folder),
 # and gradient accumulation under DDP at 2 ranks.
 ember_add_test_suite(apps ember_train_core)
-target_compile_definitions(ember_apps_tests PRIVATE EMBER_TRAIN_BIN="$<TARGET_FILE:ember-train>")
+target_compile_definitions(
+  ember_apps_tests PRIVATE EMBER_TRAIN_BIN="$<TARGET_FILE:ember-train>"
+                           EMBER_TORCHRUN_STYLE="${CMAKE_CURRENT_LIST_DIR}/../dist/torchrun_style.sh")
 add_dependencies(ember_apps_tests ember-train)
 
 if(TARGET ember_dist AND MPIEXEC_EXECUTABLE)
