@@ -14,4 +14,12 @@ if(TARGET ember_dist AND MPIEXEC_EXECUTABLE)
            COMMAND ${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe ${MPIEXEC_NUMPROC_FLAG}
                    2 $<TARGET_FILE:ember_apps_ddp_accum>)
   set_tests_properties(apps_ddp_accum_np2 PROPERTIES TIMEOUT 120 LABELS "apps;mpi" PROCESSORS 2)
+  # Snapshots: 2 ranks started by mpirun resume mid-epoch exactly.
+  add_test(NAME apps_snapshots_mpirun_np2
+           COMMAND ember_apps_tests --gtest_filter=Snapshots.TwoMpiRanks*)
+  set_tests_properties(
+    apps_snapshots_mpirun_np2
+    PROPERTIES ENVIRONMENT
+               "EMBER_TEST_MPIRUN_NP=${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe ${MPIEXEC_NUMPROC_FLAG}"
+               TIMEOUT 120 LABELS "apps;mpi" PROCESSORS 2)
 endif()

@@ -61,7 +61,7 @@ bool has_temporary(const fs::path& dir) {
 // 40 training images in two classes; 3 epochs of 5 steps (batch 8, or 4 on each of 2 ranks),
 // each step in 2 micro-batches; a snapshot every 2 steps. The reference run is uninterrupted.
 class Snapshots : public ::testing::Test {
- protected:
+ public:
   static void SetUpTestSuite() {
     root_ = fs::temp_directory_path() / ("ember_apps_snapshots_" + std::to_string(getpid()));
     fs::remove_all(root_);
@@ -182,23 +182,39 @@ TEST_F(Snapshots, KilledWithSigkillAndResumedEqualsTheUninterruptedRun) {
   EXPECT_FALSE(has_temporary(out));
 }
 
-TEST_F(Snapshots, TwoRanksResumedMidEpochEqualTheUninterruptedRun) {
-  const std::string launch = std::string("TORCHRUN_STYLE_TIMEOUT=120 bash ") +
-                             EMBER_TORCHRUN_STYLE + " 2 " + EMBER_TRAIN_BIN;
-  const fs::path reference = root_ / "reference2", out = root_ / "resumed2";
+// Two ranks started by `launch` (ending in the program's path): the reference run, and a run
+// resumed from its snapshot of step 8 (mid-epoch 2), equal at the end.
+void expect_two_ranks_resume_exactly(const std::string& launch, const fs::path& reference,
+                                     const fs::path& out, const std::string& backend) {
   fs::remove_all(reference);
   fs::remove_all(out);
-  const Result full = run(launch + args(reference, 4));
+  const Result full = run(launch + Snapshots::args(reference, 4));
   ASSERT_EQ(full.code, 0) << full.output;
-  ASSERT_NE(full.output.find(" 2 rank(s) on cpu (tcp)"), std::string::npos) << full.output;
+  ASSERT_NE(full.output.find(" 2 rank(s) on cpu (" + backend + ")"), std::string::npos)
+      << full.output;
   fs::create_directories(out);
   fs::copy_file(reference / "checkpoint-step-8.safetensors", out / "checkpoint-step-8.safetensors");
-  const Result resumed = run(launch + args(out, 4) + "--resume auto");
+  const Result resumed = run(launch + Snapshots::args(out, 4) + "--resume auto");
   ASSERT_EQ(resumed.code, 0) << resumed.output;
   EXPECT_NE(resumed.output.find("resumed from " + out.string() + "/checkpoint-step-8"),
             std::string::npos)
       << resumed.output;
-  expect_same_tensors(final_of(reference), final_of(out));
+  expect_same_tensors(Snapshots::final_of(reference), Snapshots::final_of(out));
+}
+
+TEST_F(Snapshots, TwoTcpRanksResumedMidEpochEqualTheUninterruptedRun) {
+  expect_two_ranks_resume_exactly(std::string("TORCHRUN_STYLE_TIMEOUT=120 bash ") +
+                                      EMBER_TORCHRUN_STYLE + " 2 " + EMBER_TRAIN_BIN,
+                                  root_ / "reference_tcp", root_ / "resumed_tcp", "tcp");
+}
+
+// Run by the ctest entry apps_snapshots_mpirun_np2 (labelled mpi), which sets
+// EMBER_TEST_MPIRUN_NP to mpirun's command line up to the process count.
+TEST_F(Snapshots, TwoMpiRanksResumedMidEpochEqualTheUninterruptedRun) {
+  const char* mpirun = std::getenv("EMBER_TEST_MPIRUN_NP");
+  if (mpirun == nullptr || mpirun[0] == '\0') GTEST_SKIP() << "run by apps_snapshots_mpirun_np2";
+  expect_two_ranks_resume_exactly(std::string(mpirun) + " 2 " + EMBER_TRAIN_BIN,
+                                  root_ / "reference_mpi", root_ / "resumed_mpi", "mpi");
 }
 
 TEST_F(Snapshots, KeepLeavesTheNewestK) {
