@@ -12,7 +12,6 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
-#include <sstream>
 #include <string>
 #include <thread>
 
@@ -131,45 +130,44 @@ TEST_F(Snapshots, ResumeAutoWithoutSnapshotsStartsAfresh) {
   expect_same_tensors(final_of(root_ / "reference"), final_of(out));
 }
 
-// Starts ember-train with `args` (split on spaces), its stdout and stderr into the pipe
-// whose reading end is returned in `fd`.
-pid_t spawn_train(const std::string& args, int& fd) {
-  std::vector<std::string> words{EMBER_TRAIN_BIN};
-  std::istringstream in(args);
-  for (std::string w; in >> w;) words.push_back(w);
+// Runs `command` (sh -c) in a process group of its own until its output shows `marker`, then
+// kills the whole group with SIGKILL, as when a node is lost. Returns what it printed; false
+// in `killed` when it had ended before.
+std::string run_until_then_kill(const std::string& command, const std::string& marker,
+                                bool& killed) {
   int pipe_fds[2];
-  if (::pipe(pipe_fds) != 0) return -1;
+  killed = false;
+  if (::pipe(pipe_fds) != 0) return "pipe failed";
   const pid_t pid = ::fork();
   if (pid == 0) {
+    ::setpgid(0, 0);
     ::dup2(pipe_fds[1], 1);
     ::dup2(pipe_fds[1], 2);
     ::close(pipe_fds[0]);
-    std::vector<char*> argv;
-    for (std::string& w : words) argv.push_back(w.data());
-    argv.push_back(nullptr);
-    ::execv(argv[0], argv.data());
+    ::execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
     ::_exit(127);
   }
   ::close(pipe_fds[1]);
-  fd = pipe_fds[0];
-  return pid;
+  if (pid < 0) return "fork failed";
+  ::setpgid(pid, pid);  // as the child does, whichever runs first
+  std::string seen;
+  char c;
+  while (seen.find(marker) == std::string::npos && ::read(pipe_fds[0], &c, 1) == 1) seen += c;
+  ::kill(-pid, SIGKILL);
+  ::close(pipe_fds[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  killed = WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
+  return seen;
 }
 
 TEST_F(Snapshots, KilledWithSigkillAndResumedEqualsTheUninterruptedRun) {
   const fs::path out = root_ / "killed";
   fs::remove_all(out);
-  int fd = -1;
-  const pid_t pid = spawn_train(args(out, 8), fd);
-  ASSERT_GT(pid, 0);
   // Killed as soon as its first snapshot is written: mid-epoch, 13 steps before the end.
-  std::string seen;
-  char c;
-  while (seen.find("snapshot: ") == std::string::npos && ::read(fd, &c, 1) == 1) seen += c;
-  ::kill(pid, SIGKILL);
-  ::close(fd);
-  int status = 0;
-  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
-  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << seen;
+  bool killed = false;
+  const std::string seen = run_until_then_kill("exec " + command(out, ""), "snapshot: ", killed);
+  ASSERT_TRUE(killed) << seen;
   ASSERT_FALSE(fs::exists(final_of(out)));
   const Result r = run(command(out, "--resume auto"));
   ASSERT_EQ(r.code, 0) << seen << r.output;
@@ -202,10 +200,23 @@ void expect_two_ranks_resume_exactly(const std::string& launch, const fs::path& 
   expect_same_tensors(Snapshots::final_of(reference), Snapshots::final_of(out));
 }
 
-TEST_F(Snapshots, TwoTcpRanksResumedMidEpochEqualTheUninterruptedRun) {
-  expect_two_ranks_resume_exactly(std::string("TORCHRUN_STYLE_TIMEOUT=120 bash ") +
-                                      EMBER_TORCHRUN_STYLE + " 2 " + EMBER_TRAIN_BIN,
-                                  root_ / "reference_tcp", root_ / "resumed_tcp", "tcp");
+TEST_F(Snapshots, TwoTcpRanksResumedMidEpochOrAfterAKillEqualTheUninterruptedRun) {
+  const std::string launch = std::string("TORCHRUN_STYLE_TIMEOUT=120 bash ") +
+                             EMBER_TORCHRUN_STYLE + " 2 " + EMBER_TRAIN_BIN;
+  const fs::path reference = root_ / "reference_tcp";
+  expect_two_ranks_resume_exactly(launch, reference, root_ / "resumed_tcp", "tcp");
+  // Both ranks and their launcher killed after the first snapshot, the job started again.
+  const fs::path out = root_ / "killed_tcp";
+  fs::remove_all(out);
+  bool killed = false;
+  const std::string seen = run_until_then_kill(launch + args(out, 4), "snapshot: ", killed);
+  ASSERT_TRUE(killed) << seen;
+  ASSERT_FALSE(fs::exists(final_of(out)));
+  const Result r = run(launch + args(out, 4) + "--resume auto");
+  ASSERT_EQ(r.code, 0) << seen << r.output;
+  EXPECT_NE(r.output.find("resumed from " + out.string() + "/checkpoint-"), std::string::npos)
+      << r.output;
+  expect_same_tensors(final_of(reference), final_of(out));
 }
 
 // Run by the ctest entry apps_snapshots_mpirun_np2 (labelled mpi), which sets
@@ -301,9 +312,10 @@ TEST(CheckpointWriter, KilledMidSaveLeavesThePreviousOneAndNoTemporaryAfterTheNe
     }
     ASSERT_GT(pid, 0);
     // Killed while its temporary file is being written.
-    while (!has_temporary(dir)) std::this_thread::sleep_for(std::chrono::microseconds(200));
-    ::kill(pid, SIGKILL);
     int status = 0;
+    while (!has_temporary(dir) && ::waitpid(pid, &status, WNOHANG) == 0)
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    ::kill(pid, SIGKILL);
     ::waitpid(pid, &status, 0);
     left_temporary = has_temporary(dir);
   }
