@@ -327,6 +327,7 @@ EvalResult Trainer::train(int64_t first_epoch) {
     if (snapshots() && due) save_snapshot(epoch);
     if (!more) break;
   }
+  if (first_epoch >= options_.epochs) last_eval_ = evaluate();  // resumed after the end
   return last_eval_;
 }
 

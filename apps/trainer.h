@@ -98,6 +98,7 @@ class Trainer {
   int64_t resume();
   // Epochs first_epoch .. options.epochs - 1 (or until max_steps), snapshots as asked:
   // every checkpoint_interval epochs and at the end, and every save_every_steps steps.
+  // Returns the last evaluation (one is made when no epoch is left to run).
   EvalResult train(int64_t first_epoch);
 
   int64_t step() const { return step_; }

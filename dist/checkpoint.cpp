@@ -108,6 +108,9 @@ int create_locked(const std::string& tmp) {
     const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) throw Error(system_error("cannot create", tmp));
     if (::flock(fd, LOCK_EX) != 0) {
+      // A file system without locks: written unlocked, and no save takes a temporary file
+      // there for stale (their lock cannot be taken either).
+      if (errno == ENOLCK || errno == EOPNOTSUPP || errno == ENOSYS || errno == EINVAL) return fd;
       const std::string message = system_error("cannot lock", tmp);
       ::close(fd);
       throw Error(message);

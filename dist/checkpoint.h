@@ -10,7 +10,8 @@
 // save_checkpoint writes on rank 0 only (to a temporary file NAME.tmp.PID in the same folder,
 // locked while it is written, then fsync, rename, fsync of the folder: a crash leaves the
 // previous checkpoint whole), then all ranks meet at a barrier. Temporary files in that folder
-// that no writer holds any more (left by one that died mid-save) are removed at the next save.
+// that no writer holds any more (left by one that died mid-save) are removed at the next save
+// (where the file system has no flock, they stay).
 // load_checkpoint runs on every rank and validates the file before changing anything it can
 // (header, offsets, sizes, dtypes, checksum, names and shapes against the model): a problem is an
 // ember::Error naming the file and what is wrong. Only rank 0's RNG states are saved; ranks seeding
