@@ -221,8 +221,11 @@ std::vector<SnapshotFile> list_snapshots(const std::string& dir,
         return std::stoll(it->second);
       };
       out.push_back({path, integer("step"), integer("epoch")});
-    } catch (const std::exception& e) {
-      if (unreadable != nullptr) unreadable->push_back(path + ": " + e.what());
+    } catch (const Error& e) {
+      if (unreadable != nullptr) unreadable->push_back(e.what());  // names the file
+    } catch (const std::exception&) {  // a step or epoch that is not a number
+      if (unreadable != nullptr)
+        unreadable->push_back("load_checkpoint: " + path + ": step or epoch is not a number");
     }
   }
   std::sort(out.begin(), out.end(), [](const SnapshotFile& a, const SnapshotFile& b) {
@@ -293,12 +296,13 @@ int64_t Trainer::resume() {
         epoch = load_snapshot(files[i].path);
         loaded = files[i].path;
       } catch (const Error& e) {
-        problems.push_back(files[i].path + ": " + e.what());
+        problems.push_back(e.what());  // "load_checkpoint: PATH: what is wrong"
       }
     }
     if (group_.rank() == 0) {
       for (const std::string& p : problems)
-        std::fprintf(stderr, "ember-train: warning: skipped the damaged snapshot %s\n", p.c_str());
+        std::fprintf(stderr, "ember-train: warning: skipped the damaged snapshot %s\n",
+                     p.substr(p.rfind("load_checkpoint: ", 0) == 0 ? 17 : 0).c_str());
     }
   }
   // Every rank must continue from the same step (a folder that only some nodes see would not).

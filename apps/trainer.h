@@ -51,8 +51,8 @@ struct SnapshotFile {
   int64_t step = 0, epoch = 0;  // from the file's header
 };
 // The snapshots in `dir`, newest (highest step) first, by their headers. A file of a
-// snapshot's name whose header does not read is left out, and "path: reason" goes to
-// `unreadable` when given.
+// snapshot's name whose header does not read is left out, and "load_checkpoint: path: reason"
+// goes to `unreadable` when given.
 std::vector<SnapshotFile> list_snapshots(const std::string& dir,
                                          std::vector<std::string>* unreadable = nullptr);
 
