@@ -89,7 +89,9 @@ void write_all(int fd, const char* data, size_t n, const std::string& path) {
   }
 }
 
-bool same_file(const struct stat& a, const struct stat& b) {
+using FileStatus = struct stat;
+
+bool same_file(const FileStatus& a, const FileStatus& b) {
   return a.st_dev == b.st_dev && a.st_ino == b.st_ino;
 }
 
@@ -115,8 +117,7 @@ int create_locked(const std::string& tmp) {
       ::close(fd);
       throw Error(message);
     }
-    struct stat by_fd {
-    }, by_path{};
+    FileStatus by_fd{}, by_path{};
     if (::fstat(fd, &by_fd) == 0 && ::stat(tmp.c_str(), &by_path) == 0 && same_file(by_fd, by_path))
       return fd;
     ::close(fd);  // another save took it for stale between the open and the lock: again
@@ -136,8 +137,7 @@ void remove_stale_temporaries(const std::filesystem::path& dir, const std::strin
     if (!is_temporary_name(name) || path.string() == own) continue;
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     if (fd < 0) continue;
-    struct stat by_fd {
-    }, by_path{};
+    FileStatus by_fd{}, by_path{};
     if (::flock(fd, LOCK_EX | LOCK_NB) == 0 && ::fstat(fd, &by_fd) == 0 && S_ISREG(by_fd.st_mode) &&
         ::lstat(path.c_str(), &by_path) == 0 && same_file(by_fd, by_path))
       ::unlink(path.c_str());
