@@ -1,5 +1,5 @@
 # Debian packages from the build folder:  cd build && cpack -G DEB
-#   ember_VERSION_ARCH.deb      the shared libraries and ember-train (component runtime)
+#   ember_VERSION_ARCH.deb      the shared libraries, ember-train and ember-run (component runtime)
 #   ember-dev_VERSION_ARCH.deb  headers, CMake package files and ember.pc (component dev)
 # for /usr. The runtime package's Depends come from dpkg-shlibdeps (the Debian packages of the
 # libraries the binaries link); libraries from outside Debian's packages (a CUDA toolkit from
@@ -66,13 +66,14 @@ set(CPACK_DEBIAN_PACKAGE_GENERATE_SHLIBS_POLICY ">=")
 # The shared libraries go to /usr/lib: dpkg runs ldconfig once after installing them.
 set(CPACK_DEBIAN_RUNTIME_PACKAGE_CONTROL_EXTRA ${CMAKE_CURRENT_LIST_DIR}/debian/triggers)
 set(CPACK_DEBIAN_RUNTIME_DESCRIPTION
-    "C++20 deep-learning framework (libraries and ember-train)
+    "C++20 deep-learning framework (libraries, ember-train and ember-run)
 ember has tensors on the CPU and CUDA, reverse-mode autograd, neural-network
 layers and ResNets, optimizers, data loading and distributed data-parallel
 training over MPI, NCCL or TCP, following PyTorch's definitions.
 .
-This package holds ember's shared libraries and ember-train, which trains
-a ResNet on CIFAR or (Fashion-)MNIST alone or under mpirun.")
+This package holds ember's shared libraries, ember-train, which trains
+a ResNet on CIFAR or (Fashion-)MNIST alone or under mpirun, and ember-run,
+which starts a program's distributed workers (like torchrun).")
 
 set(CPACK_DEBIAN_DEV_PACKAGE_NAME ${EMBER_DEB_DEV_NAME})
 set(CPACK_DEBIAN_DEV_PACKAGE_SECTION libdevel)

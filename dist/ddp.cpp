@@ -7,6 +7,8 @@
 #include <ember/autograd/node.h>
 #include <ember/tensor/grad_mode.h>
 
+#include "join.h"
+
 namespace ember::dist {
 
 namespace {
@@ -30,7 +32,7 @@ int64_t fingerprint(const std::string& name, const Tensor& t) {
 }
 
 std::string describe(const std::string& name, const Tensor& t) {
-  return detail::str_cat("\"", name, "\" ", shape_str(t.sizes()), " ", t.dtype());
+  return ::ember::detail::str_cat("\"", name, "\" ", shape_str(t.sizes()), " ", t.dtype());
 }
 
 bool same_view(const Tensor& a, const Tensor& b) {
@@ -49,9 +51,9 @@ std::vector<Tensor> gather(ProcessGroup& group, const Tensor& input) {
 // of one dtype and device travel packed together, in pieces of at most `piece_bytes` through
 // one buffer per kind (so the extra memory is one piece: on NCCL, whose wait only orders the
 // stream, reusing the buffer is ordered by the stream too). A model's buffers take one
-// collective per forward instead of one per buffer.
+// collective per forward instead of one per buffer. Under a Join each piece is announced.
 void broadcast_coalesced(ProcessGroup& group, const std::vector<Tensor>& tensors, int root,
-                         size_t piece_bytes) {
+                         size_t piece_bytes, detail::JoinChannel* join = nullptr) {
   NoGradGuard no_grad;
   // Kinds in order of first appearance: every rank issues the pieces in the same order.
   std::vector<std::vector<Tensor>> by_kind;
@@ -105,6 +107,7 @@ void broadcast_coalesced(ProcessGroup& group, const std::vector<Tensor>& tensors
         }
       };
       if (sending) exchange(true);
+      if (join != nullptr) join->announce(detail::JoinChannel::Op::kBroadcast, flat, root);
       group.broadcast(flat, root)->wait();
       if (!sending) exchange(false);
     }
@@ -125,6 +128,9 @@ struct DistributedDataParallel::Reducer {
 
   ProcessGroup* group;
   DDPOptions options;
+  detail::JoinChannel* join = nullptr;  // the live Join's channel, if any
+  int join_index = -1;
+  int active_ranks = 0;  // ranks still training at the last forward (all without a Join)
   std::vector<std::string> names;
   std::vector<Tensor> params;
   std::vector<Bucket> buckets;
@@ -224,18 +230,25 @@ struct DistributedDataParallel::Reducer {
   [[noreturn]] void throw_missing() {
     const std::string missing = unready_names();
     armed = false;
-    throw Error(detail::str_cat(
+    throw Error(::ember::detail::str_cat(
         kOp, ": on rank ", group->rank(), " these parameters received no gradient in the last ",
         "backward pass: ", missing,
         ". If some parameters take no part in producing the loss, construct "
         "DistributedDataParallel with find_unused_parameters = true"));
   }
 
+  bool joining() const { return join != nullptr && join->announcing(); }
+
   // Called at forward: readies the state for the coming backward.
   void arm() {
     if (armed && any_ready) throw_missing();
     if (armed) finish();  // a forward without backward: let buckets already issued complete
-    if (options.rebuild_buckets && order_complete && !rebuilt) rebuild();
+    if (options.rebuild_buckets && order_complete && !rebuilt) {
+      if (joining())
+        join->announce(detail::JoinChannel::Op::kRebuildBuckets, Tensor(), 0, ReduceOp::kSum,
+                       join_index);
+      rebuild();
+    }
     ready.assign(params.size(), 0);
     for (Bucket& b : buckets) b.pending = b.params.size();
     next_bucket = 0;
@@ -286,17 +299,27 @@ struct DistributedDataParallel::Reducer {
     mark_ready(i, true);
   }
 
-  // Issues buckets strictly in index order, so every rank issues the same sequence.
+  // Issues buckets strictly in index order, so every rank issues the same sequence. The sum
+  // is divided by the world size, or under a Join asked to, by the ranks still training
+  // (joined ranks contribute zeros).
   void launch_ready() {
     NoGradGuard no_grad;
+    const bool announce = joining();
+    const bool by_active = announce && !join->options().divide_by_initial_world_size;
+    const double divisor = by_active ? active_ranks : group->size();
     while (next_bucket < buckets.size() && buckets[next_bucket].pending == 0) {
       Bucket& b = buckets[next_bucket++];
+      Tensor sent = b.flat;
+      ReduceOp op = ReduceOp::kAvg;
       if (options.compression) {
-        b.wire = (b.flat / static_cast<double>(group->size())).to(*options.compression);
-        b.work = group->allreduce(b.wire, ReduceOp::kSum);
-      } else {
-        b.work = group->allreduce(b.flat, ReduceOp::kAvg);
+        sent = b.wire = (b.flat / divisor).to(*options.compression);
+        op = ReduceOp::kSum;
+      } else if (by_active) {
+        b.flat.div_(divisor);
+        op = ReduceOp::kSum;
       }
+      if (announce) join->announce(detail::JoinChannel::Op::kAllreduce, sent, 0, op);
+      b.work = group->allreduce(sent, op);
     }
     if (next_bucket == buckets.size()) finish();
   }
@@ -390,10 +413,19 @@ DistributedDataParallel::~DistributedDataParallel() = default;
 
 bool DistributedDataParallel::prepare_forward() {
   Reducer& r = *reducer_;
+  // Under a Join: count the ranks still training; buffers come from the highest of them.
+  detail::JoinChannel* join = r.joining() ? join_.get() : nullptr;
+  int root = 0;
+  r.active_ranks = group_->size();
+  if (join != nullptr) {
+    const auto info = join->announce_forward(join_index_);
+    root = info.authoritative_rank;
+    r.active_ranks = info.active_ranks;
+  }
   if (options_.broadcast_buffers && group_->size() > 1) {
     std::vector<Tensor> buffers;
     for (auto& [name, t] : module_->named_buffers()) buffers.push_back(t);
-    broadcast_coalesced(*group_, buffers, 0, options_.broadcast_bucket_bytes);
+    broadcast_coalesced(*group_, buffers, root, options_.broadcast_bucket_bytes, join);
   }
   const bool sync = sync_enabled_ && GradMode::is_enabled() && is_training();
   if (sync) r.arm();
@@ -458,6 +490,28 @@ std::vector<std::vector<std::string>> DistributedDataParallel::bucket_parameter_
 }
 
 bool DistributedDataParallel::buckets_rebuilt() const { return reducer_->rebuilt; }
+
+void DistributedDataParallel::set_join(std::shared_ptr<detail::JoinChannel> channel, int index) {
+  join_ = std::move(channel);
+  join_index_ = index;
+  reducer_->join = join_.get();
+  reducer_->join_index = index;
+}
+
+void DistributedDataParallel::join_rebuild_buckets() {
+  Reducer& r = *reducer_;
+  EMBER_CHECK(!r.rebuilt, kOp, "rank ", group_->rank(),
+              " joined with its buckets rebuilt already, yet the ranks still training rebuild "
+              "theirs now");
+  r.rebuild();
+}
+
+void DistributedDataParallel::join_sync_final_model(int root) {
+  if (group_->size() == 1) return;
+  std::vector<Tensor> state;
+  for (auto& [name, t] : module_->state_dict()) state.push_back(t);
+  broadcast_coalesced(*group_, state, root, options_.broadcast_bucket_bytes);
+}
 
 DistributedDataParallel::NoSyncGuard::NoSyncGuard(DistributedDataParallel& ddp)
     : ddp_(ddp), previous_(ddp.sync_enabled_) {

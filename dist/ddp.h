@@ -19,6 +19,9 @@
 // explicitly (and reports parameters whose gradient never arrived). After the first
 // iteration the buckets are rebuilt once, from the order gradients actually became ready
 // (rank 0's order, broadcast).
+//
+// Uneven inputs (ranks with different numbers of batches): train inside a dist::Join
+// (join.h), which makes ranks that ran out shadow the others' collectives.
 #pragma once
 
 #include <cstddef>
@@ -32,6 +35,11 @@
 #include "process_group.h"
 
 namespace ember::dist {
+
+class Join;
+namespace detail {
+class JoinChannel;
+}
 
 struct DDPOptions {
   size_t bucket_cap_bytes = size_t{25} << 20;
@@ -102,6 +110,14 @@ class DistributedDataParallel : public nn::Module {
   struct Reducer;  // the bucket state the autograd hooks share
 
  private:
+  friend class Join;
+  // Join's hooks: enlists (or, with null, releases) this DDP as `index` of a Join; on a
+  // joined rank, rebuilds the buckets as the active ranks do; when every rank has joined,
+  // copies rank `root`'s parameters and buffers everywhere.
+  void set_join(std::shared_ptr<detail::JoinChannel> channel, int index);
+  void join_rebuild_buckets();
+  void join_sync_final_model(int root);
+
   // Readies the buckets for the coming backward; true when this forward's backward syncs.
   bool prepare_forward();
   // With find_unused_parameters: marks ready the parameters no output's graph reaches.
@@ -112,6 +128,8 @@ class DistributedDataParallel : public nn::Module {
   DDPOptions options_;
   std::shared_ptr<Reducer> reducer_;
   bool sync_enabled_ = true;
+  std::shared_ptr<detail::JoinChannel> join_;  // the live Join covering this DDP, if any
+  int join_index_ = -1;
 };
 
 }  // namespace ember::dist

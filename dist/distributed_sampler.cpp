@@ -18,8 +18,14 @@ DistributedSampler::DistributedSampler(int64_t dataset_size, int num_replicas, i
   const int64_t world = num_replicas;
   if (options.drop_last && dataset_size % world != 0) {
     num_samples_ = dataset_size / world;  // drop the tail so every rank gets the same count
+    total_size_ = num_samples_ * world;
+  } else if (!options.pad && !options.drop_last) {
+    // Positions rank, rank + world, ... below dataset_size: no index is repeated.
+    num_samples_ = dataset_size / world + (rank < dataset_size % world ? 1 : 0);
+    total_size_ = dataset_size;
   } else {
     num_samples_ = (dataset_size + world - 1) / world;
+    total_size_ = num_samples_ * world;
   }
 }
 

@@ -4,6 +4,9 @@
 // every rank), padded to a multiple of the world size by repeating indices from the start
 // (or, with drop_last, cut to one), and rank r takes positions r, r + world, r + 2 world, ...
 // So the shards are disjoint up to the padding and together cover the dataset.
+// With pad = false (and drop_last off) nothing is repeated: every index is seen exactly once
+// and the first dataset_size % world ranks get one index more than the others, so ranks run
+// out of batches at different times (train such uneven shards under dist::Join, join.h).
 //
 // A run resumed mid-epoch continues where it stopped: set_position(p) makes the next
 // indices() of the current epoch start at position p of this rank's shard; the position
@@ -23,6 +26,8 @@ struct DistributedSamplerOptions {
   bool shuffle = true;
   uint64_t seed = 0;
   bool drop_last = false;
+  // false: no padding, shards of unequal length (see above). drop_last takes precedence.
+  bool pad = true;
 };
 
 class DistributedSampler : public data::Sampler {
@@ -38,9 +43,9 @@ class DistributedSampler : public data::Sampler {
   // How many indices() yields: num_samples() - position().
   int64_t size() const override { return num_samples_ - position_; }
 
-  // The length of one rank's full shard, and of the padded (or cut) global order.
+  // The length of this rank's full shard, and of the padded (or cut) global order.
   int64_t num_samples() const { return num_samples_; }
-  int64_t total_size() const { return num_samples_ * num_replicas_; }
+  int64_t total_size() const { return total_size_; }
   int num_replicas() const { return num_replicas_; }
   int rank() const { return rank_; }
 
@@ -55,7 +60,7 @@ class DistributedSampler : public data::Sampler {
   int64_t dataset_size_;
   int num_replicas_, rank_;
   DistributedSamplerOptions options_;
-  int64_t num_samples_;
+  int64_t num_samples_, total_size_;
   int64_t position_ = 0;
 };
 

@@ -5,6 +5,8 @@
 #include <ember/autograd/function.h>
 #include <ember/tensor/grad_mode.h>
 
+#include "join.h"
+
 namespace ember::dist {
 
 SyncBatchNorm::SyncBatchNorm(int64_t num_features, std::shared_ptr<ProcessGroup> group, double eps,
@@ -25,6 +27,9 @@ Tensor SyncBatchNorm::forward(const Tensor& input) {
   ProcessGroup& pg = *group_;
   const bool input_grad = input.requires_grad();
   Tensor w = weight, b = bias;
+  // Under a Join each collective is announced first, for the ranks that joined to shadow.
+  std::shared_ptr<detail::JoinChannel> join = join_ && join_->announcing() ? join_ : nullptr;
+  using JoinOp = detail::JoinChannel::Op;
 
   // What backward needs, filled in by forward.
   auto xhat = std::make_shared<Tensor>();
@@ -43,6 +48,7 @@ Tensor SyncBatchNorm::forward(const Tensor& input) {
     if (pg.size() > 1) {
       all.clear();
       for (int r = 0; r < pg.size(); ++r) all.push_back(empty(packed.sizes(), f64));
+      if (join && join->announcing()) join->announce(JoinOp::kAllgather, packed);
       pg.allgather(all, packed)->wait();
     }
     // Chan's combination of per-rank (count, mean, M2).
@@ -68,8 +74,8 @@ Tensor SyncBatchNorm::forward(const Tensor& input) {
     return {y.to(input.dtype()).reshape(input.sizes())};
   };
 
-  auto backward_fn = [xhat, invstd, total, w, b, input_grad, group = group_, n, channels, spatial,
-                      stat, per_channel, in_sizes = input.sizes(),
+  auto backward_fn = [xhat, invstd, total, w, b, input_grad, group = group_, join, n, channels,
+                      spatial, stat, per_channel, in_sizes = input.sizes(),
                       in_dtype = input.dtype()](const std::vector<Tensor>& grads) {
     std::vector<Tensor> out(3);
     if (!grads[0].defined()) return out;
@@ -81,7 +87,10 @@ Tensor SyncBatchNorm::forward(const Tensor& input) {
     if (b.defined()) out[2] = sum_dy.to(b.dtype());
     if (input_grad) {
       Tensor packed = cat({sum_dy, sum_dy_xhat});
-      if (group->size() > 1) group->allreduce(packed, ReduceOp::kSum)->wait();
+      if (group->size() > 1) {
+        if (join && join->announcing()) join->announce(JoinOp::kAllreduce, packed);
+        group->allreduce(packed, ReduceOp::kSum)->wait();
+      }
       const Tensor mean_dy = packed.narrow(0, 0, channels) / *total;
       const Tensor mean_dy_xhat = packed.narrow(0, channels, channels) / *total;
       Tensor scale = *invstd;

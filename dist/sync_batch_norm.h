@@ -9,7 +9,8 @@
 // gradient, backward communicates nothing). Eval mode normalises with the running
 // statistics (this rank's batch when there are none) and communicates nothing; the running
 // variance is updated with the unbiased global variance. Parameter and buffer names match
-// BatchNorm's, so state dicts load either way.
+// BatchNorm's, so state dicts load either way. Inside a dist::Join (join.h) ranks that ran
+// out of inputs take part with an empty batch, so the statistics cover the active ranks'.
 #pragma once
 
 #include <memory>
@@ -21,6 +22,11 @@
 
 namespace ember::dist {
 
+class Join;
+namespace detail {
+class JoinChannel;
+}
+
 class SyncBatchNorm : public nn::BatchNorm {
  public:
   // Accepts inputs [N, C, ...] of 2 to 5 dims.
@@ -31,7 +37,9 @@ class SyncBatchNorm : public nn::BatchNorm {
   const std::shared_ptr<ProcessGroup>& group() const { return group_; }
 
  private:
+  friend class Join;
   std::shared_ptr<ProcessGroup> group_;
+  std::shared_ptr<detail::JoinChannel> join_;  // the live Join covering this layer, if any
 };
 
 // Replaces every nn::BatchNorm below (and including) `module` with a SyncBatchNorm over

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -15,6 +16,7 @@
 #include <ember/tensor/error.h>
 
 #include "shared_store.h"
+#include "supervisor.h"
 
 namespace ember::dist::detail {
 
@@ -331,6 +333,101 @@ StoreAddress rendezvous(const InitMethod& method, const LaunchEnv& self, const s
   meet(*store, method.url + " (" + address.host + ":" + std::to_string(address.port) + ")", self,
        timeout);
   return address;
+}
+
+LauncherRendezvous::LauncherRendezvous(const std::string& host, int port, int nnodes, int node_rank,
+                                       int nproc_per_node, std::chrono::milliseconds timeout,
+                                       const std::string& secret)
+    : host_(host), nnodes_(nnodes), node_rank_(node_rank), timeout_(timeout) {
+  TcpStoreOptions options;
+  options.secret = secret;
+  store_ = std::make_unique<TcpStore>(host, port, nnodes, node_rank == 0, timeout, options);
+  const int64_t seen = store_->add("ember-run/node/" + std::to_string(node_rank), 1);
+  EMBER_CHECK(seen == 1, "ember-run", "two launchers have --node-rank ", node_rank, " (--nnodes ",
+              nnodes, ", store ", host, ":", port, ")");
+  if (node_rank == 0) {
+    store_->set("ember-run/nproc_per_node", std::to_string(nproc_per_node));
+    return;
+  }
+  const std::string theirs = store_->get("ember-run/nproc_per_node");
+  if (theirs != std::to_string(nproc_per_node)) {
+    const std::string what = "node " + std::to_string(node_rank) + " has --nproc-per-node " +
+                             std::to_string(nproc_per_node) + " but node 0 has " + theirs;
+    report_failure(0, 0, what, true);
+    store_->add(key(0, "settled"), 1);  // no workers to stop: node 0 need not wait for this one
+    throw Error("ember-run: " + what);
+  }
+}
+
+LauncherRendezvous::~LauncherRendezvous() = default;
+
+std::string LauncherRendezvous::key(int round, const std::string& name) const {
+  return "ember-run/round/" + std::to_string(round) + "/" + name;
+}
+
+int LauncherRendezvous::begin_round(int round) {
+  store_->add(key(round, "arrived"), 1);
+  const auto deadline = std::chrono::steady_clock::now() + timeout_;
+  for (int64_t arrived = 0; (arrived = store_->add(key(round, "arrived"), 0)) < nnodes_;) {
+    if (failed(round)) throw Error("ember-run: " + settle_failure(round));
+    EMBER_CHECK(std::chrono::steady_clock::now() < deadline, "ember-run", "node ", node_rank_,
+                ": only ", arrived, " of ", nnodes_, " launchers reached round ", round, " within ",
+                timeout_.count(), " ms");
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  if (node_rank_ == 0) {
+    const int port = pick_free_port(host_);
+    store_->set(key(round, "port"), std::to_string(port));
+    return port;
+  }
+  return std::stoi(store_->get(key(round, "port")));
+}
+
+void LauncherRendezvous::report_failure(int round, int64_t wall_ns, const std::string& what,
+                                        bool final) {
+  if (final) store_->add("ember-run/stopped", 1);
+  const int64_t n = store_->add(key(round, "failures"), 1);
+  store_->set(key(round, "failure/" + std::to_string(n)), std::to_string(wall_ns) + " " + what);
+  store_->add(key(round, "failed"), 1);
+}
+
+bool LauncherRendezvous::failed(int round) { return store_->add(key(round, "failed"), 0) > 0; }
+
+bool LauncherRendezvous::stopped() { return store_->add("ember-run/stopped", 0) > 0; }
+
+std::string LauncherRendezvous::settle_failure(int round) {
+  store_->add(key(round, "settled"), 1);
+  // A launcher that died (SIGKILL, its host gone) never settles: after a short wait the
+  // failures recorded so far name the cause.
+  const auto wait = std::min<std::chrono::milliseconds>(timeout_, std::chrono::seconds(30));
+  const auto deadline = std::chrono::steady_clock::now() + wait;
+  std::string missing;
+  for (int64_t settled = 0; (settled = store_->add(key(round, "settled"), 0)) < nnodes_;) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      missing = " (" + std::to_string(nnodes_ - settled) + " of " + std::to_string(nnodes_) +
+                " launchers did not answer within " + std::to_string(wait.count()) + " ms)";
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  // Every launcher records its failure before it settles: all are in now.
+  const int64_t n = store_->add(key(round, "failures"), 0);
+  std::pair<int64_t, std::string> first{INT64_MAX, "a failure nobody recorded"};
+  for (int64_t i = 1; i <= n; ++i) {
+    const std::string record = store_->get(key(round, "failure/" + std::to_string(i)));
+    const size_t space = record.find(' ');
+    const int64_t when = std::stoll(record.substr(0, space));
+    if (when < first.first) first = {when, record.substr(space + 1)};
+  }
+  return first.second + missing;
+}
+
+int LauncherRendezvous::report_done(int round) {
+  return static_cast<int>(store_->add(key(round, "done"), 1));
+}
+
+int LauncherRendezvous::done(int round) {
+  return static_cast<int>(store_->add(key(round, "done"), 0));
 }
 
 }  // namespace ember::dist::detail

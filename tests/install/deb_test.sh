@@ -56,6 +56,7 @@ for library in tensor autograd nn optim data dist; do
     fail "ember-dev lacks the link usr/lib/libember_$library.so"
 done
 grep -q -E '\./usr/bin/ember-train$' "$work/runtime.list" || fail "ember lacks usr/bin/ember-train"
+grep -q -E '\./usr/bin/ember-run$' "$work/runtime.list" || fail "ember lacks usr/bin/ember-run"
 for file in usr/include/ember/ember.h usr/include/ember/tensor/version.h usr/lib/cmake/Ember/EmberConfig.cmake \
   usr/lib/cmake/Ember/EmberConfigVersion.cmake usr/lib/pkgconfig/ember.pc; do
   grep -q -E "\./$file\$" "$work/dev.list" || fail "ember-dev lacks $file"

@@ -1,0 +1,317 @@
+#!/usr/bin/env bash
+# ember-run as users start it (see launch_tests.cmake), with launch_worker_main.cpp's worker:
+#   launch_tests.sh CASE EMBER_RUN LAUNCH_WORKER [EMBER_TRAIN]
+# CASE: local2, local3 (one node), nodes (two launchers on loopback), nodes_secret_required,
+# nodes_wrong_secret, nodes_bad_program, node_launcher_killed,
+# restart (SIGKILL under --max-restarts 1: bit-identical final parameters), restart_nodes,
+# fail, fail_nodes (no restarts: every launcher exits non-zero naming the dead rank), sigterm,
+# sigint (forwarded: the workers end, ember-run exits 128 + the signal),
+# launcher_killed (SIGKILL to ember-run: its workers die too), secret, train (ember-train under ember-run; exits 77 without Fashion-MNIST).
+# Every launcher runs under `timeout`, so no case can hang; each case takes seconds.
+set -u
+case_name=$1
+run=$2
+worker=$3
+train=${4:-}
+work=$(mktemp -d "${TMPDIR:-/tmp}/ember_launch_${case_name}_XXXXXX")
+trap 'rm -rf "$work"' EXIT
+
+fail() {
+  echo "FAIL ($case_name): $*"
+  for log in "$work"/*.log; do
+    [ -f "$log" ] && { echo "--- $log"; cat "$log"; }
+  done
+  exit 1
+}
+# A loopback port nothing uses now.
+free_port() {
+  local port hex
+  while :; do
+    port=$((20000 + RANDOM % 40000))
+    hex=$(printf ':%04X ' "$port")
+    grep -qi -- "$hex" /proc/net/tcp /proc/net/tcp6 2>/dev/null || break
+  done
+  echo "$port"
+}
+# Every pid written by the workers to $1/pid* must be gone (reaped, not a zombie).
+expect_workers_gone() {
+  local f pid
+  for f in "$1"/pid*; do
+    [ -f "$f" ] || fail "no pid file in $1"
+    pid=$(cat "$f")
+    if kill -0 "$pid" 2>/dev/null; then fail "worker $pid ($f) outlived ember-run"; fi
+  done
+}
+# Waits up to 30 s for the files given.
+wait_files() {
+  local i f missing
+  for ((i = 0; i < 300; ++i)); do
+    missing=0
+    for f in "$@"; do [ -e "$f" ] || missing=1; done
+    [ "$missing" -eq 0 ] && return 0
+    sleep 0.1
+  done
+  fail "timed out waiting for $*"
+}
+# Two launchers on loopback as node 0 and node 1 (2 workers each); their statuses in
+# $status0 / $status1 and output in node0.log / node1.log.
+two_nodes() {
+  local port
+  port=$(free_port)
+  timeout -k 5 90 "$run" --nnodes 2 --node-rank 0 --master-addr 127.0.0.1 --master-port "$port" \
+    --nproc-per-node 2 --rdzv-timeout 30 "$@" >"$work/node0.log" 2>&1 &
+  local pid0=$!
+  timeout -k 5 90 "$run" --nnodes 2 --node-rank 1 --master-addr 127.0.0.1 --master-port "$port" \
+    --nproc-per-node 2 --rdzv-timeout 30 "$@" >"$work/node1.log" 2>&1 &
+  local pid1=$!
+  wait "$pid0"
+  status0=$?
+  wait "$pid1"
+  status1=$?
+}
+shared_secret() {
+  (umask 077 && head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$work/secret")
+  export EMBER_JOB_SECRET_FILE="$work/secret"
+}
+unset EMBER_JOB_SECRET EMBER_JOB_SECRET_FILE RANK WORLD_SIZE LOCAL_RANK MASTER_ADDR MASTER_PORT
+
+case "$case_name" in
+local2 | local3)
+  n=${case_name#local}
+  mkdir -p "$work/job"
+  # a descriptor ember-run inherits (fd 7 here) must not reach the workers
+  timeout -k 5 60 "$run" --nproc-per-node "$n" "$worker" check "$work/job" >"$work/run.log" 2>&1 \
+    7<"$0" || fail "ember-run exited with $?"
+  sum=$((n * (n + 1) / 2))
+  gathered=$((n * (n - 1) / 2))
+  secret=""
+  for ((r = 0; r < n; ++r)); do
+    line=$(cat "$work/job/rank$r.txt") || fail "rank $r wrote nothing"
+    [[ $line == "rank $r local $r world $n local_world $n node 0 restart 0 sum $sum gathered $gathered fds 0 secret /"* ]] ||
+      fail "rank $r: $line"
+    this=${line##* secret }
+    [ -z "$secret" ] || [ "$secret" = "$this" ] || fail "ranks got different secrets"
+    secret=$this
+  done
+  [ ! -e "$secret" ] || fail "the job secret $secret was not removed"
+  ;;
+nodes)
+  shared_secret
+  mkdir -p "$work/job"
+  two_nodes "$worker" check "$work/job"
+  [ "$status0" -eq 0 ] && [ "$status1" -eq 0 ] || fail "launchers exited with $status0, $status1"
+  for r in 0 1 2 3; do
+    line=$(cat "$work/job/rank$r.txt") || fail "rank $r wrote nothing"
+    expected="rank $r local $((r % 2)) world 4 local_world 2 node $((r / 2)) restart 0 sum 10 gathered 6 fds 0 secret $work/secret"
+    [ "$line" = "$expected" ] || fail "rank $r: $line"
+  done
+  ;;
+nodes_secret_required)
+  out=$("$run" --nnodes 2 --node-rank 0 --nproc-per-node 1 "$worker" check "$work" 2>&1)
+  status=$?
+  [ "$status" -ne 0 ] || fail "ember-run --nnodes 2 ran without a job secret"
+  grep -q "needs the same job secret on every node" <<<"$out" || fail "message: $out"
+  # --no-secret: the job runs, without one
+  mkdir -p "$work/job"
+  two_nodes --no-secret "$worker" check "$work/job"
+  [ "$status0" -eq 0 ] && [ "$status1" -eq 0 ] || fail "launchers exited with $status0, $status1"
+  grep -q "secret none$" "$work/job/rank3.txt" || fail "rank 3: $(cat "$work/job/rank3.txt")"
+  ;;
+nodes_wrong_secret)
+  # node 1 holds another secret: node 0's launcher store refuses it, and both give up
+  shared_secret
+  port=$(free_port)
+  start=$(date +%s)
+  timeout -k 5 60 "$run" --nnodes 2 --node-rank 0 --master-port "$port" --nproc-per-node 1 \
+    --rdzv-timeout 4 "$worker" check "$work" >"$work/node0.log" 2>&1 &
+  pid0=$!
+  echo "not the job's secret" >"$work/other"
+  chmod 600 "$work/other"
+  EMBER_JOB_SECRET_FILE="$work/other" timeout -k 5 60 "$run" --nnodes 2 --node-rank 1 \
+    --master-port "$port" --nproc-per-node 1 --rdzv-timeout 4 "$worker" check "$work" \
+    >"$work/node1.log" 2>&1
+  status1=$?
+  wait "$pid0"
+  status0=$?
+  elapsed=$(($(date +%s) - start))
+  [ "$status0" -ne 0 ] && [ "$status1" -ne 0 ] || fail "launchers exited with $status0, $status1"
+  [ "$elapsed" -le 20 ] || fail "took $elapsed s"
+  grep -q "job secret" "$work/node1.log" || fail "node 1 does not say its secret was refused"
+  ! ls "$work"/rank*.txt >/dev/null 2>&1 || fail "a worker ran"
+  ;;
+nodes_bad_program)
+  # node 1 cannot start its program: node 0 stops too, long before any timeout
+  shared_secret
+  port=$(free_port)
+  start=$(date +%s)
+  timeout -k 5 60 "$run" --nnodes 2 --node-rank 0 --master-port "$port" --nproc-per-node 1 \
+    "$worker" wait "$work" >"$work/node0.log" 2>&1 &
+  pid0=$!
+  timeout -k 5 60 "$run" --nnodes 2 --node-rank 1 --master-port "$port" --nproc-per-node 1 \
+    "$work/no-such-program" >"$work/node1.log" 2>&1
+  status1=$?
+  wait "$pid0"
+  status0=$?
+  elapsed=$(($(date +%s) - start))
+  [ "$status0" -ne 0 ] && [ "$status1" -ne 0 ] || fail "launchers exited with $status0, $status1"
+  [ "$elapsed" -le 10 ] || fail "took $elapsed s"
+  grep -q "the launcher of node 1 failed: launch: cannot run $work/no-such-program" \
+    "$work/node0.log" || fail "node 0 does not name node 1's failure"
+  ;;
+node_launcher_killed)
+  # SIGKILL to node 1's ember-run: its workers die with it, node 0's fail at their next
+  # collective, and node 0 gives up after --rdzv-timeout (3 s) without an answer from node 1
+  shared_secret
+  port=$(free_port)
+  timeout -k 5 60 "$run" --nnodes 2 --node-rank 0 --master-port "$port" --nproc-per-node 2 \
+    --rdzv-timeout 3 "$worker" wait "$work" >"$work/node0.log" 2>&1 &
+  pid0=$!
+  timeout -k 5 60 "$run" --nnodes 2 --node-rank 1 --master-port "$port" --nproc-per-node 2 \
+    --rdzv-timeout 3 "$worker" wait "$work" >"$work/node1.log" 2>&1 &
+  pid1=$!
+  wait_files "$work/ready0" "$work/ready1" "$work/ready2" "$work/ready3"
+  kill -KILL "$(pgrep -P "$pid1" -x ember-run || echo "$pid1")"
+  wait "$pid1"
+  sleep 0.5
+  start=$(date +%s)
+  touch "$work/stop"
+  wait "$pid0"
+  status0=$?
+  elapsed=$(($(date +%s) - start))
+  [ "$status0" -ne 0 ] || fail "node 0 exited with 0"
+  [ "$elapsed" -le 10 ] || fail "took $elapsed s"
+  grep -q "the job failed: rank [01] (local rank [01] on node 0.*(1 of 2 launchers did not answer" \
+    "$work/node0.log" || fail "node 0 does not report its failure and node 1's silence"
+  expect_workers_gone "$work"
+  ;;
+restart)
+  mkdir -p "$work/ref" "$work/killed"
+  timeout -k 5 60 "$run" --nproc-per-node 2 "$worker" train "$work/ref" 8 >"$work/ref.log" 2>&1 ||
+    fail "the uninterrupted run failed"
+  timeout -k 5 60 "$run" --nproc-per-node 2 --max-restarts 1 "$worker" train "$work/killed" 8 1 4 \
+    >"$work/killed.log" 2>&1 || fail "the run with a restart failed"
+  grep -q "rank 1 (local rank 1 on node 0, pid [0-9]*) was killed by signal 9 (SIGKILL)" \
+    "$work/killed.log" || fail "no SIGKILL reported"
+  grep -q "restarting the workers (restart 1 of 1)" "$work/killed.log" || fail "no restart"
+  [ "$(cat "$work/killed/resumed0")" = 4 ] && [ "$(cat "$work/killed/resumed1")" = 4 ] ||
+    fail "the restarted workers did not resume from the step 4 snapshot"
+  cmp "$work/ref/final.bin" "$work/killed/final.bin" ||
+    fail "final parameters differ from the uninterrupted run's"
+  ;;
+restart_nodes)
+  shared_secret
+  mkdir -p "$work/ref" "$work/killed"
+  timeout -k 5 60 "$run" --nproc-per-node 4 "$worker" train "$work/ref" 8 >"$work/ref.log" 2>&1 ||
+    fail "the uninterrupted run failed"
+  two_nodes --max-restarts 1 "$worker" train "$work/killed" 8 3 4
+  [ "$status0" -eq 0 ] && [ "$status1" -eq 0 ] || fail "launchers exited with $status0, $status1"
+  # node 0's own workers may fail first (rank 3 closed its connection); the cause named is
+  # still rank 3's death
+  for node in 0 1; do
+    grep -q "restarting the workers (restart 1 of 1) after: rank 3 (local rank 1 on node 1, pid [0-9]*) was killed by signal 9" \
+      "$work/node$node.log" || fail "node $node did not restart for rank 3's death"
+  done
+  for r in 0 1 2 3; do
+    [ "$(cat "$work/killed/resumed$r")" = 4 ] || fail "rank $r did not resume at step 4"
+  done
+  cmp "$work/ref/final.bin" "$work/killed/final.bin" ||
+    fail "final parameters differ from the uninterrupted run's"
+  ;;
+fail)
+  start=$(date +%s)
+  timeout -k 5 60 "$run" --nproc-per-node 3 --grace 2 "$worker" die "$work" 1 >"$work/run.log" 2>&1
+  status=$?
+  elapsed=$(($(date +%s) - start))
+  [ "$status" -eq 137 ] || fail "ember-run exited with $status, not 137 (128 + SIGKILL)"
+  [ "$elapsed" -le 20 ] || fail "took $elapsed s"
+  grep -q "the job failed: rank 1 (local rank 1 on node 0, pid [0-9]*) was killed by signal 9" \
+    "$work/run.log" || fail "the message does not name rank 1"
+  expect_workers_gone "$work"
+  ;;
+fail_nodes)
+  shared_secret
+  start=$(date +%s)
+  two_nodes --grace 2 "$worker" die "$work" 3
+  elapsed=$(($(date +%s) - start))
+  [ "$status0" -ne 0 ] && [ "$status1" -ne 0 ] || fail "launchers exited with $status0, $status1"
+  [ "$elapsed" -le 30 ] || fail "took $elapsed s"
+  for node in 0 1; do
+    grep -q "the job failed: rank 3 (local rank 1 on node 1, pid [0-9]*) was killed by signal 9" \
+      "$work/node$node.log" || fail "node $node's message does not name rank 3"
+  done
+  expect_workers_gone "$work"
+  ;;
+sigterm | sigint)
+  sig=${case_name#sig}
+  sig=${sig^^}
+  code=143
+  [ "$sig" = INT ] && code=130
+  # the grace (5 s) is longer than the test allows: the workers must end on the signal itself
+  timeout -k 5 60 "$run" --nproc-per-node 2 --grace 5 "$worker" wait "$work" >"$work/run.log" 2>&1 &
+  launcher=$!
+  wait_files "$work/ready0" "$work/ready1"
+  secret=$(cat "$work/ready0")
+  [ -e "$secret" ] || fail "no secret file while the job runs"
+  start=$(date +%s)
+  kill -"$sig" "$(pgrep -P "$launcher" -x ember-run || echo "$launcher")"
+  wait "$launcher"
+  status=$?
+  elapsed=$(($(date +%s) - start))
+  [ "$status" -eq "$code" ] || fail "ember-run exited with $status, not $code (128 + SIG$sig)"
+  [ "$elapsed" -le 3 ] || fail "took $elapsed s"
+  grep -q "got SIG$sig; forwarding it to the workers" "$work/run.log" || fail "no forwarding"
+  expect_workers_gone "$work"
+  [ ! -e "$secret" ] || fail "the job secret $secret was not removed"
+  ;;
+launcher_killed)
+  # SIGKILL cannot be forwarded: the workers die with their launcher (PR_SET_PDEATHSIG)
+  timeout -k 5 60 "$run" --nproc-per-node 2 "$worker" wait "$work" >"$work/run.log" 2>&1 &
+  launcher=$!
+  wait_files "$work/ready0" "$work/ready1"
+  kill -KILL "$(pgrep -P "$launcher" -x ember-run || echo "$launcher")"
+  wait "$launcher"
+  for ((i = 0; i < 50; ++i)); do
+    alive=0
+    for f in "$work"/pid*; do kill -0 "$(cat "$f")" 2>/dev/null && alive=1; done
+    [ "$alive" -eq 0 ] && break
+    sleep 0.1
+  done
+  expect_workers_gone "$work"
+  ;;
+secret)
+  port=$(free_port)
+  timeout -k 5 60 "$run" --nproc-per-node 2 --master-port "$port" "$worker" wait "$work" \
+    >"$work/run.log" 2>&1 &
+  launcher=$!
+  wait_files "$work/ready0" "$work/ready1"
+  secret=$(cat "$work/ready0")
+  [ "$secret" = "$(cat "$work/ready1")" ] || fail "the workers got different secrets"
+  [ "$(stat -c %a "$secret")" = 600 ] || fail "$secret is not mode 600"
+  [ "$(stat -c %a "$(dirname "$secret")")" = 700 ] || fail "its folder is not mode 700"
+  "$worker" client "$port" none >"$work/none.log" 2>&1
+  [ $? -eq 3 ] || fail "a client without the secret was served"
+  echo wrong >"$work/wrong"
+  "$worker" client "$port" "$work/wrong" >"$work/wrong.log" 2>&1
+  [ $? -eq 3 ] || fail "a client with a wrong secret was served"
+  "$worker" client "$port" "$secret" >"$work/right.log" 2>&1 || fail "the right secret was refused"
+  touch "$work/stop"
+  wait "$launcher" || fail "the job failed"
+  ;;
+train)
+  if [ ! -d /usr/share/datasets/fashion-mnist ]; then
+    echo "SKIP: Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist)"
+    exit 77
+  fi
+  timeout -k 5 240 "$run" --nproc-per-node 2 "$train" --device cpu --threads 1 --workers 0 \
+    --batch-size 32 --max-steps 4 --epochs 1 --out-dir "$work/out" >"$work/train.log" 2>&1 ||
+    fail "ember-train under ember-run exited with $?"
+  grep -q " 2 rank(s) on cpu (tcp)" "$work/train.log" || fail "not 2 ranks over TCP"
+  grep -q "^done: 4 steps" "$work/train.log" || fail "did not finish 4 steps"
+  test -s "$work/out/metrics.jsonl" || fail "no metrics"
+  ;;
+*)
+  echo "unknown case $case_name" >&2
+  exit 2
+  ;;
+esac
+echo "PASS ($case_name)"
