@@ -6,6 +6,11 @@ target_compile_definitions(
   ember_apps_tests PRIVATE EMBER_TRAIN_BIN="$<TARGET_FILE:ember-train>"
                            EMBER_TORCHRUN_STYLE="${CMAKE_CURRENT_LIST_DIR}/../dist/torchrun_style.sh")
 add_dependencies(ember_apps_tests ember-train)
+if(TARGET ember-run)
+  # Snapshots: ember-train restarted by ember-run after a worker is killed.
+  target_compile_definitions(ember_apps_tests PRIVATE EMBER_RUN_BIN="$<TARGET_FILE:ember-run>")
+  add_dependencies(ember_apps_tests ember-run)
+endif()
 
 if(TARGET ember_dist AND MPIEXEC_EXECUTABLE)
   add_executable(ember_apps_ddp_accum ${CMAKE_CURRENT_LIST_DIR}/ddp_accum_main.cpp)

@@ -4,6 +4,7 @@
 // is skipped with a warning; a writer killed mid-save leaves the previous snapshot loadable
 // and its temporary file goes at the next save.
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -11,7 +12,10 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <map>
 #include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 
@@ -130,14 +134,18 @@ TEST_F(Snapshots, ResumeAutoWithoutSnapshotsStartsAfresh) {
   expect_same_tensors(final_of(root_ / "reference"), final_of(out));
 }
 
-// Runs `command` (sh -c) in a process group of its own until its output shows `marker`, then
-// kills the whole group with SIGKILL, as when a node is lost. Returns what it printed; false
-// in `killed` when it had ended before.
-std::string run_until_then_kill(const std::string& command, const std::string& marker,
-                                bool& killed) {
+struct Interrupted {
+  std::string output;
+  int status = -1;  // as waitpid gives it
+};
+// Runs `command` (sh -c) in a process group of its own; as soon as `file` exists (polled
+// every millisecond: output may come late through a launcher), calls interrupt(pid), then
+// reads on until every writer of its output has ended.
+Interrupted run_interrupted(const std::string& command, const fs::path& file,
+                            const std::function<void(pid_t)>& interrupt) {
+  Interrupted r;
   int pipe_fds[2];
-  killed = false;
-  if (::pipe(pipe_fds) != 0) return "pipe failed";
+  if (::pipe(pipe_fds) != 0) return r;
   const pid_t pid = ::fork();
   if (pid == 0) {
     ::setpgid(0, 0);
@@ -148,29 +156,81 @@ std::string run_until_then_kill(const std::string& command, const std::string& m
     ::_exit(127);
   }
   ::close(pipe_fds[1]);
-  if (pid < 0) return "fork failed";
+  if (pid < 0) return r;
   ::setpgid(pid, pid);  // as the child does, whichever runs first
-  std::string seen;
-  char c;
-  while (seen.find(marker) == std::string::npos && ::read(pipe_fds[0], &c, 1) == 1) seen += c;
-  ::kill(-pid, SIGKILL);
+  bool interrupted = false;
+  char buffer[4096];
+  for (;;) {
+    if (!interrupted && fs::exists(file)) {
+      interrupted = true;
+      interrupt(pid);
+    }
+    pollfd p{pipe_fds[0], POLLIN, 0};
+    if (::poll(&p, 1, interrupted ? -1 : 1) == 0) continue;
+    const ssize_t n = ::read(pipe_fds[0], buffer, sizeof buffer);
+    if (n <= 0) break;
+    r.output.append(buffer, static_cast<size_t>(n));
+  }
   ::close(pipe_fds[0]);
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  killed = WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
-  return seen;
+  ::waitpid(pid, &r.status, 0);
+  if (!interrupted) r.output += "\n(" + file.string() + " never appeared)";
+  return r;
+}
+
+// Kills a whole job (its process group) with SIGKILL, as when its node is lost.
+void kill_group(pid_t pid) { ::kill(-pid, SIGKILL); }
+
+bool killed_by_sigkill(int status) { return WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL; }
+
+// The descendants of `ancestor` running `name` (the workers under a launcher), from /proc.
+std::vector<pid_t> descendants_named(pid_t ancestor, const std::string& name) {
+  std::map<pid_t, std::pair<pid_t, std::string>> parent_and_name;
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    const std::string pid = entry.path().filename().string();
+    if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(entry.path() / "stat");
+    std::string line;
+    std::getline(stat, line);
+    const size_t open = line.find('('), close = line.rfind(')');  // "pid (comm) state ppid"
+    if (open == std::string::npos || close == std::string::npos) continue;
+    std::istringstream rest(line.substr(close + 1));
+    char state = 0;
+    pid_t ppid = 0;
+    if (rest >> state >> ppid)
+      parent_and_name[std::stoi(pid)] = {ppid, line.substr(open + 1, close - open - 1)};
+  }
+  std::vector<pid_t> out;
+  for (const auto& [pid, info] : parent_and_name) {
+    if (info.second != name) continue;
+    for (pid_t up = info.first; up > 1;
+         up = parent_and_name.count(up) ? parent_and_name[up].first : 0) {
+      if (up == ancestor) {
+        out.push_back(pid);
+        break;
+      }
+    }
+  }
+  return out;
+}
+
+// Kills one of the job's ember-train processes with SIGKILL (a worker lost); -1 when none.
+pid_t kill_one_worker(pid_t job) {
+  const std::vector<pid_t> workers = descendants_named(job, "ember-train");
+  if (workers.empty()) return -1;
+  ::kill(workers.back(), SIGKILL);
+  return workers.back();
 }
 
 TEST_F(Snapshots, KilledWithSigkillAndResumedEqualsTheUninterruptedRun) {
   const fs::path out = root_ / "killed";
   fs::remove_all(out);
   // Killed as soon as its first snapshot is written: mid-epoch, 13 steps before the end.
-  bool killed = false;
-  const std::string seen = run_until_then_kill("exec " + command(out, ""), "snapshot: ", killed);
-  ASSERT_TRUE(killed) << seen;
+  const Interrupted job = run_interrupted("exec " + command(out, ""),
+                                          out / "checkpoint-step-2.safetensors", kill_group);
+  ASSERT_TRUE(killed_by_sigkill(job.status)) << job.output;
   ASSERT_FALSE(fs::exists(final_of(out)));
   const Result r = run(command(out, "--resume auto"));
-  ASSERT_EQ(r.code, 0) << seen << r.output;
+  ASSERT_EQ(r.code, 0) << job.output << r.output;
   EXPECT_NE(r.output.find("resumed from " + out.string() + "/checkpoint-"), std::string::npos)
       << r.output;
   expect_same_tensors(final_of(root_ / "reference"), final_of(out));
@@ -205,15 +265,19 @@ TEST_F(Snapshots, TwoTcpRanksResumedMidEpochOrAfterAKillEqualTheUninterruptedRun
                              EMBER_TORCHRUN_STYLE + " 2 " + EMBER_TRAIN_BIN;
   const fs::path reference = root_ / "reference_tcp";
   expect_two_ranks_resume_exactly(launch, reference, root_ / "resumed_tcp", "tcp");
-  // Both ranks and their launcher killed after the first snapshot, the job started again.
+  // One rank killed after the first snapshot (torchrun_style.sh then stops the other), the
+  // job started again.
   const fs::path out = root_ / "killed_tcp";
   fs::remove_all(out);
-  bool killed = false;
-  const std::string seen = run_until_then_kill(launch + args(out, 4), "snapshot: ", killed);
-  ASSERT_TRUE(killed) << seen;
+  pid_t victim = -1;
+  const Interrupted job =
+      run_interrupted(launch + args(out, 4), out / "checkpoint-step-2.safetensors",
+                      [&victim](pid_t pid) { victim = kill_one_worker(pid); });
+  ASSERT_GT(victim, 0) << job.output;
+  ASSERT_TRUE(WIFEXITED(job.status) && WEXITSTATUS(job.status) != 0) << job.output;
   ASSERT_FALSE(fs::exists(final_of(out)));
   const Result r = run(launch + args(out, 4) + "--resume auto");
-  ASSERT_EQ(r.code, 0) << seen << r.output;
+  ASSERT_EQ(r.code, 0) << job.output << r.output;
   EXPECT_NE(r.output.find("resumed from " + out.string() + "/checkpoint-"), std::string::npos)
       << r.output;
   expect_same_tensors(final_of(reference), final_of(out));
@@ -227,6 +291,34 @@ TEST_F(Snapshots, TwoMpiRanksResumedMidEpochEqualTheUninterruptedRun) {
   expect_two_ranks_resume_exactly(std::string(mpirun) + " 2 " + EMBER_TRAIN_BIN,
                                   root_ / "reference_mpi", root_ / "resumed_mpi", "mpi");
 }
+
+#ifdef EMBER_RUN_BIN
+// The fault-tolerance tutorial's run: under ember-run --max-restarts 1, one of 2 workers is
+// killed with SIGKILL mid-epoch; the launcher restarts both, they resume from the newest
+// snapshot, and the job ends with the uninterrupted job's parameters bit for bit.
+TEST_F(Snapshots, WorkerKilledUnderEmberRunIsRestartedAndEndsBitForBit) {
+  const std::string launch = std::string("timeout -k 5 150 ") + EMBER_RUN_BIN +
+                             " --nproc-per-node 2 --max-restarts 1 --grace 1 " + EMBER_TRAIN_BIN;
+  const fs::path reference = root_ / "reference_run", out = root_ / "restarted_run";
+  fs::remove_all(reference);
+  fs::remove_all(out);
+  const Result full = run(launch + args(reference, 4));
+  ASSERT_EQ(full.code, 0) << full.output;
+  ASSERT_NE(full.output.find(" 2 rank(s) on cpu (tcp)"), std::string::npos) << full.output;
+  // Killed after the snapshot of step 6, in the middle of epoch 2.
+  pid_t victim = -1;
+  const Interrupted job = run_interrupted("exec " + launch + args(out, 4) + "--resume auto",
+                                          out / "checkpoint-step-6.safetensors",
+                                          [&victim](pid_t pid) { victim = kill_one_worker(pid); });
+  ASSERT_GT(victim, 0) << "no worker to kill\n" << job.output;
+  ASSERT_TRUE(WIFEXITED(job.status) && WEXITSTATUS(job.status) == 0) << job.output;
+  EXPECT_NE(job.output.find("no snapshot in " + out.string()), std::string::npos) << job.output;
+  EXPECT_NE(job.output.find("resumed from " + out.string() + "/checkpoint-"), std::string::npos)
+      << job.output;
+  expect_same_tensors(final_of(reference), final_of(out));
+  EXPECT_FALSE(has_temporary(out));
+}
+#endif
 
 TEST_F(Snapshots, KeepLeavesTheNewestK) {
   const fs::path out = root_ / "keep";
