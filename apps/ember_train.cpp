@@ -6,7 +6,6 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <regex>
 
 #include <ember/dist/checkpoint.h>
 #include <ember/dist/ddp.h>
@@ -27,23 +26,6 @@ namespace fs = std::filesystem;
 using namespace ember;
 
 namespace {
-
-// The newest "checkpoint-epoch-N.safetensors" in dir, or "" when there is none.
-std::string latest_checkpoint(const std::string& dir) {
-  if (!fs::exists(dir)) return "";
-  const std::regex pattern(R"(checkpoint-epoch-(\d+)\.safetensors)");
-  int64_t best = -1;
-  std::string path;
-  for (const auto& entry : fs::directory_iterator(dir)) {
-    std::smatch m;
-    const std::string name = entry.path().filename().string();
-    if (std::regex_match(name, m, pattern) && std::stoll(m[1]) > best) {
-      best = std::stoll(m[1]);
-      path = entry.path().string();
-    }
-  }
-  return path;
-}
 
 int run(const apps::TrainOptions& o) {
   // --- processes and devices ---------------------------------------------------------------
@@ -123,25 +105,20 @@ int run(const apps::TrainOptions& o) {
   std::unique_ptr<optim::LRScheduler> schedule =
       apps::make_schedule(o.schedule, *optimizer, lr, plan);
 
-  // --- resume ---------------------------------------------------------------------------------
+  // --- snapshots --------------------------------------------------------------------------
   dist::Checkpoint state;
   state.model = model.get();
   state.optimizer = optimizer.get();
   state.scheduler = schedule.get();
   state.generators = {{"default", &default_generator()}};
   state.sampler = train_sampler.get();
-  int64_t first_epoch = 0, step = 0;
-  if (o.resume) {
-    const std::string path = latest_checkpoint(o.checkpoint_dir);
-    if (path.empty()) {
-      log.log("no checkpoint in " + o.checkpoint_dir + ": starting from scratch");
-    } else {
-      dist::load_checkpoint(path, state, device);
-      first_epoch = state.epoch;
-      step = state.step;
-      log.log("resumed from " + path + " at epoch " + std::to_string(first_epoch + 1));
-    }
-  }
+  // A resumed run continues its metrics files (records after its snapshot are dropped).
+  apps::MetricsLog metrics(o.out_dir, leader, !o.resume.empty());
+  apps::Progress progress(leader, o.log_interval);
+  apps::Trainer trainer(o, *model, *trained, *optimizer, schedule.get(), *group, device);
+  trainer.attach(train_loader, test_loader, &state, metrics, progress);
+  const int64_t first_epoch = trainer.resume();
+  if (!o.resume.empty()) metrics.drop_after(trainer.step());
 
   log.log("ember-train: " + o.model + " on " + d.name + " (" + std::to_string(d.train->size()) +
           " train / " + std::to_string(d.test->size()) + " test, " + std::to_string(d.classes) +
@@ -171,11 +148,6 @@ int run(const apps::TrainOptions& o) {
   }
 
   // --- train ----------------------------------------------------------------------------------
-  apps::MetricsLog metrics(o.out_dir, leader, first_epoch > 0);
-  apps::Progress progress(leader, o.log_interval);
-  apps::Trainer trainer(o, *model, *trained, *optimizer, schedule.get(), *group, device);
-  trainer.attach(train_loader, test_loader, &state, metrics, progress);
-  trainer.set_step(step);
   const auto run_start = std::chrono::steady_clock::now();
   const apps::EvalResult last_eval = trainer.train(first_epoch);
   if (leader) {

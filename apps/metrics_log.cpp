@@ -12,10 +12,51 @@ MetricsLog::MetricsLog(const fs::path& out_dir, bool enabled, bool append)
     : enabled_(enabled), dir_(out_dir), jsonl_path_(out_dir / "metrics.jsonl") {
   if (!enabled_) return;
   fs::create_directories(dir_);
-  const auto mode = append ? std::ios::app : std::ios::trunc;
+  open(append ? std::ios::app : std::ios::trunc);
+}
+
+void MetricsLog::open(std::ios::openmode mode) {
   jsonl_.open(jsonl_path_, mode);
   steps_csv_.open(dir_ / "steps.csv", mode);
   evals_csv_.open(dir_ / "evals.csv", mode);
+}
+
+namespace {
+// Rewrites `path` without the lines whose step (step_of(line)) is after `step`.
+template <typename StepOf>
+void keep_lines_until(const fs::path& path, int64_t step, StepOf step_of) {
+  std::ifstream in(path);
+  std::string kept;
+  for (std::string line; std::getline(in, line);) {
+    if (step_of(line) <= step) kept += line + "\n";
+  }
+  in.close();
+  std::ofstream(path, std::ios::trunc) << kept;
+}
+
+int64_t leading_integer(const std::string& text, size_t at) {
+  try {
+    return std::stoll(text.substr(at));
+  } catch (const std::exception&) {
+    return -1;  // not a record: kept
+  }
+}
+}  // namespace
+
+void MetricsLog::drop_after(int64_t step) {
+  if (!enabled_) return;
+  jsonl_.close();
+  steps_csv_.close();
+  evals_csv_.close();
+  keep_lines_until(jsonl_path_, step, [](const std::string& line) {
+    const std::string key = "\"step\": ";
+    const size_t at = line.find(key);
+    return at == std::string::npos ? -1 : leading_integer(line, at + key.size());
+  });
+  for (const char* csv : {"steps.csv", "evals.csv"})
+    keep_lines_until(dir_ / csv, step,
+                     [](const std::string& line) { return leading_integer(line, 0); });
+  open(std::ios::app);
 }
 
 void MetricsLog::write(const std::string& line) { jsonl_ << line << "\n" << std::flush; }

@@ -17,6 +17,9 @@ class MetricsLog {
   // append: continue the files of a resumed run instead of starting them again.
   MetricsLog(const std::filesystem::path& out_dir, bool enabled, bool append);
   bool enabled() const { return enabled_; }
+  // A run resumed from a snapshot of `step`: the records after it (written by the run that
+  // stopped) are dropped, so each step appears once.
+  void drop_after(int64_t step);
   const std::filesystem::path& jsonl_path() const { return jsonl_path_; }
   // The mean training loss over the steps since the last record, the lr of the last one.
   void step(int64_t step, double epoch, double loss, double lr, double images_per_s);
@@ -31,6 +34,7 @@ class MetricsLog {
 
  private:
   void write(const std::string& line);
+  void open(std::ios::openmode mode);
   bool enabled_;
   std::filesystem::path dir_, jsonl_path_;
   std::ofstream jsonl_, steps_csv_, evals_csv_;

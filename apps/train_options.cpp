@@ -77,10 +77,27 @@ int parse_train_options(int argc, char** argv, TrainOptions& o) {
   app.add_option("--seed", o.seed);
   app.add_flag("--deterministic", o.deterministic,
                "Bit-for-bit repeatable runs for a seed (CPU only)");
-  app.add_option("--checkpoint-dir", o.checkpoint_dir, "Where checkpoints go (none when empty)");
-  app.add_option("--checkpoint-interval", o.checkpoint_interval, "Epochs between checkpoints")
+  app.add_option(
+      "--checkpoint-dir", o.checkpoint_dir,
+      "Where snapshots go: checkpoint-epoch-N.safetensors, checkpoint-step-S.safetensors "
+      "(default: none, or --out-dir with --save-every-steps or --resume)");
+  app.add_option("--checkpoint-interval", o.checkpoint_interval, "Epochs between snapshots")
       ->check(kPositive);
-  app.add_flag("--resume", o.resume, "Continue from the latest checkpoint in --checkpoint-dir");
+  app.add_option("--save-every-steps", o.save_every_steps,
+                 "Also a snapshot every this many optimizer steps, mid-epoch included (0: off)")
+      ->check(kNonNegative);
+  app.add_option("--keep", o.keep,
+                 "Keep only the newest this many snapshots, deleting older ones after each save "
+                 "(0: all)")
+      ->check(kNonNegative);
+  app.add_option(
+         "--resume", o.resume,
+         "Continue exactly where a snapshot left off (mid-epoch included). auto (also a "
+         "bare --resume): the newest snapshot in --checkpoint-dir that loads, a damaged one "
+         "skipped with a warning, or a fresh start when there is none (what a restarted "
+         "worker wants); or a snapshot file")
+      ->expected(0, 1)
+      ->default_str("auto");
   app.add_flag("--sync-bn", o.sync_bn, "Batch statistics over all ranks (SyncBatchNorm)");
   app.add_option("--compression", o.compression, "Gradient traffic: none, fp16 or bf16")
       ->check(CLI::IsMember({"none", "fp16", "bf16"}));
@@ -112,10 +129,8 @@ int parse_train_options(int argc, char** argv, TrainOptions& o) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
-  if (o.resume && o.checkpoint_dir.empty()) {
-    std::fprintf(stderr, "ember-train: --resume needs --checkpoint-dir\n");
-    return 2;
-  }
+  if (o.checkpoint_dir.empty() && (o.save_every_steps > 0 || !o.resume.empty()))
+    o.checkpoint_dir = o.out_dir;  // snapshots beside the metrics
   if (o.batch_size % o.accum_steps != 0) {
     std::fprintf(stderr,
                  "ember-train: --batch-size %ld is not a multiple of --accum-steps %ld (each "

@@ -29,9 +29,11 @@ struct TrainOptions {
   int workers = 2;
   uint64_t seed = 0;
   bool deterministic = false;
-  std::string checkpoint_dir;       // empty: no checkpoints
+  std::string checkpoint_dir;       // empty: no snapshots (--out-dir when asked for by the next)
   int64_t checkpoint_interval = 1;  // epochs
-  bool resume = false;
+  int64_t save_every_steps = 0;     // also a snapshot every this many steps; 0: per epoch only
+  int64_t keep = 0;                 // snapshots kept (the newest); 0: all
+  std::string resume;               // "": start afresh; "auto": the newest valid snapshot; a file
   bool sync_bn = false;
   std::string compression = "none";  // none | fp16 | bf16
   int64_t max_steps = 0;             // stop after this many steps (smoke runs); 0: no limit

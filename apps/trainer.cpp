@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <regex>
+#include <tuple>
 
 #include <ember/dist/ddp.h>
 #include <ember/dist/metrics.h>
@@ -79,11 +81,12 @@ void Trainer::attach(data::DataLoader& train_loader, data::DataLoader& test_load
   checkpoint_ = checkpoint;
   metrics_ = &metrics;
   progress_ = &progress;
+  steps_per_epoch_ = train_loader.size();
 }
 
 int64_t Trainer::steps_per_epoch() const {
   EMBER_CHECK(train_loader_ != nullptr, "Trainer", "attach() the loaders first");
-  return train_loader_->size();
+  return steps_per_epoch_;
 }
 
 int64_t Trainer::log_every() const {
@@ -120,97 +123,215 @@ EvalResult Trainer::evaluate() {
   return last_eval_;
 }
 
+void Trainer::record_step(const BatchResult& r, double lr, bool last) {
+  const auto per_epoch = static_cast<double>(steps_per_epoch_);
+  window_.loss += r.loss;
+  window_.images += r.count * group_.size();
+  ++window_.steps;
+  if (step_ % log_every() == 0 || last) {
+    // Rank 0's loss: the curve is for reading, the epoch record averages across ranks.
+    metrics_->step(step_, static_cast<double>(step_) / per_epoch,
+                   window_.loss / static_cast<double>(window_.steps), lr,
+                   static_cast<double>(window_.images) / seconds_since(window_.start));
+    window_ = {};
+  }
+  if (eval_every() > 0 && step_ % eval_every() == 0 && !last) {
+    const EvalResult e = evaluate();
+    metrics_->eval(step_, static_cast<double>(step_) / per_epoch, e.loss, e.accuracy);
+    window_.start = std::chrono::steady_clock::now();  // evaluation time is not training
+  }
+}
+
 bool Trainer::run_epoch(int64_t epoch) {
-  const int64_t per_epoch = steps_per_epoch(), every = log_every(), eval_every = this->eval_every();
   train_loader_->set_epoch(static_cast<uint64_t>(epoch));
+  const int64_t per_epoch = steps_per_epoch();
+  // A snapshot taken mid-epoch left the sampler past the batches already run.
+  const int64_t done_before = per_epoch - train_loader_->size();
+  if (done_before == 0) sums_ = {};
+  sums_.batches = done_before;
+  sums_.pass_batches = 0;
   progress_->start_epoch(epoch, options_.epochs, per_epoch);
   const auto epoch_start = std::chrono::steady_clock::now();
-  auto window_start = epoch_start;
-  double loss_sum = 0, correct = 0, seen = 0, window_loss = 0;
-  int64_t images = 0, window_images = 0, window_steps = 0, batches = 0;
+  window_ = {};
+  int64_t images = 0;
   bool more = true;
   trained_.train();
   for (const data::Batch& batch : *train_loader_) {
     const double lr = current_lr();  // the lr this step runs with
     const BatchResult r = run_batch(batch);
-    ++batches;
-    loss_sum += r.loss * static_cast<double>(r.count);
-    correct += r.correct;
-    seen += static_cast<double>(r.count);
+    ++sums_.batches;
+    ++sums_.pass_batches;
+    sums_.loss_sum += r.loss * static_cast<double>(r.count);
+    sums_.correct += r.correct;
+    sums_.seen += static_cast<double>(r.count);
     images += r.count * group_.size();
-    window_loss += r.loss;
-    window_images += r.count * group_.size();
-    ++window_steps;
-    progress_->update(batches, images, r.loss);
-    const bool last =
-        batches == per_epoch || (options_.max_steps > 0 && step_ >= options_.max_steps);
-    if (step_ % every == 0 || last) {
-      // Rank 0's loss: the curve is for reading, the epoch record averages across ranks.
-      metrics_->step(step_, static_cast<double>(step_) / static_cast<double>(per_epoch),
-                     window_loss / static_cast<double>(window_steps), lr,
-                     static_cast<double>(window_images) / seconds_since(window_start));
-      window_loss = 0;
-      window_images = window_steps = 0;
-      window_start = std::chrono::steady_clock::now();
-    }
-    if (eval_every > 0 && step_ % eval_every == 0 && !last) {
-      const EvalResult e = evaluate();
-      metrics_->eval(step_, static_cast<double>(step_) / static_cast<double>(per_epoch), e.loss,
-                     e.accuracy);
-      window_start = std::chrono::steady_clock::now();  // evaluation time is not training
-    }
-    if (options_.max_steps > 0 && step_ >= options_.max_steps) {
+    progress_->update(sums_.batches, images, r.loss);
+    const bool stop = options_.max_steps > 0 && step_ >= options_.max_steps;
+    const bool last = sums_.batches == per_epoch || stop;
+    record_step(r, lr, last);
+    if (snapshots() && options_.save_every_steps > 0 && step_ % options_.save_every_steps == 0 &&
+        !last)
+      save_snapshot(epoch);  // the epoch's end (or the run's) saves its own
+    if (stop) {
       more = false;
       break;
     }
   }
   progress_->finish_epoch();
   const double epoch_seconds = seconds_since(epoch_start);
-  const auto train_stats = dist::average_across_ranks(
-      {{"loss", loss_sum / std::max(seen, 1.0)}, {"accuracy", correct / std::max(seen, 1.0)}},
-      group_);
+  finish_epoch(epoch, static_cast<double>(images) / epoch_seconds, epoch_seconds);
+  return more;
+}
+
+void Trainer::finish_epoch(int64_t epoch, double images_per_s, double epoch_seconds) {
+  const auto train_stats =
+      dist::average_across_ranks({{"loss", sums_.loss_sum / std::max(sums_.seen, 1.0)},
+                                  {"accuracy", sums_.correct / std::max(sums_.seen, 1.0)}},
+                                 group_);
   const EvalResult e = evaluate();
-  const double epoch_at = static_cast<double>(step_) / static_cast<double>(per_epoch);
+  const double epoch_at = static_cast<double>(step_) / static_cast<double>(steps_per_epoch_);
   metrics_->eval(step_, epoch_at, e.loss, e.accuracy);
-  const double rate = static_cast<double>(images) / epoch_seconds;
   metrics_->epoch(step_, epoch + 1, train_stats.at("loss"), train_stats.at("accuracy"), e.loss,
-                  e.accuracy, rate, current_lr(), epoch_seconds, seconds_since(run_start_));
+                  e.accuracy, images_per_s, current_lr(), epoch_seconds, seconds_since(run_start_));
   if (metrics_->enabled()) {
     std::printf(
         "epoch %ld/%ld: train loss %.4f acc %.2f%% | test loss %.4f acc %.2f%% | %.0f img/s | "
         "%s\n",
         static_cast<long>(epoch + 1), static_cast<long>(options_.epochs), train_stats.at("loss"),
-        100 * train_stats.at("accuracy"), e.loss, 100 * e.accuracy, rate,
+        100 * train_stats.at("accuracy"), e.loss, 100 * e.accuracy, images_per_s,
         format_duration(epoch_seconds).c_str());
     std::fflush(stdout);
   }
-  return more;
+}
+
+std::vector<SnapshotFile> list_snapshots(const std::string& dir,
+                                         std::vector<std::string>* unreadable) {
+  std::vector<SnapshotFile> out;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return out;
+  const std::regex name(R"(checkpoint-(epoch|step)-\d+\.safetensors)");
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string path = entry.path().string();
+    if (!std::regex_match(entry.path().filename().string(), name)) continue;
+    try {
+      const auto meta = dist::read_checkpoint_metadata(path);
+      auto integer = [&](const char* key) {
+        const auto it = meta.find(key);
+        EMBER_CHECK(it != meta.end(), "load_checkpoint", path, ": the header has no \"", key, "\"");
+        return std::stoll(it->second);
+      };
+      out.push_back({path, integer("step"), integer("epoch")});
+    } catch (const Error& e) {
+      if (unreadable != nullptr) unreadable->push_back(e.what());  // names the file
+    } catch (const std::exception&) {  // a step or epoch that is not a number
+      if (unreadable != nullptr)
+        unreadable->push_back("load_checkpoint: " + path + ": step or epoch is not a number");
+    }
+  }
+  std::sort(out.begin(), out.end(), [](const SnapshotFile& a, const SnapshotFile& b) {
+    return std::tie(a.step, a.epoch, a.path) > std::tie(b.step, b.epoch, b.path);
+  });
+  return out;
 }
 
 void Trainer::save_snapshot(int64_t epoch) {
-  EMBER_CHECK(checkpoint_ != nullptr && !options_.checkpoint_dir.empty(), "Trainer::save_snapshot",
-              "no checkpoint state or --checkpoint-dir");
+  EMBER_CHECK(snapshots(), "Trainer::save_snapshot", "no checkpoint state or --checkpoint-dir");
+  const bool whole = sums_.batches == steps_per_epoch_;
+  EMBER_CHECK(whole || checkpoint_->sampler != nullptr, "Trainer::save_snapshot",
+              "a snapshot mid-epoch (step ", step_, ") needs the checkpoint's sampler (the train ",
+              "loader's DistributedSampler) to resume at its batch");
   if (group_.rank() == 0) fs::create_directories(options_.checkpoint_dir);
-  checkpoint_->epoch = epoch + 1;
+  // Every rank's running sums, so a resumed epoch's record still averages all of them.
+  Tensor sums = from_vector<double>({sums_.loss_sum, sums_.correct, sums_.seen});
+  group_.allreduce(sums, dist::ReduceOp::kAvg)->wait();
+  const auto v = sums.to_vector<double>();
+  checkpoint_->values = {{"epoch_loss_sum", v[0]}, {"epoch_correct", v[1]}, {"epoch_seen", v[2]}};
+  checkpoint_->epoch = whole ? epoch + 1 : epoch;
   checkpoint_->step = step_;
-  const std::string path = (fs::path(options_.checkpoint_dir) /
-                            ("checkpoint-epoch-" + std::to_string(epoch + 1) + ".safetensors"))
-                               .string();
+  checkpoint_->sampler_consumed =
+      whole ? 0 : sums_.pass_batches * train_loader_->options().batch_size;
+  const std::string name = whole ? "checkpoint-epoch-" + std::to_string(epoch + 1)
+                                 : "checkpoint-step-" + std::to_string(step_);
+  const std::string path = (fs::path(options_.checkpoint_dir) / (name + ".safetensors")).string();
   dist::save_checkpoint(path, *checkpoint_, &group_);
-  dist::RankZeroLogger(group_).log("checkpoint: " + path);
+  if (group_.rank() == 0) delete_old_snapshots();
+  dist::RankZeroLogger(group_).log("snapshot: " + path);
+}
+
+void Trainer::delete_old_snapshots() const {
+  if (options_.keep <= 0) return;
+  const std::vector<SnapshotFile> all = list_snapshots(options_.checkpoint_dir);
+  for (size_t i = static_cast<size_t>(options_.keep); i < all.size(); ++i) {
+    std::error_code ec;
+    fs::remove(all[i].path, ec);
+  }
+}
+
+int64_t Trainer::load_snapshot(const std::string& path) {
+  EMBER_CHECK(checkpoint_ != nullptr, "Trainer::load_snapshot", "attach() a checkpoint first");
+  dist::load_checkpoint(path, *checkpoint_, device_);
+  step_ = checkpoint_->step;
+  auto value = [this](const char* key) {
+    const auto it = checkpoint_->values.find(key);
+    return it == checkpoint_->values.end() ? 0.0 : it->second;
+  };
+  sums_ = {value("epoch_loss_sum"), value("epoch_correct"), value("epoch_seen"), 0, 0};
+  return checkpoint_->epoch;
+}
+
+int64_t Trainer::resume() {
+  const std::string& how = options_.resume;
+  if (how.empty()) return 0;
+  dist::RankZeroLogger log(group_);
+  std::string loaded;
+  int64_t epoch = 0;
+  if (how != "auto") {
+    epoch = load_snapshot(how);
+    loaded = how;
+  } else {
+    std::vector<std::string> problems;
+    const std::vector<SnapshotFile> files = list_snapshots(options_.checkpoint_dir, &problems);
+    for (size_t i = 0; i < files.size() && loaded.empty(); ++i) {
+      try {
+        epoch = load_snapshot(files[i].path);
+        loaded = files[i].path;
+      } catch (const Error& e) {
+        problems.push_back(e.what());  // "load_checkpoint: PATH: what is wrong"
+      }
+    }
+    if (group_.rank() == 0) {
+      for (const std::string& p : problems)
+        std::fprintf(stderr, "ember-train: warning: skipped the damaged snapshot %s\n",
+                     p.substr(p.rfind("load_checkpoint: ", 0) == 0 ? 17 : 0).c_str());
+    }
+  }
+  // Every rank must continue from the same step (a folder that only some nodes see would not).
+  Tensor steps = from_vector<int64_t>({step_, -step_});
+  group_.allreduce(steps, dist::ReduceOp::kMax)->wait();
+  const auto s = steps.to_vector<int64_t>();
+  EMBER_CHECK(s[0] == -s[1], "ember-train --resume", "the ranks resumed at different steps (",
+              -s[1], " to ", s[0], "): every rank must see the same snapshots in ",
+              options_.checkpoint_dir);
+  if (loaded.empty()) {
+    log.log("no snapshot in " + options_.checkpoint_dir + ": starting from scratch");
+  } else {
+    log.log("resumed from " + loaded + " at step " + std::to_string(step_) + " (epoch " +
+            std::to_string(epoch + 1) + ")");
+  }
+  return epoch;
 }
 
 EvalResult Trainer::train(int64_t first_epoch) {
   run_start_ = std::chrono::steady_clock::now();
   for (int64_t epoch = first_epoch; epoch < options_.epochs; ++epoch) {
     const bool more = run_epoch(epoch);
-    if (checkpoint_ != nullptr && !options_.checkpoint_dir.empty() &&
-        ((epoch + 1) % options_.checkpoint_interval == 0 || epoch + 1 == options_.epochs ||
-         !more)) {
-      save_snapshot(epoch);
-    }
+    const bool due = (epoch + 1) % options_.checkpoint_interval == 0 ||
+                     epoch + 1 == options_.epochs || !more ||
+                     (options_.save_every_steps > 0 && step_ % options_.save_every_steps == 0);
+    if (snapshots() && due) save_snapshot(epoch);
     if (!more) break;
   }
+  if (first_epoch >= options_.epochs) last_eval_ = evaluate();  // resumed after the end
   return last_eval_;
 }
 

@@ -1,10 +1,21 @@
 // ember-train's training loop, in the shape of PyTorch's fault-tolerance tutorial Trainer:
-// run_batch (one optimizer step), run_epoch, save_snapshot and train, each usable alone.
+// run_batch (one optimizer step), run_epoch, save_snapshot, load_snapshot and train, each
+// usable alone.
+//
+// Snapshots (dist::Checkpoint files in options.checkpoint_dir) hold the model, optimizer,
+// schedule, RNG states, the sampler's epoch and position, the step counter and the epoch's
+// running metric sums, so a run resumed from one continues exactly: its final parameters equal
+// the uninterrupted run's bit for bit (CPU, --deterministic). They are taken between optimizer
+// steps, where no gradient is accumulated, so gradient accumulation restarts at its first
+// micro-batch as it would have. Names: checkpoint-epoch-N.safetensors after N whole epochs,
+// checkpoint-step-S.safetensors mid-epoch after optimizer step S.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include <ember/data/dataloader.h>
 #include <ember/dist/checkpoint.h>
@@ -35,12 +46,22 @@ struct BatchResult {
 // in group 1 with weight_decay 0, as timm and most ImageNet recipes do; otherwise one group.
 std::vector<optim::ParamGroup> parameter_groups(const nn::Module& model, bool no_decay_norm_bias);
 
+struct SnapshotFile {
+  std::string path;
+  int64_t step = 0, epoch = 0;  // from the file's header
+};
+// The snapshots in `dir`, newest (highest step) first, by their headers. A file of a
+// snapshot's name whose header does not read is left out, and "load_checkpoint: path: reason"
+// goes to `unreadable` when given.
+std::vector<SnapshotFile> list_snapshots(const std::string& dir,
+                                         std::vector<std::string>* unreadable = nullptr);
+
 class Trainer {
  public:
   // model: the bare module (its parameters are clipped); trained: what forward runs, the
   // model itself or its DistributedDataParallel wrapper. schedule may be null (a fixed lr).
   // Uses options.accum_steps, grad_clip, label_smoothing, max_steps, log_every,
-  // eval_every_steps, checkpoint_dir and checkpoint_interval.
+  // eval_every_steps, checkpoint_dir, checkpoint_interval, save_every_steps, keep and resume.
   Trainer(const TrainOptions& options, nn::Module& model, nn::Module& trained,
           optim::Optimizer& optimizer, optim::LRScheduler* schedule, dist::ProcessGroup& group,
           Device device);
@@ -53,7 +74,8 @@ class Trainer {
   BatchResult run_batch(const data::Batch& batch);
 
   // What run_epoch, evaluate, save_snapshot and train use; the trainer does not own them.
-  // checkpoint may be null (no snapshots).
+  // checkpoint may be null (no snapshots). Attach before load_snapshot (an epoch's length
+  // is taken from the train loader here).
   void attach(data::DataLoader& train_loader, data::DataLoader& test_loader,
               dist::Checkpoint* checkpoint, MetricsLog& metrics, Progress& progress);
 
@@ -62,9 +84,21 @@ class Trainer {
   // One pass over the training loader: metrics every log_every steps, an evaluation every
   // eval_every_steps, the epoch record at the end. False when max_steps ended the run.
   bool run_epoch(int64_t epoch);
-  // checkpoint-epoch-<epoch + 1>.safetensors in checkpoint_dir (all ranks take part).
+  // The state after the last run_batch of `epoch` as a snapshot in checkpoint_dir: the
+  // epoch's, or mid-epoch the step's (all ranks take part). Then rank 0 deletes the oldest
+  // snapshots beyond options.keep (when > 0).
   void save_snapshot(int64_t epoch);
-  // Epochs first_epoch .. options.epochs - 1 (or until max_steps), snapshots as asked.
+  // Restores a snapshot (every rank): returns the epoch to continue, which run_epoch
+  // continues from the saved batch when the snapshot was taken mid-epoch.
+  int64_t load_snapshot(const std::string& path);
+  // options.resume: "" starts afresh (returns 0); a path loads that file; "auto" loads the
+  // newest snapshot that loads (a damaged one is skipped with a warning on stderr naming it
+  // and why), or starts afresh when there is none. Returns the epoch to continue; the ranks
+  // must all find the same snapshot (a folder every node sees).
+  int64_t resume();
+  // Epochs first_epoch .. options.epochs - 1 (or until max_steps), snapshots as asked:
+  // every checkpoint_interval epochs and at the end, and every save_every_steps steps.
+  // Returns the last evaluation (one is made when no epoch is left to run).
   EvalResult train(int64_t first_epoch);
 
   int64_t step() const { return step_; }
@@ -78,7 +112,19 @@ class Trainer {
   int64_t eval_every() const;
 
  private:
+  // The epoch so far on this rank (a resumed epoch's sums start from the snapshot's).
+  struct EpochSums {
+    double loss_sum = 0, correct = 0, seen = 0;
+    int64_t batches = 0;       // of the epoch, those before a resume included
+    int64_t pass_batches = 0;  // of this pass over the loader
+  };
   double current_lr() const;
+  bool snapshots() const { return checkpoint_ != nullptr && !options_.checkpoint_dir.empty(); }
+  void delete_old_snapshots() const;
+  // After a step of run_epoch: the metrics record and evaluation that are due.
+  void record_step(const BatchResult& r, double lr, bool last);
+  // The epoch's end: evaluation, the epoch record and its line.
+  void finish_epoch(int64_t epoch, double images_per_s, double epoch_seconds);
 
   const TrainOptions& options_;
   nn::Module& model_;
@@ -92,7 +138,13 @@ class Trainer {
   dist::Checkpoint* checkpoint_ = nullptr;
   MetricsLog* metrics_ = nullptr;
   Progress* progress_ = nullptr;
-  int64_t step_ = 0;
+  int64_t step_ = 0, steps_per_epoch_ = 0;
+  EpochSums sums_;
+  struct Window {  // the steps since the last metrics record
+    double loss = 0;
+    int64_t images = 0, steps = 0;
+    std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+  } window_;
   EvalResult last_eval_;
   std::chrono::steady_clock::time_point run_start_ = std::chrono::steady_clock::now();
 };

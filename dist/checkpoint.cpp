@@ -1,6 +1,8 @@
 #include "checkpoint.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -79,10 +81,67 @@ void write_all(int fd, const char* data, size_t n, const std::string& path) {
     if (w < 0) {
       const std::string message = system_error("cannot write", path);
       ::close(fd);
+      ::unlink(path.c_str());
       throw Error(message);
     }
     data += w;
     n -= static_cast<size_t>(w);
+  }
+}
+
+using FileStatus = struct stat;
+
+bool same_file(const FileStatus& a, const FileStatus& b) {
+  return a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+}
+
+// NAME.tmp.DIGITS: what write_atomically writes before the rename.
+bool is_temporary_name(const std::string& name) {
+  const size_t at = name.rfind(".tmp.");
+  if (at == std::string::npos || at == 0 || at + 5 == name.size()) return false;
+  return std::all_of(name.begin() + static_cast<std::ptrdiff_t>(at + 5), name.end(),
+                     [](char c) { return c >= '0' && c <= '9'; });
+}
+
+// Creates `tmp` and takes its lock (held until the descriptor closes, by exit or death
+// included), so that no other save removes it as stale while it is written.
+int create_locked(const std::string& tmp) {
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) throw Error(system_error("cannot create", tmp));
+    if (::flock(fd, LOCK_EX) != 0) {
+      // A file system without locks: written unlocked, and no save takes a temporary file
+      // there for stale (their lock cannot be taken either).
+      if (errno == ENOLCK || errno == EOPNOTSUPP || errno == ENOSYS || errno == EINVAL) return fd;
+      const std::string message = system_error("cannot lock", tmp);
+      ::close(fd);
+      throw Error(message);
+    }
+    FileStatus by_fd{}, by_path{};
+    if (::fstat(fd, &by_fd) == 0 && ::stat(tmp.c_str(), &by_path) == 0 && same_file(by_fd, by_path))
+      return fd;
+    ::close(fd);  // another save took it for stale between the open and the lock: again
+  }
+  throw Error(detail::str_cat("save_checkpoint: cannot keep the temporary file ", tmp,
+                              " (removed again and again while it was being created)"));
+}
+
+// Removes the temporary files in `dir` that no writer holds (their writer died mid-save).
+void remove_stale_temporaries(const std::filesystem::path& dir, const std::string& own) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  for (auto it = fs::directory_iterator(dir, ec); !ec && it != fs::directory_iterator();
+       it.increment(ec)) {
+    const fs::path path = it->path();
+    const std::string name = path.filename().string();
+    if (!is_temporary_name(name) || path.string() == own) continue;
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd < 0) continue;
+    FileStatus by_fd{}, by_path{};
+    if (::flock(fd, LOCK_EX | LOCK_NB) == 0 && ::fstat(fd, &by_fd) == 0 && S_ISREG(by_fd.st_mode) &&
+        ::lstat(path.c_str(), &by_path) == 0 && same_file(by_fd, by_path))
+      ::unlink(path.c_str());
+    ::close(fd);
   }
 }
 
@@ -93,8 +152,8 @@ void write_atomically(const std::string& path, const std::vector<char>& bytes) {
   const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
   const std::string tmp =
       (dir / (target.filename().string() + ".tmp." + std::to_string(::getpid()))).string();
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw Error(system_error("cannot create", tmp));
+  const int fd = create_locked(tmp);
+  remove_stale_temporaries(dir, tmp);  // before writing: their space may be needed
   write_all(fd, bytes.data(), bytes.size(), tmp);
   if (::fsync(fd) != 0) {
     const std::string message = system_error("cannot fsync", tmp);
@@ -102,12 +161,13 @@ void write_atomically(const std::string& path, const std::vector<char>& bytes) {
     ::unlink(tmp.c_str());
     throw Error(message);
   }
-  ::close(fd);
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     const std::string message = system_error("cannot rename " + tmp + " to", path);
+    ::close(fd);
     ::unlink(tmp.c_str());
     throw Error(message);
   }
+  ::close(fd);  // the lock is held until the rename: the file is never taken for stale
   const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd >= 0) {
     ::fsync(dfd);  // makes the rename durable; best effort where directories cannot sync
@@ -141,6 +201,47 @@ std::vector<char> serialize(const std::map<std::string, Tensor>& tensors,
   return out;
 }
 
+template <typename... Parts>
+Error load_error(const std::string& path, const Parts&... parts) {
+  return Error(detail::str_cat("load_checkpoint: ", path, ": ", parts...));
+}
+
+// The header's length from the file's first 8 bytes, checked against the file's size.
+uint64_t header_length(const std::string& path, const char* first8, uint64_t file_size) {
+  if (file_size < 8)
+    throw load_error(path, "the file is ", file_size, " bytes, too short for a safetensors header");
+  uint64_t length = 0;
+  std::memcpy(&length, first8, 8);
+  if (length > file_size - 8)
+    throw load_error(path, "the header claims ", length, " bytes but the file holds only ",
+                     file_size - 8, " after the length (truncated or not a checkpoint)");
+  return length;
+}
+
+nlohmann::json parse_header(const std::string& path, const char* text, uint64_t length) {
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(text, text + length);
+  } catch (const nlohmann::json::exception& e) {
+    throw load_error(path, "the header is not valid JSON (", e.what(), ")");
+  }
+  if (!header.is_object()) throw load_error(path, "the header is not a JSON object");
+  return header;
+}
+
+std::map<std::string, std::string> metadata_of(const std::string& path,
+                                               const nlohmann::json& header) {
+  std::map<std::string, std::string> out;
+  if (!header.contains("__metadata__")) return out;
+  const auto& meta = header["__metadata__"];
+  if (!meta.is_object()) throw load_error(path, "__metadata__ is not an object");
+  for (const auto& [key, value] : meta.items()) {
+    if (!value.is_string()) throw load_error(path, "metadata \"", key, "\" is not a string");
+    out[key] = value.get<std::string>();
+  }
+  return out;
+}
+
 }  // namespace
 
 void save_checkpoint(const std::string& path, const Checkpoint& c, ProcessGroup* group) {
@@ -171,6 +272,7 @@ void save_checkpoint(const std::string& path, const Checkpoint& c, ProcessGroup*
       meta["sampler.epoch"] = std::to_string(c.sampler->epoch());
       meta["sampler.position"] = std::to_string(c.sampler->position() + c.sampler_consumed);
     }
+    for (const auto& [key, v] : c.values) meta["values." + key] = number(v);
     meta["epoch"] = std::to_string(c.epoch);
     meta["step"] = std::to_string(c.step);
     write_atomically(path, serialize(tensors, std::move(meta)));
@@ -179,40 +281,17 @@ void save_checkpoint(const std::string& path, const Checkpoint& c, ProcessGroup*
 }
 
 CheckpointFile read_checkpoint(const std::string& path, Device device) {
-  auto fail = [&path](const auto&... parts) -> Error {
-    return Error(detail::str_cat("load_checkpoint: ", path, ": ", parts...));
-  };
+  auto fail = [&path](const auto&... parts) { return load_error(path, parts...); };
   std::ifstream in(path, std::ios::binary);
   if (!in) throw fail("cannot open the file (", std::strerror(errno), ")");
   const std::vector<char> bytes((std::istreambuf_iterator<char>(in)),
                                 std::istreambuf_iterator<char>());
-  if (bytes.size() < 8)
-    throw fail("the file is ", bytes.size(), " bytes, too short for a safetensors header");
-  uint64_t length = 0;
-  std::memcpy(&length, bytes.data(), 8);
-  if (length > bytes.size() - 8)
-    throw fail("the header claims ", length, " bytes but the file holds only ", bytes.size() - 8,
-               " after the length (truncated or not a checkpoint)");
-  nlohmann::json header;
-  try {
-    header = nlohmann::json::parse(bytes.begin() + 8,
-                                   bytes.begin() + 8 + static_cast<std::ptrdiff_t>(length));
-  } catch (const nlohmann::json::exception& e) {
-    throw fail("the header is not valid JSON (", e.what(), ")");
-  }
-  if (!header.is_object()) throw fail("the header is not a JSON object");
+  const uint64_t length = header_length(path, bytes.data(), bytes.size());
+  const nlohmann::json header = parse_header(path, bytes.data() + 8, length);
   const char* data = bytes.data() + 8 + length;
   const uint64_t data_size = bytes.size() - 8 - length;
-
   CheckpointFile out;
-  if (header.contains("__metadata__")) {
-    const auto& meta = header["__metadata__"];
-    if (!meta.is_object()) throw fail("__metadata__ is not an object");
-    for (const auto& [key, value] : meta.items()) {
-      if (!value.is_string()) throw fail("metadata \"", key, "\" is not a string");
-      out.metadata[key] = value.get<std::string>();
-    }
-  }
+  out.metadata = metadata_of(path, header);
   struct Entry {
     std::string name;
     DType dtype;
@@ -278,11 +357,23 @@ CheckpointFile read_checkpoint(const std::string& path, Device device) {
   return out;
 }
 
+std::map<std::string, std::string> read_checkpoint_metadata(const std::string& path) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  if (!in) throw load_error(path, "cannot open the file (", std::strerror(errno), ")");
+  const auto file_size = static_cast<uint64_t>(in.tellg());
+  char first8[8] = {};
+  in.seekg(0);
+  in.read(first8, file_size < 8 ? static_cast<std::streamsize>(file_size) : 8);
+  const uint64_t length = header_length(path, first8, file_size);
+  std::string text(length, '\0');
+  if (!in.read(text.data(), static_cast<std::streamsize>(length)))
+    throw load_error(path, "cannot read the header (", std::strerror(errno), ")");
+  return metadata_of(path, parse_header(path, text.data(), length));
+}
+
 void load_checkpoint(const std::string& path, Checkpoint& c, Device device) {
   CheckpointFile file = read_checkpoint(path, device);
-  auto fail = [&path](const auto&... parts) -> Error {
-    return Error(detail::str_cat("load_checkpoint: ", path, ": ", parts...));
-  };
+  auto fail = [&path](const auto&... parts) { return load_error(path, parts...); };
   auto meta = [&](const std::string& key) -> const std::string& {
     auto it = file.metadata.find(key);
     if (it == file.metadata.end()) throw fail("the checkpoint has no \"", key, "\"");
@@ -344,6 +435,7 @@ void load_checkpoint(const std::string& path, Checkpoint& c, Device device) {
   }
   const optim::StateDict optimizer_state = with_prefix("optimizer.");
   const optim::StateDict scheduler_state = with_prefix("scheduler.");
+  const optim::StateDict values = with_prefix("values.");
   if (c.optimizer != nullptr && optimizer_state.scalars.empty())
     throw fail("the checkpoint holds no optimizer state");
   if (c.scheduler != nullptr && scheduler_state.scalars.empty())
@@ -362,6 +454,7 @@ void load_checkpoint(const std::string& path, Checkpoint& c, Device device) {
     c.sampler->set_position(static_cast<int64_t>(sampler_position));
     c.sampler_consumed = 0;
   }
+  c.values = values.scalars;
   c.epoch = epoch;
   c.step = step;
 }

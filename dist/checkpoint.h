@@ -7,13 +7,15 @@
 // strings: optimizer and scheduler scalars, epoch, step, RNG states (seed and offset per
 // named generator), the sampler's epoch and position, and a checksum of the data.
 //
-// save_checkpoint writes on rank 0 only (to a temporary file in the same folder, fsync,
-// rename, fsync of the folder: a crash leaves the previous checkpoint whole), then all ranks
-// meet at a barrier. load_checkpoint runs on every rank and validates the file before
-// changing anything it can (header, offsets, sizes, dtypes, checksum, names and shapes
-// against the model): a problem is an ember::Error naming the file and what is wrong.
-// Only rank 0's RNG states are saved; ranks seeding their generators differently should
-// reseed after loading.
+// save_checkpoint writes on rank 0 only (to a temporary file NAME.tmp.PID in the same folder,
+// locked while it is written, then fsync, rename, fsync of the folder: a crash leaves the
+// previous checkpoint whole), then all ranks meet at a barrier. Temporary files in that folder
+// that no writer holds any more (left by one that died mid-save) are removed at the next save
+// (where the file system has no flock, they stay).
+// load_checkpoint runs on every rank and validates the file before changing anything it can
+// (header, offsets, sizes, dtypes, checksum, names and shapes against the model): a problem is an
+// ember::Error naming the file and what is wrong. Only rank 0's RNG states are saved; ranks seeding
+// their generators differently should reseed after loading.
 #pragma once
 
 #include <cstdint>
@@ -42,6 +44,9 @@ struct Checkpoint {
   int64_t sampler_consumed = 0;
   int64_t epoch = 0;
   int64_t step = 0;
+  // The caller's own numbers (e.g. running sums of a metric), saved exactly; loading
+  // replaces them with the file's.
+  std::map<std::string, double> values{};
 };
 
 // Rank 0 writes `path` atomically; then every rank waits at a barrier of `group` (when given).
@@ -59,5 +64,9 @@ struct CheckpointFile {
   std::map<std::string, std::string> metadata{};
 };
 CheckpointFile read_checkpoint(const std::string& path, Device device = kCPU);
+
+// The metadata alone (epoch, step, ...), from the header: cheap for choosing among many
+// files. Throws like read_checkpoint when the header is damaged; the data is not checked.
+std::map<std::string, std::string> read_checkpoint_metadata(const std::string& path);
 
 }  // namespace ember::dist

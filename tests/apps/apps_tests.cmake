@@ -2,8 +2,15 @@
 # the apps suite (schedule, trainer, metrics, and ember-train on a generated image folder),
 # and gradient accumulation under DDP at 2 ranks.
 ember_add_test_suite(apps ember_train_core)
-target_compile_definitions(ember_apps_tests PRIVATE EMBER_TRAIN_BIN="$<TARGET_FILE:ember-train>")
+target_compile_definitions(
+  ember_apps_tests PRIVATE EMBER_TRAIN_BIN="$<TARGET_FILE:ember-train>"
+                           EMBER_TORCHRUN_STYLE="${CMAKE_CURRENT_LIST_DIR}/../dist/torchrun_style.sh")
 add_dependencies(ember_apps_tests ember-train)
+if(TARGET ember-run)
+  # Snapshots: ember-train restarted by ember-run after a worker is killed.
+  target_compile_definitions(ember_apps_tests PRIVATE EMBER_RUN_BIN="$<TARGET_FILE:ember-run>")
+  add_dependencies(ember_apps_tests ember-run)
+endif()
 
 if(TARGET ember_dist AND MPIEXEC_EXECUTABLE)
   add_executable(ember_apps_ddp_accum ${CMAKE_CURRENT_LIST_DIR}/ddp_accum_main.cpp)
@@ -12,4 +19,12 @@ if(TARGET ember_dist AND MPIEXEC_EXECUTABLE)
            COMMAND ${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe ${MPIEXEC_NUMPROC_FLAG}
                    2 $<TARGET_FILE:ember_apps_ddp_accum>)
   set_tests_properties(apps_ddp_accum_np2 PROPERTIES TIMEOUT 120 LABELS "apps;mpi" PROCESSORS 2)
+  # Snapshots: 2 ranks started by mpirun resume mid-epoch exactly.
+  add_test(NAME apps_snapshots_mpirun_np2
+           COMMAND ember_apps_tests --gtest_filter=Snapshots.TwoMpiRanks*)
+  set_tests_properties(
+    apps_snapshots_mpirun_np2
+    PROPERTIES ENVIRONMENT
+               "EMBER_TEST_MPIRUN_NP=${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe ${MPIEXEC_NUMPROC_FLAG}"
+               TIMEOUT 120 LABELS "apps;mpi" PROCESSORS 2)
 endif()

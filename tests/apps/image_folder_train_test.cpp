@@ -3,74 +3,26 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <random>
 #include <string>
-#include <vector>
 
-#define STB_IMAGE_WRITE_STATIC
-#define STB_IMAGE_WRITE_IMPLEMENTATION
-#include <stb/stb_image_write.h>
+#include "train_cli.h"
 
 namespace fs = std::filesystem;
 
 namespace {
 
-// class 0 reddish, class 1 bluish, with noise; sizes vary so resizing is exercised.
-void write_image(const fs::path& path, int label, int width, int height, std::mt19937& rng) {
-  std::vector<unsigned char> pixels(static_cast<size_t>(width * height * 3));
-  std::uniform_int_distribution<int> noise(0, 60);
-  for (size_t i = 0; i < pixels.size(); i += 3) {
-    pixels[i] = static_cast<unsigned char>((label == 0 ? 180 : 30) + noise(rng));
-    pixels[i + 1] = static_cast<unsigned char>(80 + noise(rng));
-    pixels[i + 2] = static_cast<unsigned char>((label == 0 ? 30 : 180) + noise(rng));
-  }
-  const int ok = path.extension() == ".png"
-                     ? stbi_write_png(path.c_str(), width, height, 3, pixels.data(), width * 3)
-                     : stbi_write_jpg(path.c_str(), width, height, 3, pixels.data(), 90);
-  ASSERT_NE(ok, 0) << path;
-}
-
-struct Result {
-  int code;
-  std::string output;
-};
-Result run(const std::string& command) {
-  Result r{-1, ""};
-  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
-  if (pipe == nullptr) return r;
-  char buffer[4096];
-  while (fgets(buffer, sizeof buffer, pipe) != nullptr) r.output += buffer;
-  const int status = pclose(pipe);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
-
-int64_t count_lines_with(const fs::path& path, const std::string& text) {
-  std::ifstream in(path);
-  int64_t n = 0;
-  for (std::string line; std::getline(in, line);) n += line.find(text) != std::string::npos;
-  return n;
-}
+using ember::apps::testing::count_lines_with;
+using ember::apps::testing::Result;
+using ember::apps::testing::run;
 
 class ImageFolderTrain : public ::testing::Test {
  protected:
   void SetUp() override {
     root_ = fs::temp_directory_path() / ("ember_apps_folder_" + std::to_string(getpid()));
     fs::remove_all(root_);
-    std::mt19937 rng(1);
-    for (const auto& [split, per_class] : {std::pair{"train", 16}, std::pair{"val", 4}}) {
-      for (int label = 0; label < 2; ++label) {
-        const fs::path dir = root_ / split / (label == 0 ? "cat" : "dog");
-        fs::create_directories(dir);
-        for (int i = 0; i < per_class; ++i) {
-          const char* ext = i % 2 == 0 ? ".png" : ".jpg";
-          write_image(dir / ("img" + std::to_string(i) + ext), label, 20 + i % 5, 18 + i % 3, rng);
-        }
-      }
-    }
+    ASSERT_TRUE(ember::apps::testing::make_image_folder(root_, 16, 4));
   }
   void TearDown() override { fs::remove_all(root_); }
   std::string command(const std::string& extra) const {

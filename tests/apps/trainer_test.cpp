@@ -6,6 +6,7 @@
 #include <fstream>
 #include <string>
 
+#include <ember/dist/distributed_sampler.h>
 #include <ember/dist/single_process_group.h>
 #include <ember/ember.h>
 
@@ -205,6 +206,74 @@ TEST(Trainer, ShortRunsAreEvaluatedEveryQuarter) {
   EXPECT_EQ(count_records(f.metrics->jsonl_path(), "eval"), 6);
   o.epochs = 4;
   EXPECT_EQ(f.trainer(o).eval_every(), 0);  // each epoch's end is enough
+}
+
+// The tutorial's Trainer as a library: the model, optimizer, schedule, sampler and RNG in a
+// dist::Checkpoint, snapshots every 3 steps, and a fresh trainer that loads one mid-epoch.
+struct SnapshotRun {
+  dist::SingleProcessGroup group;
+  std::shared_ptr<dist::DistributedSampler> sampler;
+  std::unique_ptr<data::DataLoader> train_loader, test_loader;
+  std::shared_ptr<nn::Module> model;
+  std::unique_ptr<optim::SGD> sgd;
+  std::unique_ptr<optim::StepLR> schedule;
+  dist::Checkpoint checkpoint;
+  MetricsLog metrics;
+  Progress progress{false, 50};
+  std::unique_ptr<Trainer> trainer;
+  SnapshotRun(const TrainOptions& options, const fs::path& dir) : metrics(dir, false, false) {
+    manual_seed(3);
+    auto train = std::make_shared<data::TensorDataset>(randn({40, 8}), randint(0, 3, {40}));
+    auto test = std::make_shared<data::TensorDataset>(randn({8, 8}), randint(0, 3, {8}));
+    sampler = std::make_shared<dist::DistributedSampler>(
+        40, group, dist::DistributedSamplerOptions{.seed = 5});
+    train_loader = std::make_unique<data::DataLoader>(
+        train, data::DataLoaderOptions{.batch_size = 4, .drop_last = true, .sampler = sampler});
+    test_loader =
+        std::make_unique<data::DataLoader>(test, data::DataLoaderOptions{.batch_size = 4});
+    model = small_model();
+    sgd = make_sgd(*model);
+    schedule = std::make_unique<optim::StepLR>(*sgd, 7, 0.5);
+    checkpoint = {.model = model.get(),
+                  .optimizer = sgd.get(),
+                  .scheduler = schedule.get(),
+                  .generators = {{"default", &default_generator()}},
+                  .sampler = sampler.get()};
+    trainer = std::make_unique<Trainer>(options, *model, *model, *sgd, schedule.get(), group, kCPU);
+    trainer->attach(*train_loader, *test_loader, &checkpoint, metrics, progress);
+  }
+};
+
+TEST(Trainer, LoadSnapshotContinuesMidEpochExactly) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("ember_apps_trainer_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  TrainOptions o;
+  o.epochs = 2;
+  o.checkpoint_dir = dir.string();
+  o.save_every_steps = 3;
+  SnapshotRun straight(o, dir);
+  straight.trainer->train(0);
+  EXPECT_EQ(straight.trainer->step(), 20);  // 10 steps an epoch
+  // Newest first: the epoch ends (10, 20) and every third step between.
+  std::vector<int64_t> steps;
+  for (const SnapshotFile& f : list_snapshots(dir.string())) steps.push_back(f.step);
+  EXPECT_EQ(steps, (std::vector<int64_t>{20, 18, 15, 12, 10, 9, 6, 3}));
+
+  SnapshotRun resumed(o, dir);
+  EXPECT_EQ(resumed.trainer->load_snapshot((dir / "checkpoint-step-15.safetensors").string()), 1);
+  EXPECT_EQ(resumed.trainer->step(), 15);
+  EXPECT_EQ(resumed.sampler->position(), 20);  // 5 batches of 4 into epoch 2
+  resumed.trainer->train(1);
+  EXPECT_EQ(resumed.trainer->step(), 20);
+  EXPECT_EQ(flat_parameters(*resumed.model), flat_parameters(*straight.model));
+  // The comparison can fail: a trainer that restarts epoch 2 from its first batch differs.
+  SnapshotRun restarted(o, dir);
+  restarted.trainer->load_snapshot((dir / "checkpoint-step-15.safetensors").string());
+  restarted.sampler->set_position(0);
+  restarted.trainer->train(1);
+  EXPECT_NE(flat_parameters(*restarted.model), flat_parameters(*straight.model));
+  fs::remove_all(dir);
 }
 
 }  // namespace

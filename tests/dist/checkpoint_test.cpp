@@ -1,10 +1,13 @@
 // Checkpoints: a run saved mid-epoch and resumed in fresh objects produces the same losses
 // bit for bit as the uninterrupted run; the file is plain safetensors; damaged or mismatched
 // files are rejected with an error naming the file and the problem. Also the metric helpers.
+#include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -241,6 +244,46 @@ TEST(Checkpoint, DamagedOrMismatchedFilesAreRejected) {
   EXPECT_EMBER_ERROR(load_checkpoint(good, wrong), "missing keys: weight, bias");
   // Nothing was changed by the failed loads.
   testing::expect_same_state(target.ddp->module(), *TrainingRun(pg, 2).ddp->module_ptr(), 0, 0);
+}
+
+// A save removes the temporary files of writers that died mid-save (nobody holds their lock),
+// not those of a writer still at work; other files stay.
+TEST(Checkpoint, StaleTemporaryFilesGoAtTheNextSave) {
+  const fs::path dir =
+      fs::path(::testing::TempDir()) / ("ember_checkpoint_stale_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  auto model = std::make_shared<nn::Linear>(3, 2);
+  Checkpoint ck;
+  ck.model = model.get();
+  ck.step = 7;
+  ck.values = {{"loss_sum", 0.1}, {"seen", 3}};
+  const std::string path = (dir / "snapshot.safetensors").string();
+  save_checkpoint(path, ck);
+  for (const char* name : {"snapshot.safetensors.tmp.123", "older.safetensors.tmp.99999999",
+                           "busy.safetensors.tmp.4", "notes.tmp", "data.tmp.x"})
+    std::ofstream(dir / name) << "partial";
+  // A live writer holds its temporary file's lock while it writes.
+  const int busy = ::open((dir / "busy.safetensors.tmp.4").c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(busy, 0);
+  ASSERT_EQ(::flock(busy, LOCK_EX), 0);
+  save_checkpoint(path, ck);
+  std::set<std::string> left;
+  for (const auto& entry : fs::directory_iterator(dir)) left.insert(entry.path().filename());
+  EXPECT_EQ(left, (std::set<std::string>{"snapshot.safetensors", "busy.safetensors.tmp.4",
+                                         "notes.tmp", "data.tmp.x"}));
+  ::close(busy);  // the writer died: its file goes at the next save
+  save_checkpoint(path, ck);
+  EXPECT_FALSE(fs::exists(dir / "busy.safetensors.tmp.4"));
+
+  // The header alone, and the caller's values restored exactly.
+  const auto meta = read_checkpoint_metadata(path);
+  EXPECT_EQ(meta.at("step"), "7");
+  ck.values.clear();
+  load_checkpoint(path, ck);
+  EXPECT_EQ(ck.values, (std::map<std::string, double>{{"loss_sum", 0.1}, {"seen", 3}}));
+  fs::resize_file(path, 20);
+  EXPECT_EMBER_ERROR(read_checkpoint_metadata(path), "the header claims");
+  fs::remove_all(dir);
 }
 
 TEST(Metrics, AveragesNamedValuesAndLogsOnRankZero) {

@@ -1,0 +1,79 @@
+// What the ember-train tests share: a generated image folder (two classes of small PNG and
+// JPEG images) and running the program, its output captured.
+#pragma once
+
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#define STB_IMAGE_WRITE_STATIC
+#define STB_IMAGE_WRITE_IMPLEMENTATION
+#include <stb/stb_image_write.h>
+
+namespace ember::apps::testing {
+
+// class 0 reddish, class 1 bluish, with noise; sizes vary so resizing is exercised.
+inline bool write_image(const std::filesystem::path& path, int label, int width, int height,
+                        std::mt19937& rng) {
+  std::vector<unsigned char> pixels(static_cast<size_t>(width * height * 3));
+  std::uniform_int_distribution<int> noise(0, 60);
+  for (size_t i = 0; i < pixels.size(); i += 3) {
+    pixels[i] = static_cast<unsigned char>((label == 0 ? 180 : 30) + noise(rng));
+    pixels[i + 1] = static_cast<unsigned char>(80 + noise(rng));
+    pixels[i + 2] = static_cast<unsigned char>((label == 0 ? 30 : 180) + noise(rng));
+  }
+  return path.extension() == ".png"
+             ? stbi_write_png(path.c_str(), width, height, 3, pixels.data(), width * 3) != 0
+             : stbi_write_jpg(path.c_str(), width, height, 3, pixels.data(), 90) != 0;
+}
+
+// root/train/{cat,dog}/imgN.png|jpg (train_per_class each) and root/val/... (val_per_class).
+// False when an image could not be written.
+inline bool make_image_folder(const std::filesystem::path& root, int train_per_class,
+                              int val_per_class) {
+  std::mt19937 rng(1);
+  for (const auto& [split, per_class] :
+       {std::pair{"train", train_per_class}, std::pair{"val", val_per_class}}) {
+    for (int label = 0; label < 2; ++label) {
+      const std::filesystem::path dir = root / split / (label == 0 ? "cat" : "dog");
+      std::filesystem::create_directories(dir);
+      for (int i = 0; i < per_class; ++i) {
+        const char* ext = i % 2 == 0 ? ".png" : ".jpg";
+        if (!write_image(dir / ("img" + std::to_string(i) + ext), label, 20 + i % 5, 18 + i % 3,
+                         rng))
+          return false;
+      }
+    }
+  }
+  return true;
+}
+
+struct Result {
+  int code;  // the exit status, or -1 when the command did not exit normally
+  std::string output;
+};
+// Runs a shell command, stdout and stderr together.
+inline Result run(const std::string& command) {
+  Result r{-1, ""};
+  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+  if (pipe == nullptr) return r;
+  char buffer[4096];
+  while (fgets(buffer, sizeof buffer, pipe) != nullptr) r.output += buffer;
+  const int status = pclose(pipe);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+inline int64_t count_lines_with(const std::filesystem::path& path, const std::string& text) {
+  std::ifstream in(path);
+  int64_t n = 0;
+  for (std::string line; std::getline(in, line);) n += line.find(text) != std::string::npos;
+  return n;
+}
+
+}  // namespace ember::apps::testing
