@@ -81,6 +81,10 @@ int main(int argc, char** argv) {
         .add("model", model_name)
         .add("batch", static_cast<long long>(batch))
         .add("device", device_name)
+        // The f32 policy on CUDA (tensor/precision.h; the CPU computes in f32 regardless).
+        .add("precision", "fp32")
+        .add("matmul_precision", ember::get_float32_matmul_precision())
+        .add("cudnn_allow_tf32", ember::cudnn_allow_tf32())
         .add("threads", threads)
         .add("step_s", step_s)
         .add("images_per_s", static_cast<double>(batch) / step_s)

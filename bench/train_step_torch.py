@@ -123,6 +123,8 @@ def main():
         (step_s,) = median_times([step])
     print(json.dumps({
         "framework": "torch-" + torch.__version__, "model": args.model, "batch": args.batch, "device": args.device,
+        "precision": "fp32", "matmul_precision": torch.get_float32_matmul_precision(),
+        "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
         "threads": args.threads, "step_s": round(step_s, 4), "images_per_s": round(args.batch / step_s, 1),
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, 1), **extra,
     }))
