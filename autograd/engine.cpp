@@ -3,6 +3,7 @@
 #include <queue>
 #include <unordered_map>
 
+#include <ember/tensor/detail/autocast_policy.h>
 #include <ember/tensor/grad_mode.h>
 #include <ember/tensor/ops.h>
 
@@ -27,6 +28,10 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& gradi
   // A graph built by create_graph refers back to this one, so it has to stay (as in PyTorch).
   retain_graph = retain_graph || create_graph;
   GradModeGuard mode(create_graph);
+  // Backward formulas run in the dtypes their forward ops ran in, as in PyTorch: a
+  // backward() called inside an AutocastGuard does not recast them.
+  const detail::AutocastSuspend no_cpu_autocast(DeviceType::kCPU);
+  const detail::AutocastSuspend no_cuda_autocast(DeviceType::kCUDA);
 
   // Seed the input buffers of the roots' nodes.
   std::unordered_map<Node*, std::vector<Tensor>> buffers;

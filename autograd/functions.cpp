@@ -219,10 +219,16 @@ class OpNode final : public Node {
   std::string name() const override { return op_name(op_); }
 
   void release_saved() override {
-    for (auto& s : saved_inputs_) s.reset();
+    // As in PyTorch, only a backward that needs freed tensors is an error: a node that saved
+    // nothing (a cast, an add) stays usable. Autocast's cached weight casts rely on it.
+    bool saved = saved_output_.defined() || !args_.extra.empty();
+    for (auto& s : saved_inputs_) {
+      saved = saved || s.defined();
+      s.reset();
+    }
     saved_output_.reset();
     for (auto& t : args_.extra) t = Tensor();
-    released_ = true;
+    released_ = released_ || saved;
   }
 
   std::vector<Tensor> apply(std::vector<Tensor>&& grads) override {

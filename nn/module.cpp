@@ -4,6 +4,8 @@
 #include <map>
 #include <set>
 
+#include <ember/tensor/autocast.h>
+
 namespace ember::nn {
 
 namespace {
@@ -45,11 +47,16 @@ TensorList Module::forward_list(const TensorList& inputs) {
 void Module::check_input_matches(const Tensor& input, const char* what,
                                  const Tensor& parameter) const {
   if (!input.defined() || !parameter.defined()) return;
-  EMBER_CHECK(input.dtype() == parameter.dtype() && input.device() == parameter.device(), name(),
-              "input is ", input.dtype(), " on ", input.device(), " but the layer's ", what, " is ",
-              parameter.dtype(), " on ", parameter.device(), " (input ", shape_str(input.sizes()),
-              ", ", what, " ", shape_str(parameter.sizes()),
-              "); convert the model (model.to(...)) or the input (input.to(...)) to match");
+  // Under autocast the ops cast floating inputs and parameters themselves (a bf16 activation
+  // meets an f32 weight by design).
+  const bool autocast = is_autocast_enabled(input.device().type) && input.is_floating_point() &&
+                        parameter.is_floating_point();
+  EMBER_CHECK(
+      (input.dtype() == parameter.dtype() || autocast) && input.device() == parameter.device(),
+      name(), "input is ", input.dtype(), " on ", input.device(), " but the layer's ", what, " is ",
+      parameter.dtype(), " on ", parameter.device(), " (input ", shape_str(input.sizes()), ", ",
+      what, " ", shape_str(parameter.sizes()),
+      "); convert the model (model.to(...)) or the input (input.to(...)) to match");
 }
 
 Tensor& Module::register_parameter(std::string name, Tensor tensor, bool requires_grad) {

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <limits>
 
+#include "detail/autocast_policy.h"
 #include "detail/autograd_hooks.h"
 #include "detail/dispatch.h"
 #include "detail/kernel_table.h"
@@ -439,6 +440,9 @@ Tensor minimum(const Tensor& a, const Tensor& b) {
 }
 
 Tensor pow(const Tensor& base, const Tensor& exponent) {
+  if (auto out = detail::autocast(detail::AutocastOp::kPow, {&base, &exponent},
+                                  [](const auto& x) { return pow(x[0], x[1]); }))
+    return *out;
   return binary(BinaryOp::kPow, "pow", base, exponent);
 }
 
@@ -454,14 +458,32 @@ Tensor pow_scalar(const Tensor& base, Scalar exponent, Tensor* inplace) {
 }
 }  // namespace
 
-Tensor pow(const Tensor& base, Scalar exponent) { return pow_scalar(base, exponent, nullptr); }
+Tensor pow(const Tensor& base, Scalar exponent) {
+  if (auto out = detail::autocast(detail::AutocastOp::kPow, {&base},
+                                  [&](const auto& x) { return pow(x[0], exponent); }))
+    return *out;
+  return pow_scalar(base, exponent, nullptr);
+}
 
 Tensor neg(const Tensor& t) { return unary(UnaryOp::kNeg, "neg", t, UnaryKind::kNoBool); }
 Tensor abs(const Tensor& t) { return unary(UnaryOp::kAbs, "abs", t, UnaryKind::kNoBool); }
-Tensor exp(const Tensor& t) { return unary(UnaryOp::kExp, "exp", t, UnaryKind::kFloatResult); }
-Tensor log(const Tensor& t) { return unary(UnaryOp::kLog, "log", t, UnaryKind::kFloatResult); }
+Tensor exp(const Tensor& t) {
+  if (auto out =
+          detail::autocast(detail::AutocastOp::kExp, {&t}, [](const auto& x) { return exp(x[0]); }))
+    return *out;
+  return unary(UnaryOp::kExp, "exp", t, UnaryKind::kFloatResult);
+}
+Tensor log(const Tensor& t) {
+  if (auto out =
+          detail::autocast(detail::AutocastOp::kLog, {&t}, [](const auto& x) { return log(x[0]); }))
+    return *out;
+  return unary(UnaryOp::kLog, "log", t, UnaryKind::kFloatResult);
+}
 Tensor sqrt(const Tensor& t) { return unary(UnaryOp::kSqrt, "sqrt", t, UnaryKind::kFloatResult); }
 Tensor rsqrt(const Tensor& t) {
+  if (auto out = detail::autocast(detail::AutocastOp::kRsqrt, {&t},
+                                  [](const auto& x) { return rsqrt(x[0]); }))
+    return *out;
   return unary(UnaryOp::kRsqrt, "rsqrt", t, UnaryKind::kFloatResult);
 }
 Tensor relu(const Tensor& t) { return unary(UnaryOp::kRelu, "relu", t, UnaryKind::kNoBool); }

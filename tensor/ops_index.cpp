@@ -1,4 +1,5 @@
 // Joining and indexing: cat, stack, index_select, gather, scatter_add, one_hot, masked_fill.
+#include "detail/autocast_policy.h"
 #include "detail/autograd_hooks.h"
 #include "detail/op_utils.h"
 #include "ops.h"
@@ -45,6 +46,9 @@ Tensor at_least_1d(const Tensor& t) { return t.dim() == 0 ? t.reshape({1}) : t; 
 }  // namespace
 
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
+  if (auto out = detail::autocast(detail::AutocastOp::kCat, tensors,
+                                  [&](const auto& x) { return cat(x, dim); }))
+    return *out;
   EMBER_CHECK(!tensors.empty(), "cat", "expected a non-empty list of tensors");
   // Legacy rule kept by PyTorch: 1-d empty tensors may join tensors of any shape.
   const auto skipped = [](const Tensor& t) { return t.dim() == 1 && t.size(0) == 0; };
@@ -90,6 +94,9 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
 }
 
 Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
+  if (auto out = detail::autocast(detail::AutocastOp::kStack, tensors,
+                                  [&](const auto& x) { return stack(x, dim); }))
+    return *out;
   EMBER_CHECK(!tensors.empty(), "stack", "expected a non-empty list of tensors");
   detail::check_defined(tensors[0], "stack", "tensor");
   const int64_t d = detail::wrap_dim(dim, tensors[0].dim() + 1, "stack");
@@ -183,6 +190,10 @@ Tensor& Tensor::scatter_add_(int64_t dim, const Tensor& index, const Tensor& src
 }
 
 Tensor scatter_add(const Tensor& t, int64_t dim, const Tensor& index, const Tensor& src) {
+  if (auto out =
+          detail::autocast(detail::AutocastOp::kScatterAdd, {&t, &index, &src},
+                           [&](const auto& x) { return scatter_add(x[0], dim, x[1], x[2]); }))
+    return *out;
   detail::check_defined(t, "scatter_add");
   detail::AutogradScope scope(detail::OpId::kScatterAdd, {&t, &index, &src});
   Tensor out = t.clone();

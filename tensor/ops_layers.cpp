@@ -1,6 +1,7 @@
 // Front ends of the layer ops: argument checks, output shapes, autograd recording.
 #include <cmath>
 
+#include "detail/autocast_policy.h"
 #include "detail/autograd_hooks.h"
 #include "detail/layer_backward.h"
 #include "detail/op_utils.h"
@@ -48,6 +49,11 @@ int64_t window_count(int64_t in, int64_t k, int64_t s, int64_t p, int64_t d, boo
 
 Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, Pair stride,
               Pair padding, Pair dilation, int64_t groups) {
+  if (auto out = detail::autocast(
+          detail::AutocastOp::kConv2d, {&input, &weight, &bias}, [&](const auto& x) {
+            return conv2d(x[0], x[1], x[2], stride, padding, dilation, groups);
+          }))
+    return *out;
   const char* op = "conv2d";
   check_nchw(input, op);
   detail::check_defined(weight, op, "weight");
@@ -111,11 +117,16 @@ Tensor batch_norm(const Tensor& input, const Tensor& weight, const Tensor& bias,
   EMBER_CHECK(input.is_floating_point(), op, "expected a floating input, got ", input.dtype());
   const int64_t n = input.size(0), channels = input.size(1);
   const int64_t spatial = input.dim() > 2 ? input.numel() / std::max<int64_t>(n * channels, 1) : 1;
+  // A bf16/f16 input may come with f32 parameters and statistics (mixed precision: autocast
+  // leaves batch_norm's f32 weights alone), as PyTorch allows.
+  const bool low_input = input.dtype() == kF16 || input.dtype() == kBF16;
   for (const auto& [t, name] : {std::pair{&weight, "weight"},
                                 {&bias, "bias"},
                                 {&running_mean, "running_mean"},
                                 {&running_var, "running_var"}}) {
-    check_like(*t, input, op, name);
+    if (!(low_input && t->defined() && t->dtype() == kF32)) check_like(*t, input, op, name);
+    EMBER_CHECK(!t->defined() || t->device() == input.device(), op, name, " is on ",
+                t->device().str(), " but input is on ", input.device().str());
     EMBER_CHECK(!t->defined() || (t->dim() == 1 && t->size(0) == channels), op, name, " of shape ",
                 t->defined() ? shape_str(t->sizes()) : "", " does not match ", channels,
                 " channels of input ", shape_str(input.sizes()));
@@ -255,6 +266,9 @@ Tensor dropout(const Tensor& input, double p, bool training, Generator* gen) {
 }
 
 Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias) {
+  if (auto out = detail::autocast(detail::AutocastOp::kLinear, {&input, &weight, &bias},
+                                  [](const auto& x) { return linear(x[0], x[1], x[2]); }))
+    return *out;
   const char* op = "linear";
   detail::check_defined(input, op);
   detail::check_defined(weight, op, "weight");
@@ -298,7 +312,10 @@ std::array<Tensor, 3> batch_norm_backward(const Tensor& grad_out, const Tensor& 
   const Tensor x = input.contiguous().reshape({n, channels, spatial});
   Tensor gi = needs[0] ? empty(x.sizes(), input.options()) : Tensor();
   Tensor gw = needs[1] && weight.defined() ? empty({channels}, weight.options()) : Tensor();
-  Tensor gb = needs[2] ? empty({channels}, input.options()) : Tensor();
+  // The bias's gradient takes the parameters' dtype (f32 beside a bf16/f16 input under
+  // mixed precision; the engine casts it to the bias's dtype if that differs).
+  Tensor gb = needs[2] ? empty({channels}, weight.defined() ? weight.options() : input.options())
+                       : Tensor();
   require_kernel(kernels_for(input.device(), "batch_norm").batch_norm_backward, input.device(),
                  "batch_norm")(gi, gw, gb, grad_out.contiguous().reshape(x.sizes()), x, weight,
                                save_mean, save_invstd, training);

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <optional>
 
+#include "detail/autocast_policy.h"
 #include "detail/autograd_hooks.h"
 #include "detail/op_utils.h"
 #include "ops.h"
@@ -18,8 +19,6 @@ void check_operands(const Tensor& a, const Tensor& b, const char* op) {
   const DType t = a.dtype();
   EMBER_CHECK(is_floating(t), op, "dtype ", t,
               " is not supported (expected f32, f64, f16 or bf16)");
-  EMBER_CHECK(a.is_cuda() || t == kF32 || t == kF64, op, "dtype ", t, " is not supported on ",
-              a.device().str(), " (expected f32 or f64)");
 }
 
 void check_inner(const Tensor& a, const Tensor& b, int64_t k_a, int64_t k_b, const char* op) {
@@ -138,7 +137,12 @@ Shape concat(Shape head, std::initializer_list<int64_t> tail) {
 
 }  // namespace
 
+using detail::AutocastOp;
+
 Tensor mm(const Tensor& a, const Tensor& b) {
+  if (auto out =
+          detail::autocast(AutocastOp::kMm, {&a, &b}, [](const auto& x) { return mm(x[0], x[1]); }))
+    return *out;
   check_operands(a, b, "mm");
   EMBER_CHECK(a.dim() == 2 && b.dim() == 2, "mm", "expected 2-d tensors, got shapes ",
               shape_str(a.sizes()), " and ", shape_str(b.sizes()));
@@ -148,6 +152,9 @@ Tensor mm(const Tensor& a, const Tensor& b) {
 }
 
 Tensor bmm(const Tensor& a, const Tensor& b) {
+  if (auto out = detail::autocast(AutocastOp::kBmm, {&a, &b},
+                                  [](const auto& x) { return bmm(x[0], x[1]); }))
+    return *out;
   check_operands(a, b, "bmm");
   EMBER_CHECK(a.dim() == 3 && b.dim() == 3, "bmm", "expected 3-d tensors, got shapes ",
               shape_str(a.sizes()), " and ", shape_str(b.sizes()));
@@ -161,6 +168,10 @@ Tensor bmm(const Tensor& a, const Tensor& b) {
 }
 
 Tensor addmm(const Tensor& input, const Tensor& a, const Tensor& b, Scalar beta, Scalar alpha) {
+  if (auto out = detail::autocast(AutocastOp::kAddmm, {&input, &a, &b}, [&](const auto& x) {
+        return addmm(x[0], x[1], x[2], beta, alpha);
+      }))
+    return *out;
   check_operands(a, b, "addmm");
   detail::check_defined(input, "addmm");
   detail::check_same_device({&input, &a}, "addmm");
@@ -186,6 +197,9 @@ Tensor addmm(const Tensor& input, const Tensor& a, const Tensor& b, Scalar beta,
 }
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
+  if (auto out = detail::autocast(AutocastOp::kMatmul, {&a, &b},
+                                  [](const auto& x) { return matmul(x[0], x[1]); }))
+    return *out;
   check_operands(a, b, "matmul");
   const int64_t da = a.dim(), db = b.dim();
   EMBER_CHECK(da >= 1 && db >= 1, "matmul", "both arguments need at least 1 dimension, got shapes ",

@@ -4,6 +4,7 @@
 // so every case runs on every device and has a gradient.
 #include <optional>
 
+#include "detail/autocast_policy.h"
 #include "detail/autograd_hooks.h"
 #include "detail/op_utils.h"
 #include "layer_ops.h"
@@ -187,7 +188,16 @@ void check_broadcasts_to(const Tensor& weight, const Tensor& input, const char* 
 
 }  // namespace
 
+using detail::AutocastOp;
+
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, const CrossEntropyOptions& o) {
+  if (auto out = detail::autocast(AutocastOp::kCrossEntropy, {&logits, &target, &o.weight},
+                                  [&](const auto& x) {
+                                    CrossEntropyOptions cast = o;
+                                    cast.weight = x[2];
+                                    return cross_entropy(x[0], x[1], cast);
+                                  }))
+    return *out;
   const char* op = "cross_entropy";
   check_scores(logits, op);
   detail::check_defined(target, op, "target");
@@ -223,6 +233,13 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, const CrossEntr
 }
 
 Tensor nll_loss(const Tensor& log_probs, const Tensor& target, const NLLLossOptions& o) {
+  if (auto out = detail::autocast(AutocastOp::kNllLoss, {&log_probs, &target, &o.weight},
+                                  [&](const auto& x) {
+                                    NLLLossOptions cast = o;
+                                    cast.weight = x[2];
+                                    return nll_loss(x[0], x[1], cast);
+                                  }))
+    return *out;
   const char* op = "nll_loss";
   check_scores(log_probs, op);
   detail::check_defined(target, op, "target");
@@ -234,17 +251,26 @@ Tensor nll_loss(const Tensor& log_probs, const Tensor& target, const NLLLossOpti
 }
 
 Tensor mse_loss(const Tensor& input, const Tensor& target, const LossOptions& o) {
+  if (auto out = detail::autocast(AutocastOp::kMseLoss, {&input, &target},
+                                  [&](const auto& x) { return mse_loss(x[0], x[1], o); }))
+    return *out;
   check_pointwise(input, target, "mse_loss");
   const Tensor diff = input - target;
   return reduce_loss(diff * diff, o.reduction);
 }
 
 Tensor l1_loss(const Tensor& input, const Tensor& target, const LossOptions& o) {
+  if (auto out = detail::autocast(AutocastOp::kL1Loss, {&input, &target},
+                                  [&](const auto& x) { return l1_loss(x[0], x[1], o); }))
+    return *out;
   check_pointwise(input, target, "l1_loss");
   return reduce_loss(abs(input - target), o.reduction);
 }
 
 Tensor smooth_l1_loss(const Tensor& input, const Tensor& target, const SmoothL1LossOptions& o) {
+  if (auto out = detail::autocast(AutocastOp::kSmoothL1Loss, {&input, &target},
+                                  [&](const auto& x) { return smooth_l1_loss(x[0], x[1], o); }))
+    return *out;
   const char* op = "smooth_l1_loss";
   check_pointwise(input, target, op);
   EMBER_CHECK(o.beta >= 0.0, op, "beta must be >= 0, got ", o.beta);
@@ -255,6 +281,14 @@ Tensor smooth_l1_loss(const Tensor& input, const Tensor& target, const SmoothL1L
 
 Tensor binary_cross_entropy_with_logits(const Tensor& input, const Tensor& target,
                                         const BCEWithLogitsOptions& o) {
+  if (auto out = detail::autocast(AutocastOp::kBinaryCrossEntropyWithLogits,
+                                  {&input, &target, &o.weight, &o.pos_weight}, [&](const auto& x) {
+                                    BCEWithLogitsOptions cast = o;
+                                    cast.weight = x[2];
+                                    cast.pos_weight = x[3];
+                                    return binary_cross_entropy_with_logits(x[0], x[1], cast);
+                                  }))
+    return *out;
   const char* op = "binary_cross_entropy_with_logits";
   check_pointwise(input, target, op);
   EMBER_CHECK(target.is_floating_point(), op, "target must be floating, got ", target.dtype());

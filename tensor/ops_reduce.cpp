@@ -2,6 +2,7 @@
 #include <cmath>
 #include <limits>
 
+#include "detail/autocast_policy.h"
 #include "detail/autograd_hooks.h"
 #include "detail/op_utils.h"
 #include "ops.h"
@@ -110,6 +111,9 @@ std::tuple<Tensor, Tensor> arg_extreme(const Tensor& t, std::optional<int64_t> d
 }  // namespace
 
 Tensor sum(const Tensor& t, const Shape& dims, bool keepdim) {
+  if (auto out = detail::autocast(detail::AutocastOp::kSum, {&t},
+                                  [&](const auto& x) { return sum(x[0], dims, keepdim); }))
+    return *out;
   detail::check_defined(t, "sum");
   AutogradScope scope(OpId::kSum, {&t});
   // Integer and bool sums accumulate and return i64, as in PyTorch.
@@ -188,6 +192,9 @@ Tensor std(const Tensor& t, const Shape& dims, int64_t correction, bool keepdim)
 }
 
 Tensor norm(const Tensor& t, double p, const Shape& dims, bool keepdim) {
+  if (auto out = detail::autocast(detail::AutocastOp::kNorm, {&t},
+                                  [&](const auto& x) { return norm(x[0], p, dims, keepdim); }))
+    return *out;
   detail::check_defined(t, "norm");
   check_floating(t, "norm");
   EMBER_CHECK(p > 0 && !std::isnan(p), "norm", "p must be positive (or infinity), got ", p);

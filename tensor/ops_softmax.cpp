@@ -1,4 +1,5 @@
 // softmax and log_softmax along one dim.
+#include "detail/autocast_policy.h"
 #include "detail/autograd_hooks.h"
 #include "detail/op_utils.h"
 #include "ops.h"
@@ -35,8 +36,16 @@ Tensor softmax_impl(const Tensor& t, int64_t dim, bool log, const char* op) {
 
 }  // namespace
 
-Tensor softmax(const Tensor& t, int64_t dim) { return softmax_impl(t, dim, false, "softmax"); }
+Tensor softmax(const Tensor& t, int64_t dim) {
+  if (auto out = detail::autocast(detail::AutocastOp::kSoftmax, {&t},
+                                  [&](const auto& x) { return softmax(x[0], dim); }))
+    return *out;
+  return softmax_impl(t, dim, false, "softmax");
+}
 Tensor log_softmax(const Tensor& t, int64_t dim) {
+  if (auto out = detail::autocast(detail::AutocastOp::kLogSoftmax, {&t},
+                                  [&](const auto& x) { return log_softmax(x[0], dim); }))
+    return *out;
   return softmax_impl(t, dim, true, "log_softmax");
 }
 

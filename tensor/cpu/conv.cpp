@@ -1,8 +1,10 @@
 // CPU conv2d. f32 (and f16/bf16 through f32) runs on oneDNN when the build has it: its
 // blocked-layout JIT kernels measure 2-10x faster than im2col on the ResNet shapes (see
-// bench/conv_bench). Otherwise, and for f64: im2col over a chunk of the batch, one OpenBLAS
-// GEMM per group for the whole chunk (so OpenBLAS's threads see large products), col2im for
-// grad_input.
+// bench/conv_bench). bf16 runs on oneDNN's bf16 kernels (f32 accumulation, one rounding of
+// each output) where the CPU has bf16 instructions (AVX512-BF16 or AMX); elsewhere, and for
+// f16, through f32 copies, which rounds the same f32 sums once. Otherwise, and for f64: im2col over
+// a chunk of the batch, one OpenBLAS GEMM per group for the whole chunk (so OpenBLAS's threads see
+// large products), col2im for grad_input.
 #include <cblas.h>
 
 #include <algorithm>
@@ -300,21 +302,32 @@ memory::dims weight_dims(const ConvShape& s) {
   if (s.groups == 1) return {s.o, s.c, s.kh, s.kw};
   return {s.groups, s.og(), s.cg(), s.kh, s.kw};
 }
-memory::desc user_src(const ConvShape& s) {
-  return {{s.n, s.c, s.h, s.w}, memory::data_type::f32, Tag::nchw};
-}
-memory::desc user_dst(const ConvShape& s) {
-  return {{s.n, s.o, s.ho, s.wo}, memory::data_type::f32, Tag::nchw};
-}
-memory::desc user_weights(const ConvShape& s) {
-  return {weight_dims(s), memory::data_type::f32, s.groups == 1 ? Tag::oihw : Tag::goihw};
-}
-memory::desc user_bias(const ConvShape& s) { return {{s.o}, memory::data_type::f32, Tag::x}; }
+using DataType = memory::data_type;
 
-std::unique_ptr<Primitives> create(const ConvShape& s, bool bias) {
-  const auto any = [](const memory::dims& d) {
-    return memory::desc(d, memory::data_type::f32, Tag::any);
-  };
+// f32, or bf16 where the CPU computes it natively (tensors of other dtypes go through f32).
+DataType data_type(DType dtype) { return dtype == kBF16 ? DataType::bf16 : DataType::f32; }
+
+bool native_bf16() {
+  static const bool native = [] {
+    const dnnl::cpu_isa isa = dnnl::get_effective_cpu_isa();
+    return isa == dnnl::cpu_isa::avx512_core_bf16 || isa == dnnl::cpu_isa::avx512_core_amx;
+  }();
+  return native;
+}
+
+memory::desc user_src(const ConvShape& s, DataType dt) {
+  return {{s.n, s.c, s.h, s.w}, dt, Tag::nchw};
+}
+memory::desc user_dst(const ConvShape& s, DataType dt) {
+  return {{s.n, s.o, s.ho, s.wo}, dt, Tag::nchw};
+}
+memory::desc user_weights(const ConvShape& s, DataType dt) {
+  return {weight_dims(s), dt, s.groups == 1 ? Tag::oihw : Tag::goihw};
+}
+memory::desc user_bias(const ConvShape& s, DataType dt) { return {{s.o}, dt, Tag::x}; }
+
+std::unique_ptr<Primitives> create(const ConvShape& s, bool bias, DataType dt) {
+  const auto any = [dt](const memory::dims& d) { return memory::desc(d, dt, Tag::any); };
   const memory::desc src = any({s.n, s.c, s.h, s.w}), dst = any({s.n, s.o, s.ho, s.wo});
   const memory::desc wei = any(weight_dims(s));
   const memory::desc b = bias ? any({s.o}) : memory::desc();
@@ -354,20 +367,21 @@ bool disabled() {
 }
 
 // The cached primitives of a geometry; null when oneDNN cannot run it (then im2col does).
-const Primitives* lookup(const ConvShape& s, bool bias) {
+const Primitives* lookup(const ConvShape& s, bool bias, DataType dt) {
   if (disabled()) return nullptr;
-  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
-                         int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool>;
+  using Key =
+      std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                 int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, DataType>;
   static std::mutex mutex;
   static std::map<Key, std::unique_ptr<Primitives>> cache;
-  const Key key{s.n,  s.c,  s.h,  s.w,  s.o,  s.kh, s.kw,     s.sh,
-                s.sw, s.ph, s.pw, s.dh, s.dw, s.ho, s.groups, bias};
+  const Key key{s.n,  s.c,  s.h,  s.w,  s.o,  s.kh,     s.kw, s.sh, s.sw,
+                s.ph, s.pw, s.dh, s.dw, s.ho, s.groups, bias, dt};
   std::lock_guard<std::mutex> lock(mutex);
   auto it = cache.find(key);
   if (it == cache.end()) {
     std::unique_ptr<Primitives> p;
     try {
-      p = create(s, bias);
+      p = create(s, bias, dt);
     } catch (const dnnl::error&) {
       p = nullptr;  // unsupported geometry: fall back
     }
@@ -409,18 +423,21 @@ memory wrap(const memory::desc& desc, const Tensor& t) {
   return memory(desc, engine(), t.data_ptr());
 }
 
+// Tensors of one dtype, f32 or bf16 (the caller checks native_bf16() for bf16).
 bool forward(const Tensor& out, const Tensor& input, const Tensor& weight, const Tensor& bias,
              const ConvShape& s) {
-  const Primitives* p = lookup(s, bias.defined());
+  const DataType dt = data_type(input.dtype());
+  const Primitives* p = lookup(s, bias.defined(), dt);
   if (p == nullptr) return false;
   dnnl::stream st(engine());
   std::vector<Tensor> keep;
-  const memory src = as_layout(wrap(user_src(s), input), p->fwd_pd.src_desc(), st, keep);
-  const memory wei = as_layout(wrap(user_weights(s), weight), p->fwd_pd.weights_desc(), st, keep);
+  const memory src = as_layout(wrap(user_src(s, dt), input), p->fwd_pd.src_desc(), st, keep);
+  const memory wei =
+      as_layout(wrap(user_weights(s, dt), weight), p->fwd_pd.weights_desc(), st, keep);
   std::unordered_map<int, memory> args{{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}};
-  if (bias.defined()) args.emplace(DNNL_ARG_BIAS, wrap(user_bias(s), bias));
+  if (bias.defined()) args.emplace(DNNL_ARG_BIAS, wrap(user_bias(s, dt), bias));
   args.emplace(DNNL_ARG_SCRATCHPAD, scratch(p->fwd_pd.scratchpad_desc(), keep));
-  into_user(wrap(user_dst(s), out), p->fwd_pd.dst_desc(), st, keep, [&](const memory& dst) {
+  into_user(wrap(user_dst(s, dt), out), p->fwd_pd.dst_desc(), st, keep, [&](const memory& dst) {
     args.emplace(DNNL_ARG_DST, dst);
     p->fwd.execute(st, args);
   });
@@ -432,11 +449,12 @@ bool backward(const Tensor& grad_input, const Tensor& grad_weight, const Tensor&
               const Tensor& grad_out, const Tensor& input, const Tensor& weight,
               const ConvShape& s) {
   // grad_bias alone is a plain sum (done by the caller); oneDNN fills it with grad_weight.
-  const Primitives* p = lookup(s, grad_bias.defined());
+  const DataType dt = data_type(input.dtype());
+  const Primitives* p = lookup(s, grad_bias.defined(), dt);
   if (p == nullptr) return false;
   dnnl::stream st(engine());
   std::vector<Tensor> keep;
-  const memory gy_user = wrap(user_dst(s), grad_out);
+  const memory gy_user = wrap(user_dst(s, dt), grad_out);
   // Both passes usually want grad_out in the same layout: reorder it once.
   memory gy_data, gy_weights;
   if (grad_input.defined()) gy_data = as_layout(gy_user, p->data_pd.diff_dst_desc(), st, keep);
@@ -448,19 +466,20 @@ bool backward(const Tensor& grad_input, const Tensor& grad_weight, const Tensor&
   if (grad_input.defined()) {
     const memory& gy = gy_data;
     const memory wei =
-        as_layout(wrap(user_weights(s), weight), p->data_pd.weights_desc(), st, keep);
-    into_user(
-        wrap(user_src(s), grad_input), p->data_pd.diff_src_desc(), st, keep, [&](const memory& gx) {
-          p->data.execute(st, {{DNNL_ARG_DIFF_DST, gy},
-                               {DNNL_ARG_WEIGHTS, wei},
-                               {DNNL_ARG_DIFF_SRC, gx},
-                               {DNNL_ARG_SCRATCHPAD, scratch(p->data_pd.scratchpad_desc(), keep)}});
-        });
+        as_layout(wrap(user_weights(s, dt), weight), p->data_pd.weights_desc(), st, keep);
+    into_user(wrap(user_src(s, dt), grad_input), p->data_pd.diff_src_desc(), st, keep,
+              [&](const memory& gx) {
+                p->data.execute(
+                    st, {{DNNL_ARG_DIFF_DST, gy},
+                         {DNNL_ARG_WEIGHTS, wei},
+                         {DNNL_ARG_DIFF_SRC, gx},
+                         {DNNL_ARG_SCRATCHPAD, scratch(p->data_pd.scratchpad_desc(), keep)}});
+              });
   }
   if (grad_weight.defined()) {
     const memory& gy = gy_weights;
-    const memory src = as_layout(wrap(user_src(s), input), p->weights_pd.src_desc(), st, keep);
-    into_user(wrap(user_weights(s), grad_weight), p->weights_pd.diff_weights_desc(), st, keep,
+    const memory src = as_layout(wrap(user_src(s, dt), input), p->weights_pd.src_desc(), st, keep);
+    into_user(wrap(user_weights(s, dt), grad_weight), p->weights_pd.diff_weights_desc(), st, keep,
               [&](const memory& gw) {
                 std::unordered_map<int, memory> args{
                     {DNNL_ARG_SRC, src},
@@ -468,7 +487,7 @@ bool backward(const Tensor& grad_input, const Tensor& grad_weight, const Tensor&
                     {DNNL_ARG_DIFF_WEIGHTS, gw},
                     {DNNL_ARG_SCRATCHPAD, scratch(p->weights_pd.scratchpad_desc(), keep)}};
                 if (grad_bias.defined()) {
-                  args.emplace(DNNL_ARG_DIFF_BIAS, wrap(user_bias(s), grad_bias));
+                  args.emplace(DNNL_ARG_DIFF_BIAS, wrap(user_bias(s, dt), grad_bias));
                 }
                 p->weights.execute(st, args);
               });
@@ -507,6 +526,11 @@ void conv2d_forward_cpu(const Tensor& out, const Tensor& input, const Tensor& we
   EMBER_ASSERT(!bias.defined() || bias.is_contiguous());
   const ConvShape s = conv_shape(input, weight, out.size(2), out.size(3), params);
   if (out.numel() == 0) return;
+#if EMBER_WITH_DNNL
+  if (input.dtype() == kBF16 && onednn::native_bf16() &&
+      onednn::forward(out, input, weight, bias, s))
+    return;
+#endif
   with_compute_dtype(input.dtype(), [&](auto tag, DType dt) {
     using T = typename decltype(tag)::type;
     const Tensor o = as_dtype(out, dt);
@@ -525,6 +549,14 @@ void conv2d_backward_cpu(const Tensor& grad_input, const Tensor& grad_weight,
                          const Tensor& weight, const Conv2dParams& params) {
   EMBER_ASSERT(grad_out.is_contiguous() && input.is_contiguous() && weight.is_contiguous());
   const ConvShape s = conv_shape(input, weight, grad_out.size(2), grad_out.size(3), params);
+#if EMBER_WITH_DNNL
+  // bf16 grad_input and grad_weight (with grad_bias) on oneDNN's bf16 kernels; a grad_bias
+  // without grad_weight is a plain sum, left to the f32 path below.
+  if (input.dtype() == kBF16 && onednn::native_bf16() && s.n > 0 && s.plane_out() > 0 &&
+      grad_weight.defined() &&
+      onednn::backward(grad_input, grad_weight, grad_bias, grad_out, input, weight, s))
+    return;
+#endif
   with_compute_dtype(input.dtype(), [&](auto tag, DType dt) {
     using T = typename decltype(tag)::type;
     const Tensor gx = as_dtype(grad_input, dt), gw = as_dtype(grad_weight, dt),

@@ -1,8 +1,12 @@
-// CPU GEMM on OpenBLAS: row-major cblas_sgemm / cblas_dgemm, one call per batch entry.
+// CPU GEMM on OpenBLAS: row-major cblas_sgemm / cblas_dgemm, one call per batch entry. f16
+// and bf16 operands are widened to f32 (exactly), multiplied with f32 accumulation and rounded
+// once into the 16-bit output, as cuBLAS does with CUBLAS_COMPUTE_32F.
 #include <cblas.h>
 
+#include <algorithm>
 #include <limits>
 #include <type_traits>
+#include <vector>
 
 #include "cpu_kernels.h"
 
@@ -50,6 +54,51 @@ void gemm_typed(const GemmArgs& g) {
   }
 }
 
+// A rows x cols row-major matrix with leading dim ld, widened into a packed f32 buffer.
+template <typename T>
+void widen(std::vector<float>& dst, const T* src, int64_t rows, int64_t cols, int64_t ld) {
+  dst.resize(static_cast<size_t>(rows * cols));
+  for (int64_t i = 0; i < rows; ++i) {
+    const T* row = src + i * ld;
+    float* out = dst.data() + i * cols;
+    for (int64_t j = 0; j < cols; ++j) out[j] = static_cast<float>(row[j]);
+  }
+}
+
+template <typename T>
+void gemm_widened(const GemmArgs& g) {
+  const T* a = static_cast<const T*>(g.a);
+  const T* b = static_cast<const T*>(g.b);
+  T* c = static_cast<T*>(g.c);
+  // Stored shapes: op(A) is m x k, so A is k x m when transposed; likewise B.
+  const int64_t a_rows = g.trans_a ? g.k : g.m, a_cols = g.trans_a ? g.m : g.k;
+  const int64_t b_rows = g.trans_b ? g.n : g.k, b_cols = g.trans_b ? g.k : g.n;
+  std::vector<float> fa, fb, fc;
+  for (int64_t i = 0; i < g.batch; ++i) {
+    T* ci = c + i * g.stride_c;
+    if (g.beta != 0.0) {
+      widen(fc, ci, g.m, g.n, g.ldc);
+    } else {
+      fc.assign(static_cast<size_t>(g.m * g.n), 0.0f);  // C is not read (no NaN * 0)
+    }
+    if (g.k > 0) {
+      widen(fa, a + i * g.stride_a, a_rows, a_cols, g.lda);
+      widen(fb, b + i * g.stride_b, b_rows, b_cols, g.ldb);
+      cblas_sgemm(CblasRowMajor, g.trans_a ? CblasTrans : CblasNoTrans,
+                  g.trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(g.m),
+                  static_cast<blasint>(g.n), static_cast<blasint>(g.k), static_cast<float>(g.alpha),
+                  fa.data(), static_cast<blasint>(std::max<int64_t>(1, a_cols)), fb.data(),
+                  static_cast<blasint>(std::max<int64_t>(1, b_cols)), static_cast<float>(g.beta),
+                  fc.data(), static_cast<blasint>(std::max<int64_t>(1, g.n)));
+    } else if (g.beta != 0.0) {
+      for (float& v : fc) v *= static_cast<float>(g.beta);
+    }
+    for (int64_t r = 0; r < g.m; ++r) {
+      for (int64_t j = 0; j < g.n; ++j) ci[r * g.ldc + j] = static_cast<T>(fc[r * g.n + j]);
+    }
+  }
+}
+
 void gemm_cpu(const GemmArgs& g) {
   EMBER_ASSERT(g.device.is_cpu(), "gemm_cpu got a ", g.device.str(), " operand");
   EMBER_ASSERT(g.m >= 0 && g.n >= 0 && g.k >= 0 && g.batch >= 0);
@@ -65,6 +114,12 @@ void gemm_cpu(const GemmArgs& g) {
       break;
     case kF64:
       gemm_typed<double>(g);
+      break;
+    case kF16:
+      gemm_widened<Half>(g);
+      break;
+    case kBF16:
+      gemm_widened<BFloat16>(g);
       break;
     default:
       EMBER_ASSERT(false, "gemm_cpu got dtype ", g.dtype);

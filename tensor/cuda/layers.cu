@@ -135,7 +135,7 @@ void batch_norm_forward_cuda(const Tensor& out, const Tensor& save_mean, const T
 // Eval backward, per channel: grad_bias = sum(gy), grad_weight = sum(gy * (x - mean)) * invstd.
 // One block per channel, summed in double as the CPU does.
 template <typename T, typename P>
-__global__ void bn_eval_param_grad_kernel(T* grad_weight, T* grad_bias, const T* grad_out,
+__global__ void bn_eval_param_grad_kernel(P* grad_weight, P* grad_bias, const T* grad_out,
                                           const T* input, const P* mean, const P* invstd, int64_t n,
                                           int64_t channels, int64_t s) {
   __shared__ double shared[kBlockSize];
@@ -152,22 +152,22 @@ __global__ void bn_eval_param_grad_kernel(T* grad_weight, T* grad_bias, const T*
     sum = block_sum<kBlockSize>(sum, shared);
     sum_x = block_sum<kBlockSize>(sum_x, shared);
     if (threadIdx.x == 0) {
-      if (grad_bias != nullptr) grad_bias[c] = cast_to<T>(sum);
+      if (grad_bias != nullptr) grad_bias[c] = static_cast<P>(sum);
       if (grad_weight != nullptr)
-        grad_weight[c] = cast_to<T>(sum_x * static_cast<double>(invstd[c]));
+        grad_weight[c] = static_cast<P>(sum_x * static_cast<double>(invstd[c]));
     }
   }
 }
 
 // Eval backward: grad_input = grad_out * weight * invstd (weight null means 1).
 template <typename T, typename P>
-__global__ void bn_eval_input_grad_kernel(T* grad_input, const T* grad_out, const T* weight,
+__global__ void bn_eval_input_grad_kernel(T* grad_input, const T* grad_out, const P* weight,
                                           const P* invstd, int64_t total, int64_t channels,
                                           int64_t s) {
   using A = compute_t<T>;
   for (int64_t i = global_thread(); i < total; i += grid_stride()) {
     const int64_t c = (i / s) % channels;
-    const double w = weight != nullptr ? cast_to<double>(weight[c]) : 1.0;
+    const double w = weight != nullptr ? static_cast<double>(weight[c]) : 1.0;
     const A k = static_cast<A>(w * static_cast<double>(invstd[c]));
     grad_input[i] = cast_to<T>(cast_to<A>(grad_out[i]) * k);
   }
@@ -179,25 +179,33 @@ void batch_norm_eval_backward(const Tensor& grad_input, const Tensor& grad_weigh
                               const Tensor& save_invstd) {
   const int64_t n = input.size(0), c = input.size(1), s = input.numel() / (n * c);
   const KernelContext ctx(input);
+  const Device device = input.device();
+  // The weight and the parameter gradients go through the statistics type, so a bf16/f16
+  // input may come with f32 parameters (mixed precision) or parameters of its own dtype.
+  const DType param = bn_param_type(input.dtype());
+  const Staged w = weight.defined() ? stage(weight, param, {c}, device, 1.0) : Staged{};
+  const Staged dw =
+      grad_weight.defined() ? output_buffer(grad_weight, param, {c}, device) : Staged{};
+  const Staged db = grad_bias.defined() ? output_buffer(grad_bias, param, {c}, device) : Staged{};
   dispatch_floating(input.dtype(), "batch_norm_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
     using P = stat_t<T>;
     if (grad_weight.defined() || grad_bias.defined()) {
       bn_eval_param_grad_kernel<T, P><<<static_cast<unsigned>(std::min<int64_t>(c, kMaxGridBlocks)),
                                         kBlockSize, 0, ctx.stream>>>(
-          grad_weight.defined() ? grad_weight.data_ptr<T>() : nullptr,
-          grad_bias.defined() ? grad_bias.data_ptr<T>() : nullptr, grad_out.data_ptr<T>(),
+          static_cast<P*>(dw.ptr()), static_cast<P*>(db.ptr()), grad_out.data_ptr<T>(),
           input.data_ptr<T>(), save_mean.data_ptr<P>(), save_invstd.data_ptr<P>(), n, c, s);
       EMBER_CUDA_CHECK_LAUNCH();
     }
     if (grad_input.defined()) {
       bn_eval_input_grad_kernel<T, P><<<grid_for(input.numel()), kBlockSize, 0, ctx.stream>>>(
-          grad_input.data_ptr<T>(), grad_out.data_ptr<T>(),
-          weight.defined() ? weight.data_ptr<T>() : nullptr, save_invstd.data_ptr<P>(),
-          input.numel(), c, s);
+          grad_input.data_ptr<T>(), grad_out.data_ptr<T>(), static_cast<const P*>(w.ptr()),
+          save_invstd.data_ptr<P>(), input.numel(), c, s);
       EMBER_CUDA_CHECK_LAUNCH();
     }
   });
+  finish(grad_weight, dw);
+  finish(grad_bias, db);
 }
 
 // NOTE: cuDNN's backward reads the saved mean and inverse std when they are given and uses

@@ -250,6 +250,34 @@ TEST(LayersParity, BatchNormEvalUsesRunningStats) {
   }
 }
 
+// Mixed precision (autocast's batch norm): a bf16/f16 input with f32 weight, bias and
+// running statistics, in training and in eval (whose backward is ember's own CUDA kernel).
+TEST(LayersParity, BatchNormLowPrecisionInputWithF32Parameters) {
+  EMBER_REQUIRE_CUDA();
+  uint64_t seed = 550;
+  for (DType dtype : {kF16, kBF16}) {
+    for (bool training : {true, false}) {
+      SCOPED_TRACE(::testing::Message() << dtype << (training ? " training" : " eval"));
+      const Inputs inputs = {make_input({4, 3, 5, 6}, dtype, seed++, -1.0, 3.0),
+                             make_input({3}, kF32, seed++), make_input({3}, kF32, seed++),
+                             make_input({3}, kF32, seed++, -0.5, 0.5),
+                             make_input({3}, kF32, seed++, 0.5, 1.5)};
+      const Tolerance tol = layer_tolerance(dtype);
+      const ParityRun run = expect_layer_parity(
+          inputs, {true, true, true, false, false},
+          [training](const Inputs& in) {
+            const Tensor out = batch_norm(in[0], in[1], in[2], in[3], in[4], training, 0.1, 1e-5);
+            EXPECT_EQ(out.dtype(), in[0].dtype());
+            return out;
+          },
+          tol, tol, seed++);
+      for (int i : {1, 2}) EXPECT_EQ(run.cuda[static_cast<size_t>(i)].grad().dtype(), kF32);
+      expect_close(run.cuda[3], run.cpu[3], 1e-5, 1e-6);
+      expect_close(run.cuda[4], run.cpu[4], 1e-5, 1e-6);
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------
 // pooling
 

@@ -629,8 +629,8 @@ TEST(CudaParity, MatmulF32AndF64) {
 
 TEST(CudaParity, MatmulHalfPrecisionMatchesFloatReference) {
   EMBER_REQUIRE_CUDA();
-  // The CPU has no 16-bit GEMM: the reference is the f32 product of the same values,
-  // rounded once; cuBLAS accumulates in f32 too.
+  // The reference is the f32 product of the same values, rounded once (the CPU's own 16-bit
+  // GEMM does exactly that); cuBLAS accumulates in f32 too.
   for (DType t : {kF16, kBF16}) {
     SCOPED_TRACE(name_of(t));
     const double tol = t == kF16 ? 4e-3 : 2e-2;
@@ -640,6 +640,9 @@ TEST(CudaParity, MatmulHalfPrecisionMatchesFloatReference) {
     expect_close(matmul(b.cuda().t(), a.cuda().t()), matmul(b.to(kF32).t(), a.to(kF32).t()).to(t),
                  tol, tol);
     expect_close(bmm(p.cuda(), q.cuda()), bmm(p.to(kF32), q.to(kF32)).to(t), tol, tol);
+    expect_close(matmul(a.cuda(), b.cuda()), matmul(a, b), tol, tol);
+    expect_close(addmm(b.t().select(1, 0), a, b, 0.5, 2.0),
+                 addmm(b.t().select(1, 0).cuda(), a.cuda(), b.cuda(), 0.5, 2.0).cpu(), tol, tol);
   }
 }
 
