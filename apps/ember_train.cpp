@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <regex>
 
+#include <ember/dist/amp.h>
 #include <ember/dist/checkpoint.h>
 #include <ember/dist/ddp.h>
 #include <ember/dist/distributed_sampler.h>
@@ -18,6 +19,7 @@
 
 #include "data_setup.h"
 #include "metrics_log.h"
+#include "precision.h"
 #include "progress.h"
 #include "schedule.h"
 #include "train_options.h"
@@ -123,8 +125,15 @@ int run(const apps::TrainOptions& o) {
   std::unique_ptr<optim::LRScheduler> schedule =
       apps::make_schedule(o.schedule, *optimizer, lr, plan);
 
+  // --- precision: autocast and loss scaling around an f32 model (see precision.h) -----------
+  const apps::Precision precision = apps::resolve_precision(o.precision, device);
+  apps::PrecisionContext amp(precision, device,
+                             group->size() > 1 ? dist::make_found_inf_agreement(group)
+                                               : optim::GradScaler::FoundInfReducer{});
+
   // --- resume ---------------------------------------------------------------------------------
   dist::Checkpoint state;
+  state.grad_scaler = amp.scaler();
   state.model = model.get();
   state.optimizer = optimizer.get();
   state.scheduler = schedule.get();
@@ -148,7 +157,7 @@ int run(const apps::TrainOptions& o) {
           " classes), " + std::to_string(group->size()) + " rank(s) on " + device.str() + " (" +
           group->backend() + "), batch " + std::to_string(o.batch_size) + " per rank" +
           (o.accum_steps > 1 ? " in " + std::to_string(o.accum_steps) + " micro-batches" : "") +
-          ", " + std::to_string(o.epochs) + " epochs");
+          ", " + std::to_string(o.epochs) + " epochs, precision " + amp.name());
   char plan_line[256];
   std::snprintf(plan_line, sizeof plan_line,
                 "schedule: %s over %ld steps (%ld per epoch), peak lr %.4g after %ld warm-up "
@@ -172,9 +181,11 @@ int run(const apps::TrainOptions& o) {
 
   // --- train ----------------------------------------------------------------------------------
   apps::MetricsLog metrics(o.out_dir, leader, first_epoch > 0);
+  metrics.set_precision(&amp);
   apps::Progress progress(leader, o.log_interval);
   apps::Trainer trainer(o, *model, *trained, *optimizer, schedule.get(), *group, device);
   trainer.attach(train_loader, test_loader, &state, metrics, progress);
+  trainer.set_precision(&amp);
   trainer.set_step(step);
   const auto run_start = std::chrono::steady_clock::now();
   const apps::EvalResult last_eval = trainer.train(first_epoch);

@@ -14,6 +14,7 @@
 #include <ember/optim/optimizer.h>
 
 #include "metrics_log.h"
+#include "precision.h"
 #include "progress.h"
 #include "train_options.h"
 
@@ -67,6 +68,10 @@ class Trainer {
   // Epochs first_epoch .. options.epochs - 1 (or until max_steps), snapshots as asked.
   EvalResult train(int64_t first_epoch);
 
+  // Mixed precision for run_batch and evaluate (not owned; null: plain f32 with the global
+  // TF32 policy).
+  void set_precision(PrecisionContext* precision) { precision_ = precision; }
+
   int64_t step() const { return step_; }
   void set_step(int64_t step) { step_ = step; }
   int64_t steps_per_epoch() const;
@@ -91,6 +96,7 @@ class Trainer {
   data::DataLoader* test_loader_ = nullptr;
   dist::Checkpoint* checkpoint_ = nullptr;
   MetricsLog* metrics_ = nullptr;
+  PrecisionContext* precision_ = nullptr;
   Progress* progress_ = nullptr;
   int64_t step_ = 0;
   EvalResult last_eval_;

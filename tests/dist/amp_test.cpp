@@ -1,9 +1,14 @@
 // GradScaler across ranks: with dist::make_found_inf_agreement every rank skips the step
 // that any rank found an inf in, and the scales stay equal. Runs at any world size (1 under
 // plain ctest, 2 and 3 under mpirun).
+#include <unistd.h>
+
+#include <filesystem>
 #include <limits>
+#include <string>
 
 #include <ember/dist/amp.h>
+#include <ember/dist/checkpoint.h>
 #include <ember/optim/sgd.h>
 
 #include "dist_test_util.h"
@@ -51,6 +56,37 @@ TEST(FoundInfAgreement, WithoutItOnlyTheRankWithTheInfSkips) {
   const bool bad = pg->rank() == 0;
   EXPECT_EQ(run(scaler, pg->rank(), 0, w), (std::vector<bool>{true, !bad, true}));
   EXPECT_EQ(scaler.get_scale(), bad ? 512.0 : 1024.0);
+}
+
+// Checkpoints carry the scaler's state; a checkpoint without one (an fp32 or bf16 run's)
+// leaves the scaler as it is, so it loads into an fp16 run too.
+TEST(GradScalerCheckpoint, SavedAndRestoredBesideTheModel) {
+  auto pg = world();
+  const std::filesystem::path path =
+      std::filesystem::temp_directory_path() / ("ember_scaler_" + std::to_string(getpid()) + "_" +
+                                                std::to_string(pg->rank()) + ".safetensors");
+  optim::GradScaler saved({.init_scale = 1024.0, .growth_interval = 7});
+  Tensor w = ones({4}).requires_grad_();
+  run(saved, 0, -1, w);  // 3 clean steps
+  Checkpoint with;
+  with.grad_scaler = &saved;
+  save_checkpoint(path.string(), with);
+
+  optim::GradScaler restored;
+  Checkpoint into;
+  into.grad_scaler = &restored;
+  load_checkpoint(path.string(), into);
+  EXPECT_EQ(restored.get_scale(), 1024.0);
+  EXPECT_EQ(restored.get_growth_tracker(), 3);
+  EXPECT_EQ(restored.get_growth_interval(), 7);
+
+  save_checkpoint(path.string(), Checkpoint{});  // no scaler in the file
+  optim::GradScaler fresh({.init_scale = 8.0});
+  Checkpoint into_fresh;
+  into_fresh.grad_scaler = &fresh;
+  load_checkpoint(path.string(), into_fresh);
+  EXPECT_EQ(fresh.get_scale(), 8.0);
+  std::filesystem::remove(path);
 }
 
 TEST(FoundInfAgreement, NullGroupIsRefused) {
