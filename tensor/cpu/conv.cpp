@@ -18,13 +18,10 @@
 #include <unordered_map>
 #include <vector>
 
-#if EMBER_WITH_DNNL
-#include <oneapi/dnnl/dnnl.hpp>
-#endif
-
 #include "../detail/dispatch.h"
 #include "../ops.h"
 #include "cpu_kernels.h"
+#include "onednn.h"
 
 namespace ember::detail {
 namespace {
@@ -282,6 +279,8 @@ void conv_backward_typed(const Tensor& grad_input, const Tensor& grad_weight,
 namespace onednn {
 
 using dnnl::memory;
+using ::ember::detail::onednn::engine;
+using ::ember::detail::onednn::native_bf16;
 using Tag = memory::format_tag;
 
 struct Primitives {
@@ -293,27 +292,15 @@ struct Primitives {
   dnnl::convolution_backward_weights weights;
 };
 
-dnnl::engine& engine() {
-  static dnnl::engine eng(dnnl::engine::kind::cpu, 0);
-  return eng;
-}
-
 memory::dims weight_dims(const ConvShape& s) {
   if (s.groups == 1) return {s.o, s.c, s.kh, s.kw};
   return {s.groups, s.og(), s.cg(), s.kh, s.kw};
 }
+
 using DataType = memory::data_type;
 
 // f32, or bf16 where the CPU computes it natively (tensors of other dtypes go through f32).
 DataType data_type(DType dtype) { return dtype == kBF16 ? DataType::bf16 : DataType::f32; }
-
-bool native_bf16() {
-  static const bool native = [] {
-    const dnnl::cpu_isa isa = dnnl::get_effective_cpu_isa();
-    return isa == dnnl::cpu_isa::avx512_core_bf16 || isa == dnnl::cpu_isa::avx512_core_amx;
-  }();
-  return native;
-}
 
 memory::desc user_src(const ConvShape& s, DataType dt) {
   return {{s.n, s.c, s.h, s.w}, dt, Tag::nchw};

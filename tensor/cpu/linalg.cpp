@@ -1,14 +1,21 @@
 // CPU GEMM on OpenBLAS: row-major cblas_sgemm / cblas_dgemm, one call per batch entry. f16
-// and bf16 operands are widened to f32 (exactly), multiplied with f32 accumulation and rounded
-// once into the 16-bit output, as cuBLAS does with CUBLAS_COMPUTE_32F.
+// and bf16 products accumulate in f32 and are rounded once into the 16-bit output, as cuBLAS
+// does with CUBLAS_COMPUTE_32F: bf16 on oneDNN's bf16 matmul where the CPU has bf16
+// instructions (AVX512-BF16, AMX), otherwise by widening the operands to f32 (exactly) for
+// sgemm.
 #include <cblas.h>
 
 #include <algorithm>
 #include <limits>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
 #include "cpu_kernels.h"
+#include "onednn.h"
 
 namespace ember::detail {
 namespace {
@@ -65,6 +72,86 @@ void widen(std::vector<float>& dst, const T* src, int64_t rows, int64_t cols, in
   }
 }
 
+#if EMBER_WITH_DNNL
+// C (f32, contiguous [batch, m, n], holding C's values when beta != 0) = alpha * A @ B +
+// beta * C for bf16 A and B on oneDNN's matmul (f32 accumulation); one primitive per layout,
+// created once. False when oneDNN cannot run it.
+bool matmul_bf16_onednn(const GemmArgs& g, float* c) {
+  using dnnl::memory;
+  // A batch dim of stride 0 (a broadcast operand) is a batch of one, which oneDNN broadcasts.
+  const int64_t batch_a = g.stride_a == 0 ? 1 : g.batch, batch_b = g.stride_b == 0 ? 1 : g.batch;
+  const auto desc = [](int64_t batch, int64_t rows, int64_t cols, bool trans, int64_t ld,
+                       int64_t stride, memory::data_type dt) {
+    const int64_t batch_stride = batch == 1 ? rows * cols : stride;
+    return memory::desc(
+        {batch, rows, cols}, dt,
+        trans ? memory::dims{batch_stride, 1, ld} : memory::dims{batch_stride, ld, 1});
+  };
+  const memory::desc a =
+      desc(batch_a, g.m, g.k, g.trans_a, g.lda, g.stride_a, memory::data_type::bf16);
+  const memory::desc b =
+      desc(batch_b, g.k, g.n, g.trans_b, g.ldb, g.stride_b, memory::data_type::bf16);
+  const memory::desc out = desc(g.batch, g.m, g.n, false, g.n, g.m * g.n, memory::data_type::f32);
+  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, int64_t,
+                         int64_t, bool, int64_t, int64_t, double, double>;
+  const Key key{g.m,   g.n,        g.k,       g.batch, batch_a,    batch_b, g.trans_a,
+                g.lda, g.stride_a, g.trans_b, g.ldb,   g.stride_b, g.alpha, g.beta};
+  static std::mutex mutex;
+  static std::map<Key, std::unique_ptr<dnnl::matmul>> cache;
+  dnnl::matmul* prim = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = cache.find(key);
+    if (it == cache.end()) {
+      std::unique_ptr<dnnl::matmul> made;
+      try {
+        dnnl::primitive_attr attr;
+        if (g.alpha != 1.0) attr.set_output_scales(0, {static_cast<float>(g.alpha)});
+        if (g.beta != 0.0) {
+          dnnl::post_ops ops;
+          ops.append_sum(static_cast<float>(g.beta));
+          attr.set_post_ops(ops);
+        }
+        made = std::make_unique<dnnl::matmul>(
+            dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, out), attr, onednn::engine()));
+      } catch (const dnnl::error&) {
+        made = nullptr;  // a layout oneDNN does not take: widen instead
+      }
+      it = cache.emplace(key, std::move(made)).first;
+    }
+    prim = it->second.get();
+  }
+  if (prim == nullptr) return false;
+  dnnl::stream st(onednn::engine());
+  prim->execute(st, {{DNNL_ARG_SRC, memory(a, onednn::engine(), const_cast<void*>(g.a))},
+                     {DNNL_ARG_WEIGHTS, memory(b, onednn::engine(), const_cast<void*>(g.b))},
+                     {DNNL_ARG_DST, memory(out, onednn::engine(), c)}});
+  st.wait();
+  return true;
+}
+
+// bf16 on oneDNN, when the CPU computes bf16 natively; false to take the widening path.
+bool gemm_bf16_native(const GemmArgs& g) {
+  if (g.k == 0 || !onednn::native_bf16()) return false;
+  std::vector<float> c(static_cast<size_t>(g.batch * g.m * g.n), 0.0f);
+  BFloat16* out = static_cast<BFloat16*>(g.c);
+  if (g.beta != 0.0) {
+    for (int64_t i = 0; i < g.batch; ++i)
+      for (int64_t r = 0; r < g.m; ++r)
+        for (int64_t j = 0; j < g.n; ++j)
+          c[(i * g.m + r) * g.n + j] = static_cast<float>(out[i * g.stride_c + r * g.ldc + j]);
+  }
+  if (!matmul_bf16_onednn(g, c.data())) return false;
+  for (int64_t i = 0; i < g.batch; ++i)
+    for (int64_t r = 0; r < g.m; ++r)
+      for (int64_t j = 0; j < g.n; ++j)
+        out[i * g.stride_c + r * g.ldc + j] = BFloat16(c[(i * g.m + r) * g.n + j]);
+  return true;
+}
+#else
+bool gemm_bf16_native(const GemmArgs&) { return false; }
+#endif
+
 template <typename T>
 void gemm_widened(const GemmArgs& g) {
   const T* a = static_cast<const T*>(g.a);
@@ -119,7 +206,7 @@ void gemm_cpu(const GemmArgs& g) {
       gemm_widened<Half>(g);
       break;
     case kBF16:
-      gemm_widened<BFloat16>(g);
+      if (!gemm_bf16_native(g)) gemm_widened<BFloat16>(g);
       break;
     default:
       EMBER_ASSERT(false, "gemm_cpu got dtype ", g.dtype);
