@@ -9,6 +9,7 @@
 
 #include <ember/dist/amp.h>
 #include <ember/dist/checkpoint.h>
+#include <ember/dist/ddp.h>
 #include <ember/optim/sgd.h>
 
 #include "dist_test_util.h"
@@ -56,6 +57,45 @@ TEST(FoundInfAgreement, WithoutItOnlyTheRankWithTheInfSkips) {
   const bool bad = pg->rank() == 0;
   EXPECT_EQ(run(scaler, pg->rank(), 0, w), (std::vector<bool>{true, !bad, true}));
   EXPECT_EQ(scaler.get_scale(), bad ? 512.0 : 1024.0);
+}
+
+// fp16 autocast under DDP: gradients reach the (f32) buckets and the parameters in f32, the
+// replicas stay identical, and an inf on one rank's batch skips the step on every rank.
+TEST(FoundInfAgreement, Fp16AutocastUnderDdpKeepsF32GradientsAndSkipsTogether) {
+  auto pg = world();
+  manual_seed(3);
+  auto net = std::make_shared<nn::Sequential>(std::initializer_list<std::shared_ptr<nn::Module>>{
+      std::make_shared<nn::Linear>(6, 8), std::make_shared<nn::ReLU>(),
+      std::make_shared<nn::Linear>(8, 3)});
+  auto ddp = std::make_shared<DistributedDataParallel>(net, pg);
+  optim::SGD opt(ddp->parameters(), {.lr = 0.1});
+  optim::GradScaler scaler({}, make_found_inf_agreement(pg));
+  std::vector<bool> ran;
+  for (int step = 0; step < 3; ++step) {
+    manual_seed(100 + static_cast<uint64_t>(step * 10 + pg->rank()));
+    Tensor x = randn({4, 6});
+    const Tensor y = randint(0, 3, {4});
+    if (step == 1 && pg->rank() == pg->size() - 1) x.narrow(0, 0, 1).fill_(1e30);  // f16: inf
+    Tensor loss;
+    {
+      AutocastGuard autocast(kCPU, kF16);
+      loss = cross_entropy((*ddp)(x), y);
+    }
+    opt.zero_grad();
+    scaler.scale(loss).backward();
+    for (const Tensor& p : ddp->parameters()) ASSERT_EQ(p.grad().dtype(), kF32);
+    ran.push_back(scaler.step(opt));
+    scaler.update();
+  }
+  EXPECT_EQ(ran, (std::vector<bool>{true, false, true}));
+  EXPECT_EQ(scaler.get_scale(), 32768.0);
+  for (const Tensor& p : ddp->parameters()) {
+    EXPECT_EQ(p.dtype(), kF32);
+    Tensor lo = p.detach().clone(), hi = p.detach().clone();
+    pg->allreduce(lo, ReduceOp::kMin)->wait();
+    pg->allreduce(hi, ReduceOp::kMax)->wait();
+    EXPECT_TRUE(equal(lo, hi)) << "replicas differ";
+  }
 }
 
 // Checkpoints carry the scaler's state; a checkpoint without one (an fp32 or bf16 run's)
