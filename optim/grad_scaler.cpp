@@ -104,6 +104,9 @@ bool GradScaler::step(Optimizer& optimizer) {
   EMBER_CHECK(state.stage != Stage::kStepped, "GradScaler::step",
               "step() has already been called since the last update()");
   if (state.stage == Stage::kReady) unscale_(optimizer);
+  EMBER_CHECK(!state.found_inf.empty(), "GradScaler::step",
+              "no inf checks were recorded for this optimizer: none of its parameters has a "
+              "gradient (did backward run on the scaled loss?)");
   double found = 0;
   for (const auto& entry : state.found_inf) found += entry.second.item<double>();
   const bool run = found == 0;

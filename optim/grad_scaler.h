@@ -63,7 +63,8 @@ class GradScaler {
   void unscale_(Optimizer& optimizer);
 
   // Unscales (if unscale_ was not called) and runs optimizer.step() unless an inf/NaN was
-  // found. Returns whether the step ran. Once per optimizer between update()s.
+  // found. Returns whether the step ran. Once per optimizer between update()s; ember::Error
+  // when no parameter of the optimizer has a gradient, as PyTorch.
   bool step(Optimizer& optimizer);
 
   // Backs the scale off (found inf in any optimizer this iteration) or grows it after

@@ -181,6 +181,11 @@ TEST(GradScaler, EnforcesTheOrderOfCallsAsPyTorch) {
   GradScaler scaler;
   EXPECT_EMBER_ERROR(scaler.unscale_(q.opt), "call scaler.scale(loss)");
   EXPECT_EMBER_ERROR(scaler.update(), "call scaler.scale(loss)");
+  {
+    GradScaler no_backward;
+    no_backward.scale(q.loss());  // backward never ran: no gradient to check
+    EXPECT_EMBER_ERROR(no_backward.step(q.opt), "no inf checks were recorded for this optimizer");
+  }
   scaler.scale(q.loss()).backward();
   EXPECT_EMBER_ERROR(scaler.update(), "no inf checks were recorded");
   scaler.unscale_(q.opt);
