@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include <ember/dist/amp.h>
 #include <ember/dist/checkpoint.h>
 #include <ember/dist/ddp.h>
 #include <ember/dist/distributed_sampler.h>
@@ -17,6 +18,7 @@
 
 #include "data_setup.h"
 #include "metrics_log.h"
+#include "precision.h"
 #include "progress.h"
 #include "schedule.h"
 #include "train_options.h"
@@ -105,8 +107,15 @@ int run(const apps::TrainOptions& o) {
   std::unique_ptr<optim::LRScheduler> schedule =
       apps::make_schedule(o.schedule, *optimizer, lr, plan);
 
+  // --- precision: autocast and loss scaling around an f32 model (see precision.h) -----------
+  const apps::Precision precision = apps::resolve_precision(o.precision, device);
+  apps::PrecisionContext amp(precision, device,
+                             group->size() > 1 ? dist::make_found_inf_agreement(group)
+                                               : optim::GradScaler::FoundInfReducer{});
+
   // --- snapshots --------------------------------------------------------------------------
   dist::Checkpoint state;
+  state.grad_scaler = amp.scaler();
   state.model = model.get();
   state.optimizer = optimizer.get();
   state.scheduler = schedule.get();
@@ -114,9 +123,11 @@ int run(const apps::TrainOptions& o) {
   state.sampler = train_sampler.get();
   // A resumed run continues its metrics files (records after its snapshot are dropped).
   apps::MetricsLog metrics(o.out_dir, leader, !o.resume.empty());
+  metrics.set_precision(&amp);
   apps::Progress progress(leader, o.log_interval);
   apps::Trainer trainer(o, *model, *trained, *optimizer, schedule.get(), *group, device);
   trainer.attach(train_loader, test_loader, &state, metrics, progress);
+  trainer.set_precision(&amp);
   const int64_t first_epoch = trainer.resume();
   if (!o.resume.empty()) metrics.drop_after(trainer.step());
 
@@ -125,7 +136,7 @@ int run(const apps::TrainOptions& o) {
           " classes), " + std::to_string(group->size()) + " rank(s) on " + device.str() + " (" +
           group->backend() + "), batch " + std::to_string(o.batch_size) + " per rank" +
           (o.accum_steps > 1 ? " in " + std::to_string(o.accum_steps) + " micro-batches" : "") +
-          ", " + std::to_string(o.epochs) + " epochs");
+          ", " + std::to_string(o.epochs) + " epochs, precision " + amp.name());
   char plan_line[256];
   std::snprintf(plan_line, sizeof plan_line,
                 "schedule: %s over %ld steps (%ld per epoch), peak lr %.4g after %ld warm-up "

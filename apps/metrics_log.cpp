@@ -61,15 +61,28 @@ void MetricsLog::drop_after(int64_t step) {
 
 void MetricsLog::write(const std::string& line) { jsonl_ << line << "\n" << std::flush; }
 
+std::string MetricsLog::precision_fields() const {
+  if (precision_ == nullptr) return "";
+  char fields[160];
+  std::snprintf(fields, sizeof fields, ", \"precision\": \"%s\", \"skipped_steps\": %ld",
+                precision_->name(), static_cast<long>(precision_->skipped_steps()));
+  std::string out = fields;
+  if (precision_->precision() == Precision::kFP16) {
+    std::snprintf(fields, sizeof fields, ", \"loss_scale\": %.9g", precision_->loss_scale());
+    out += fields;
+  }
+  return out;
+}
+
 void MetricsLog::step(int64_t step, double epoch, double loss, double lr, double images_per_s) {
   if (!enabled_) return;
   char line[256];
   std::snprintf(
       line, sizeof line,
       "{\"kind\": \"step\", \"step\": %ld, \"epoch\": %.4f, \"loss\": %.5f, \"lr\": %.6g, "
-      "\"images_per_s\": %.1f}",
+      "\"images_per_s\": %.1f",
       static_cast<long>(step), epoch, loss, lr, images_per_s);
-  write(line);
+  write(line + precision_fields() + "}");
   steps_csv_ << step << "," << loss << "," << lr << "\n" << std::flush;
 }
 
@@ -92,10 +105,10 @@ void MetricsLog::epoch(int64_t step, int64_t epoch, double train_loss, double tr
   std::snprintf(line, sizeof line,
                 "{\"kind\": \"epoch\", \"step\": %ld, \"epoch\": %ld, \"train_loss\": %.5f, "
                 "\"train_accuracy\": %.5f, \"test_loss\": %.5f, \"test_accuracy\": %.5f, "
-                "\"images_per_s\": %.1f, \"lr\": %.6g, \"epoch_s\": %.1f, \"elapsed_s\": %.1f}",
+                "\"images_per_s\": %.1f, \"lr\": %.6g, \"epoch_s\": %.1f, \"elapsed_s\": %.1f",
                 static_cast<long>(step), static_cast<long>(epoch), train_loss, train_accuracy,
                 test_loss, test_accuracy, images_per_s, lr, epoch_s, elapsed_s);
-  write(line);
+  write(line + precision_fields() + "}");
 }
 
 std::string MetricsLog::plot(int64_t steps_per_epoch, int64_t last_step) {

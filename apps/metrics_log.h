@@ -7,6 +7,8 @@
 #include <fstream>
 #include <string>
 
+#include "precision.h"
+
 namespace ember::apps {
 
 // Writes out_dir/metrics.jsonl (one JSON object a line, "kind" = "step", "eval" or
@@ -27,6 +29,9 @@ class MetricsLog {
   void epoch(int64_t step, int64_t epoch, double train_loss, double train_accuracy,
              double test_loss, double test_accuracy, double images_per_s, double lr, double epoch_s,
              double elapsed_s);
+  // Step and epoch records then carry "precision", "skipped_steps" (optimizer steps skipped
+  // for inf/NaN gradients) and, in fp16, "loss_scale". Not owned; null: no such fields.
+  void set_precision(const PrecisionContext* precision) { precision_ = precision; }
   // out_dir/curves.png: training loss per step with test loss per evaluation, test accuracy,
   // and the lr, side by side on one step axis from 0 to last_step. Returns the path, or ""
   // (with the reason printed) when gnuplot is missing or fails.
@@ -35,9 +40,12 @@ class MetricsLog {
  private:
   void write(const std::string& line);
   void open(std::ios::openmode mode);
+  // ", \"precision\": ..." for the records, or "" without a precision context.
+  std::string precision_fields() const;
   bool enabled_;
   std::filesystem::path dir_, jsonl_path_;
   std::ofstream jsonl_, steps_csv_, evals_csv_;
+  const PrecisionContext* precision_ = nullptr;
 };
 
 }  // namespace ember::apps

@@ -71,6 +71,10 @@ int parse_train_options(int argc, char** argv, TrainOptions& o) {
       ->check(kNonNegative);
   app.add_option("--label-smoothing", o.label_smoothing)->check(CLI::Range(0.0, 1.0));
   app.add_option("--device", o.device)->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  app.add_option("--precision", o.precision,
+                 "fp32 | tf32 | bf16 (autocast) | fp16 (autocast + loss scaling); auto: bf16 on "
+                 "a GPU of compute capability 8.0 or later, else fp32")
+      ->check(CLI::IsMember({"auto", "fp32", "tf32", "bf16", "fp16"}));
   app.add_option("--threads", o.threads, "CPU threads per rank (0: all cores)")
       ->check(kNonNegative);
   app.add_option("--workers", o.workers, "Data-loading threads")->check(kNonNegative);

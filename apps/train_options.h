@@ -24,8 +24,9 @@ struct TrainOptions {
   double warmup_epochs = -1;          // < 0: the schedule's default (see schedule.h)
   int64_t warmup_steps = -1;          // < 0: from warmup_epochs; wins over it when set
   double label_smoothing = 0.1;
-  std::string device = "auto";  // auto | cpu | cuda
-  int threads = 0;              // 0: all cores
+  std::string device = "auto";     // auto | cpu | cuda
+  std::string precision = "auto";  // auto | fp32 | tf32 | bf16 | fp16 (see precision.h)
+  int threads = 0;                 // 0: all cores
   int workers = 2;
   uint64_t seed = 0;
   bool deterministic = false;

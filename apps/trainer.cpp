@@ -51,9 +51,14 @@ BatchResult Trainer::run_batch(const data::Batch& batch) {
   auto micro_step = [&](int64_t k) {
     const Tensor x = batch.data.narrow(0, k * micro, micro).to(device_, true);
     const Tensor y = batch.target.narrow(0, k * micro, micro).to(device_, true);
-    const Tensor logits = trained_.forward(x);
-    const Tensor loss = cross_entropy(logits, y, {.label_smoothing = options_.label_smoothing});
-    (micro_steps == 1 ? loss : loss * scale).backward();
+    Tensor logits, loss;
+    {
+      const auto autocast = precision_ != nullptr ? precision_->autocast() : nullptr;
+      logits = trained_.forward(x);
+      loss = cross_entropy(logits, y, {.label_smoothing = options_.label_smoothing});
+    }
+    const Tensor mean_part = micro_steps == 1 ? loss : loss * scale;
+    (precision_ != nullptr ? precision_->scale(mean_part) : mean_part).backward();
     result.loss += loss.item<double>() * scale;
     NoGradGuard no_grad;
     result.correct += sum(eq(argmax(logits, 1), y)).item<double>();
@@ -66,8 +71,15 @@ BatchResult Trainer::run_batch(const data::Batch& batch) {
       micro_step(k);
     }
   }
-  if (options_.grad_clip > 0) optim::clip_grad_norm_(model_.parameters(), options_.grad_clip);
-  optimizer_.step();
+  if (options_.grad_clip > 0) {
+    if (precision_ != nullptr) precision_->unscale_(optimizer_);  // clip the true gradients
+    optim::clip_grad_norm_(model_.parameters(), options_.grad_clip);
+  }
+  if (precision_ != nullptr) {
+    precision_->step(optimizer_);  // fp16: skipped on inf/NaN gradients
+  } else {
+    optimizer_.step();
+  }
   if (schedule_ != nullptr) schedule_->step();
   ++step_;
   result.count = size;
@@ -109,6 +121,7 @@ EvalResult Trainer::evaluate() {
   double loss_sum = 0, correct = 0, count = 0;
   for (const data::Batch& batch : *test_loader_) {
     const Tensor x = batch.data.to(device_, true), y = batch.target.to(device_, true);
+    const auto autocast = precision_ != nullptr ? precision_->autocast() : nullptr;
     const Tensor logits = trained_.forward(x);
     loss_sum += cross_entropy(logits, y, {.reduction = Reduction::kSum}).item<double>();
     correct += sum(eq(argmax(logits, 1), y)).item<double>();

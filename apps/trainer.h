@@ -25,6 +25,7 @@
 #include <ember/optim/optimizer.h>
 
 #include "metrics_log.h"
+#include "precision.h"
 #include "progress.h"
 #include "train_options.h"
 
@@ -101,6 +102,10 @@ class Trainer {
   // Returns the last evaluation (one is made when no epoch is left to run).
   EvalResult train(int64_t first_epoch);
 
+  // Mixed precision for run_batch and evaluate (not owned; null: plain f32 with the global
+  // TF32 policy).
+  void set_precision(PrecisionContext* precision) { precision_ = precision; }
+
   int64_t step() const { return step_; }
   void set_step(int64_t step) { step_ = step; }
   int64_t steps_per_epoch() const;
@@ -137,6 +142,7 @@ class Trainer {
   data::DataLoader* test_loader_ = nullptr;
   dist::Checkpoint* checkpoint_ = nullptr;
   MetricsLog* metrics_ = nullptr;
+  PrecisionContext* precision_ = nullptr;
   Progress* progress_ = nullptr;
   int64_t step_ = 0, steps_per_epoch_ = 0;
   EpochSums sums_;

@@ -1,8 +1,10 @@
 // GEMM throughput of ember::mm against the vendor library called directly on the same
 // operands in the same run: OpenBLAS cblas_sgemm on the CPU, cuBLAS cublasSgemm on CUDA.
-// One JSON line per case, with ratio = ember / vendor.
+// One JSON line per case, with ratio = ember / vendor, and the precision each side ran in
+// ("fp32", or "tf32" on CUDA with --tf32: ember under set_float32_matmul_precision("high"),
+// cuBLAS with CUBLAS_TF32_TENSOR_OP_MATH). The CPU always runs fp32.
 //
-//   gemm_bench [--quick]   (--quick: the sizes up to 512 only)
+//   gemm_bench [--quick] [--tf32]   (--quick: the sizes up to 512 only)
 #include <cblas.h>
 
 #include <cstdint>
@@ -68,7 +70,7 @@ Operands make_operands(const GemmCase& c, ember::Device device) {
 }
 
 void report(const char* backend, const char* vendor, const GemmCase& c, double ember_s,
-            double vendor_s) {
+            double vendor_s, const char* ember_precision, const char* vendor_precision) {
   JsonLine()
       .add("bench", "gemm")
       .add("backend", backend)
@@ -77,6 +79,8 @@ void report(const char* backend, const char* vendor, const GemmCase& c, double e
       .add("n", static_cast<long long>(c.n))
       .add("k", static_cast<long long>(c.k))
       .add("trans_a", c.trans_a)
+      .add("ember_precision", ember_precision)
+      .add(std::string(vendor) + "_precision", vendor_precision)
       .add("ember_gflops", gflops(c, ember_s))
       .add(std::string(vendor) + "_gflops", gflops(c, vendor_s))
       .add("ratio", vendor_s / ember_s)
@@ -98,7 +102,7 @@ void bench_cpu(const GemmCase& c) {
                      1.0f, a, c.trans_a ? m : k, b, n, 0.0f, raw_out, n);
        }},
       [] {});
-  report("cpu", "openblas", c, t[0], t[1]);
+  report("cpu", "openblas", c, t[0], t[1], "fp32", "fp32");
 }
 
 #if EMBER_WITH_CUDA
@@ -109,7 +113,7 @@ void check_cublas(cublasStatus_t status, const char* what) {
   }
 }
 
-void bench_cuda(const GemmCase& c, cublasHandle_t handle) {
+void bench_cuda(const GemmCase& c, cublasHandle_t handle, bool tf32) {
   const ember::Device device = ember::cuda_device(0);
   Operands ops = make_operands(c, device);
   Tensor out = ember::empty({c.m, c.n}, ember::TensorOptions(ember::kF32, device));
@@ -129,21 +133,29 @@ void bench_cuda(const GemmCase& c, cublasHandle_t handle) {
                       "cublasSgemm");
        }},
       [] { ember::cuda::synchronize(); });
-  report("cuda", "cublas", c, t[0], t[1]);
+  const char* precision = tf32 ? "tf32" : "fp32";
+  report("cuda", "cublas", c, t[0], t[1], ember::matmul_allow_tf32() ? "tf32" : "fp32", precision);
 }
 #endif
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  bool quick = false, tf32 = false;
+  for (int i = 1; i < argc; ++i) {
+    quick = quick || std::strcmp(argv[i], "--quick") == 0;
+    tf32 = tf32 || std::strcmp(argv[i], "--tf32") == 0;
+  }
+  if (tf32) ember::set_float32_matmul_precision("high");
   ember::manual_seed(0);
   for (const GemmCase& c : cases(quick)) bench_cpu(c);
 #if EMBER_WITH_CUDA
   if (ember::cuda::is_available()) {
     cublasHandle_t handle = nullptr;
     check_cublas(cublasCreate(&handle), "cublasCreate");
-    for (const GemmCase& c : cases(quick)) bench_cuda(c, handle);
+    check_cublas(cublasSetMathMode(handle, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH),
+                 "cublasSetMathMode");
+    for (const GemmCase& c : cases(quick)) bench_cuda(c, handle, tf32);
     cublasDestroy(handle);
   }
 #endif

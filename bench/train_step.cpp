@@ -1,6 +1,8 @@
 // One training step (forward, backward, SGD-Nesterov update) of a ResNet on random
 // CIFAR-shaped data: median step time after warm-up, images/s and peak memory, one JSON
 // line. bench/train_step_torch.py runs the same step in PyTorch with the same flags and keys.
+// --precision as ember-train's (apps/precision.h): fp32, tf32, bf16 or fp16 autocast (fp16
+// with loss scaling).
 #include <sys/resource.h>
 
 #include <CLI/CLI.hpp>
@@ -8,10 +10,11 @@
 #include <ember/ember.h>
 
 #include "bench_util.h"
+#include "precision.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"ember training-step benchmark"};
-  std::string model_name = "resnet20", device_name = "cpu";
+  std::string model_name = "resnet20", device_name = "cpu", precision_name = "fp32";
   int64_t batch = 128;
   int threads = 2, steps = 10;
   bool ddp = false;
@@ -21,6 +24,8 @@ int main(int argc, char** argv) {
   app.add_option("--batch", batch, "images per step")->check(CLI::PositiveNumber);
   app.add_option("--device", device_name, "cpu | cuda")->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--threads", threads, "CPU threads")->check(CLI::PositiveNumber);
+  app.add_option("--precision", precision_name, "fp32 | tf32 | bf16 | fp16")
+      ->check(CLI::IsMember({"fp32", "tf32", "bf16", "fp16"}));
   app.add_option("--steps", steps, "timed steps")->check(CLI::PositiveNumber);
   app.add_flag("--ddp", ddp, "under mpirun: DDP step time beside the no_sync step time");
   CLI11_PARSE(app, argc, argv);
@@ -50,11 +55,17 @@ int main(int argc, char** argv) {
         ember::randn({batch, 3, 32, 32}, ember::TensorOptions(ember::kF32, device));
     const ember::Tensor labels =
         ember::randint(0, 10, {batch}, ember::TensorOptions(ember::kI64, device));
+    ember::apps::PrecisionContext precision(ember::apps::resolve_precision(precision_name, device),
+                                            device);
     auto step = [&] {
       optimizer.zero_grad();
-      const ember::Tensor loss = ember::cross_entropy(trained.forward(images), labels);
-      loss.backward();
-      optimizer.step();
+      ember::Tensor loss;
+      {
+        const auto autocast = precision.autocast();
+        loss = ember::cross_entropy(trained.forward(images), labels);
+      }
+      precision.scale(loss).backward();
+      precision.step(optimizer);
     };
     // The same step with gradient synchronisation off: the compute-only baseline for DDP.
     auto local_step = [&] {
@@ -81,6 +92,10 @@ int main(int argc, char** argv) {
         .add("model", model_name)
         .add("batch", static_cast<long long>(batch))
         .add("device", device_name)
+        // The f32 policy on CUDA (tensor/precision.h; the CPU computes in f32 regardless).
+        .add("precision", precision.name())
+        .add("matmul_precision", ember::get_float32_matmul_precision())
+        .add("cudnn_allow_tf32", ember::cudnn_allow_tf32())
         .add("threads", threads)
         .add("step_s", step_s)
         .add("images_per_s", static_cast<double>(batch) / step_s)

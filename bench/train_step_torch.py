@@ -67,6 +67,9 @@ def main():
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--ddp", action="store_true", help="under mpirun: gloo DDP beside no_sync")
+    parser.add_argument("--precision", default="fp32", choices=["fp32", "tf32", "bf16", "fp16"],
+                        help="as bench/train_step: fp32/tf32 set the TF32 switches, bf16/fp16 autocast "
+                             "(fp16 with a GradScaler)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -78,13 +81,29 @@ def main():
         dist.init_process_group("gloo", init_method="tcp://127.0.0.1:29517", rank=rank, world_size=world)
         trained = nn.parallel.DistributedDataParallel(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True, weight_decay=5e-4)
+    # As ember's --precision (apps/precision.h): fp32 turns TF32 off, tf32 on, for cuBLAS and cuDNN.
+    if args.precision in ("fp32", "tf32"):
+        torch.backends.cuda.matmul.allow_tf32 = args.precision == "tf32"
+        torch.backends.cudnn.allow_tf32 = args.precision == "tf32"
+    low = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.precision)
+    scaler = None
+    if args.precision == "fp16":
+        scaler = (torch.amp.GradScaler(device.type) if hasattr(torch, "amp") and hasattr(torch.amp, "GradScaler")
+                  else torch.cuda.amp.GradScaler())
     images = torch.randn(args.batch, 3, 32, 32, device=device)
     labels = torch.randint(0, 10, (args.batch,), device=device)
 
     def step():
         optimizer.zero_grad(set_to_none=True)
-        F.cross_entropy(trained(images), labels).backward()
-        optimizer.step()
+        with torch.autocast(device.type, dtype=low or torch.bfloat16, enabled=low is not None):
+            loss = F.cross_entropy(trained(images), labels)
+        if scaler is None:
+            loss.backward()
+            optimizer.step()
+        else:
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
 
     def local_step():
         with trained.no_sync():
@@ -123,6 +142,8 @@ def main():
         (step_s,) = median_times([step])
     print(json.dumps({
         "framework": "torch-" + torch.__version__, "model": args.model, "batch": args.batch, "device": args.device,
+        "precision": args.precision, "matmul_precision": torch.get_float32_matmul_precision(),
+        "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
         "threads": args.threads, "step_s": round(step_s, 4), "images_per_s": round(args.batch / step_s, 1),
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, 1), **extra,
     }))

@@ -260,6 +260,10 @@ void save_checkpoint(const std::string& path, const Checkpoint& c, ProcessGroup*
       for (const auto& [key, v] : c.scheduler->state_dict().scalars)
         meta["scheduler." + key] = number(v);
     }
+    if (c.grad_scaler != nullptr) {
+      for (const auto& [key, v] : c.grad_scaler->state_dict().scalars)
+        meta["grad_scaler." + key] = number(v);
+    }
     for (const auto& [name, gen] : c.generators) {
       EMBER_CHECK(gen != nullptr, "save_checkpoint", "generator \"", name, "\" is null");
       meta["rng." + name + ".seed"] = std::to_string(gen->seed());
@@ -436,6 +440,7 @@ void load_checkpoint(const std::string& path, Checkpoint& c, Device device) {
   const optim::StateDict optimizer_state = with_prefix("optimizer.");
   const optim::StateDict scheduler_state = with_prefix("scheduler.");
   const optim::StateDict values = with_prefix("values.");
+  const optim::StateDict scaler_state = with_prefix("grad_scaler.");
   if (c.optimizer != nullptr && optimizer_state.scalars.empty())
     throw fail("the checkpoint holds no optimizer state");
   if (c.scheduler != nullptr && scheduler_state.scalars.empty())
@@ -445,6 +450,8 @@ void load_checkpoint(const std::string& path, Checkpoint& c, Device device) {
     if (c.model != nullptr) c.model->load_state_dict(model_state, /*strict=*/true);
     if (c.optimizer != nullptr) c.optimizer->load_state_dict(optimizer_state);
     if (c.scheduler != nullptr) c.scheduler->load_state_dict(scheduler_state);
+    if (c.grad_scaler != nullptr && !scaler_state.scalars.empty())
+      c.grad_scaler->load_state_dict(scaler_state);
   } catch (const Error& e) {
     throw fail(e.what());
   }

@@ -23,6 +23,7 @@
 #include <string>
 
 #include <ember/nn/module.h>
+#include <ember/optim/grad_scaler.h>
 #include <ember/optim/lr_scheduler.h>
 #include <ember/optim/optimizer.h>
 #include <ember/tensor/random.h>
@@ -39,6 +40,9 @@ struct Checkpoint {
   optim::LRScheduler* scheduler = nullptr;
   std::map<std::string, Generator*> generators{};  // e.g. {{"default", &default_generator()}}
   DistributedSampler* sampler = nullptr;
+  // fp16 loss scaling: saved when set (and enabled); loaded when the file holds a scaler's
+  // state, else left as it is (a checkpoint of an fp32 or bf16 run loads into an fp16 one).
+  optim::GradScaler* grad_scaler = nullptr;
   // Saved: the sampler's position() plus this many samples of its current indices() already
   // consumed. Loading restores the sampler's epoch and position and resets this to 0.
   int64_t sampler_consumed = 0;

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 
 struct CUstream_st;
 struct CUevent_st;
@@ -19,6 +20,9 @@ bool is_available();
 int device_count();
 int current_device();
 void set_device(int device);
+// (major, minor) compute capability of `device` (-1: the current device), as
+// torch.cuda.get_device_capability: 8.0 and up (Ampere, Hopper) have bf16 and TF32 tensor cores.
+std::pair<int, int> device_capability(int device = -1);
 // Waits for all work on `device` (-1: the current device).
 void synchronize(int device = -1);
 

@@ -26,6 +26,7 @@ int device_count() { return 0; }
 int current_device() { no_cuda("current_device"); }
 void set_device(int /*device*/) { no_cuda("set_device"); }
 void synchronize(int /*device*/) { no_cuda("synchronize"); }
+std::pair<int, int> device_capability(int /*device*/) { no_cuda("device_capability"); }
 
 Stream Stream::create(int /*device*/, bool /*high_priority*/) { no_cuda("Stream::create"); }
 void Stream::synchronize() const { no_cuda("Stream::synchronize"); }

@@ -9,6 +9,7 @@ void register_cpu_kernels(KernelTable& table) {
   register_cpu_index_kernels(table);
   register_cpu_conv_kernels(table);
   register_cpu_layer_kernels(table);
+  register_cpu_amp_kernels(table);
 }
 
 }  // namespace ember::detail

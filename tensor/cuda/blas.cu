@@ -1,11 +1,13 @@
 // GEMM on cuBLAS: one handle per device, on the current stream, fp32 accumulation for the
-// 16-bit floats and no TF32, so results match the CPU's within float rounding.
+// 16-bit floats. f32 runs in full f32 (matching the CPU within float rounding) unless
+// set_float32_matmul_precision allows TF32 (tensor/precision.h).
 #include <climits>
 #include <mutex>
 #include <vector>
 
 #include "../cuda.h"
 #include "../detail/dispatch.h"
+#include "../precision.h"
 #include "cuda_kernels.h"
 #include "launch.cuh"
 
@@ -27,7 +29,7 @@ BlasHandle& blas_handle(int device) {
     cuda::DeviceGuard guard(device);
     cublasHandle_t created = nullptr;
     EMBER_CUBLAS_CHECK(cublasCreate(&created));
-    EMBER_CUBLAS_CHECK(cublasSetMathMode(created, CUBLAS_DEFAULT_MATH));  // no TF32
+    EMBER_CUBLAS_CHECK(cublasSetMathMode(created, CUBLAS_DEFAULT_MATH));  // TF32: per call
     h.handle = created;
   }
   return h;
@@ -75,6 +77,7 @@ void gemm(const GemmArgs& g) {
   switch (g.dtype) {
     case kF32:
       data_type = CUDA_R_32F;
+      if (matmul_allow_tf32()) compute_type = CUBLAS_COMPUTE_32F_FAST_TF32;
       break;
     case kF64:
       data_type = CUDA_R_64F;

@@ -1,7 +1,8 @@
 // conv2d on cuDNN. Algorithms are benchmarked once per (device, kind, dtype, shape, params,
 // alignment) with cudnnFind*Ex, as PyTorch's cudnn.benchmark, and cached for the process;
-// workspaces come from the caching allocator. f32/f64 run FMA-only kernels (no TF32) so
-// results match the CPU's within float rounding; f16/bf16 may use tensor cores. The bias is
+// workspaces come from the caching allocator. f32 may use TF32 tensor cores while
+// cudnn_allow_tf32() (PyTorch's default, tensor/precision.h), else FMA-only kernels that match
+// the CPU's within float rounding; f64 runs FMA; f16/bf16 may use tensor cores. The bias is
 // added and reduced by small kernels of ours.
 #include <algorithm>
 #include <array>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "../detail/dispatch.h"
+#include "../precision.h"
 #include "block_sum.cuh"
 #include "cuda_kernels.h"
 #include "cudnn_context.h"
@@ -50,7 +52,9 @@ int64_t alignment(const void* p) {
   return a;
 }
 
-bool tensor_ops_allowed(DType dtype) { return dtype == kF16 || dtype == kBF16; }
+bool tensor_ops_allowed(DType dtype, bool allow_tf32) {
+  return dtype == kF16 || dtype == kBF16 || (dtype == kF32 && allow_tf32);
+}
 
 bool is_tensor_op(cudnnMathType_t math) {
   return math == CUDNN_TENSOR_OP_MATH || math == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
@@ -59,7 +63,7 @@ bool is_tensor_op(cudnnMathType_t math) {
 // Descriptors of one convolution: input x [N, C, H, W], weight w [O, C/g, kH, kW], output y.
 struct ConvSetup {
   ConvSetup(const Tensor& x, const Tensor& w, const Tensor& y, const Conv2dParams& p)
-      : dtype(x.dtype()), device(x.device().index) {
+      : dtype(x.dtype()), device(x.device().index), allow_tf32(cudnn_allow_tf32()) {
     const cudnnDataType_t type = cudnn_data_type(dtype, kOp);
     x_desc.set(type, x.size(0), x.size(1), x.size(2), x.size(3), kOp);
     y_desc.set(type, y.size(0), y.size(1), y.size(2), y.size(3), kOp);
@@ -89,13 +93,15 @@ struct ConvSetup {
            p.dilation[1],
            p.groups,
            std::min({alignment(x.data_ptr()), alignment(w.data_ptr()), alignment(y.data_ptr())}),
-           0,
+           dtype == kF32 && allow_tf32,
            0};
   }
 
-  // f32 stays on FMA kernels (no TF32) whatever the benchmark reported; f64 has no other.
+  // f32 without TF32 stays on FMA kernels whatever the benchmark reported (with TF32, as
+  // PyTorch, the default math, which admits it); f64 has no other.
   void set_math(cudnnMathType_t math) {
-    if (dtype == kF32) math = CUDNN_FMA_MATH;
+    if (dtype == kF32)
+      math = allow_tf32 ? (math == CUDNN_FMA_MATH ? math : CUDNN_DEFAULT_MATH) : CUDNN_FMA_MATH;
     if (dtype == kF64) math = CUDNN_DEFAULT_MATH;
     EMBER_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_desc.get(), math));
   }
@@ -108,6 +114,7 @@ struct ConvSetup {
 
   DType dtype;
   int device;
+  bool allow_tf32;  // the policy when this convolution was set up (part of the cache key)
   TensorDescriptor x_desc, y_desc;
   FilterDescriptor w_desc;
   ConvolutionDescriptor conv_desc;
@@ -115,14 +122,14 @@ struct ConvSetup {
 };
 
 // The fastest successful result (cuDNN sorts them by time) that fits the workspace and, for
-// f32/f64, runs without tensor cores.
+// f32 without TF32 and f64, runs without tensor cores.
 template <typename Perf>
 AlgoChoice pick(const std::vector<Perf>& perfs, int count, size_t workspace, DType dtype,
-                const char* what) {
+                bool allow_tf32, const char* what) {
   for (int i = 0; i < count; ++i) {
     const Perf& p = perfs[static_cast<size_t>(i)];
     if (p.status != CUDNN_STATUS_SUCCESS || p.memory > workspace) continue;
-    if (!tensor_ops_allowed(dtype) && is_tensor_op(p.mathType)) continue;
+    if (!tensor_ops_allowed(dtype, allow_tf32) && is_tensor_op(p.mathType)) continue;
     return {static_cast<int>(p.algo), p.memory, p.mathType};
   }
   throw Error(str_cat(kOp, ": cuDNN found no usable ", what, " algorithm for dtype ", dtype));
@@ -173,7 +180,7 @@ AlgoChoice forward_algo(const CudnnHandle& h, ConvSetup& s, const void* x, const
         h.get(), s.x_desc.get(), x, s.w_desc.get(), w, s.conv_desc.get(), s.y_desc.get(), y,
         static_cast<int>(perfs.size()), &count, perfs.data(),
         ws.defined() ? ws.data_ptr() : nullptr, limit));
-    return pick(perfs, count, limit, s.dtype, "forward");
+    return pick(perfs, count, limit, s.dtype, s.allow_tf32, "forward");
   });
 }
 
@@ -195,7 +202,7 @@ AlgoChoice backward_data_algo(const CudnnHandle& h, ConvSetup& s, const void* w,
         h.get(), s.w_desc.get(), w, s.y_desc.get(), dy, s.conv_desc.get(), s.x_desc.get(), dx,
         static_cast<int>(perfs.size()), &count, perfs.data(),
         ws.defined() ? ws.data_ptr() : nullptr, limit));
-    return pick(perfs, count, limit, s.dtype, "backward-data");
+    return pick(perfs, count, limit, s.dtype, s.allow_tf32, "backward-data");
   });
 }
 
@@ -217,7 +224,7 @@ AlgoChoice backward_filter_algo(const CudnnHandle& h, ConvSetup& s, const void* 
         h.get(), s.x_desc.get(), x, s.y_desc.get(), dy, s.conv_desc.get(), s.w_desc.get(), dw,
         static_cast<int>(perfs.size()), &count, perfs.data(),
         ws.defined() ? ws.data_ptr() : nullptr, limit));
-    return pick(perfs, count, limit, s.dtype, "backward-filter");
+    return pick(perfs, count, limit, s.dtype, s.allow_tf32, "backward-filter");
   });
 }
 

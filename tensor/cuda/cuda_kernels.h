@@ -13,5 +13,6 @@ void register_cuda_blas_kernels(KernelTable& table);         // gemm
 void register_cuda_memory_kernels(KernelTable& table);       // allocator, transfer
 void register_cuda_conv_kernels(KernelTable& table);         // conv2d (cuDNN)
 void register_cuda_layer_kernels(KernelTable& table);        // batch norm, pooling, cross-entropy
+void register_cuda_amp_kernels(KernelTable& table);          // amp_non_finite_check_and_unscale
 
 }  // namespace ember::detail

@@ -112,6 +112,14 @@ void set_device(int device) {
   EMBER_CUDA_CHECK(cudaSetDevice(device));
 }
 
+std::pair<int, int> device_capability(int device) {
+  device = detail::resolve_cuda_device(device, "device_capability");
+  int major = 0, minor = 0;
+  EMBER_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  EMBER_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  return {major, minor};
+}
+
 void synchronize(int device) {
   device = detail::resolve_cuda_device(device, "synchronize");
   cuda::DeviceGuard guard(device);

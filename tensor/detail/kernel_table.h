@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "../scalar.h"
 #include "../tensor.h"
@@ -179,6 +180,13 @@ struct KernelTable {
   // Copies between the host and this device type, or between two devices of it: dst and src
   // contiguous, same dtype and numel. Only the CUDA table has it.
   void (*transfer)(const Tensor& dst, const Tensor& src, bool non_blocking) = nullptr;
+  // Loss scaling (GradScaler), one pass over every element of every tensor (contiguous,
+  // floating, any mix of dtypes, all on this device; one kernel launch on CUDA): found_inf
+  // (f32, 1 element) becomes 1 where an element is inf or NaN, and each element is multiplied
+  // by inv_scale (f32, 1 element) in float unless inv_scale is exactly 1.
+  void (*amp_non_finite_check_and_unscale)(const std::vector<Tensor>& tensors,
+                                           const Tensor& found_inf,
+                                           const Tensor& inv_scale) = nullptr;
 };
 
 // The table for a device type; entries a build lacks are null (no CUDA build: all null).

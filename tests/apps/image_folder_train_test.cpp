@@ -9,6 +9,8 @@
 
 #include "train_cli.h"
 
+#include <ember/dist/checkpoint.h>
+
 namespace fs = std::filesystem;
 
 namespace {
@@ -91,6 +93,49 @@ TEST_F(ImageFolderTrain, GivenStatisticsAndClearErrors) {
   const Result missing = run(command(""));
   EXPECT_EQ(missing.code, 1);
   EXPECT_NE(missing.output.find("is not a folder"), std::string::npos) << missing.output;
+}
+
+// --precision: bf16 autocast and fp16 with loss scaling run on the CPU and are recorded;
+// checkpoints carry the scaler's state and load into another precision.
+TEST_F(ImageFolderTrain, PrecisionIsRecordedAndCheckpointsLoadIntoAnyPrecision) {
+  const fs::path jsonl = root_ / "out" / "metrics.jsonl", ckpt = root_ / "ckpt";
+  const Result bf16 = run(command("--max-steps 3 --device cpu --precision bf16"));
+  ASSERT_EQ(bf16.code, 0) << bf16.output;
+  EXPECT_NE(bf16.output.find("precision bf16"), std::string::npos) << bf16.output;
+  EXPECT_EQ(count_lines_with(jsonl, "\"precision\": \"bf16\", \"skipped_steps\": 0}"), 4);
+  EXPECT_EQ(count_lines_with(jsonl, "loss_scale"), 0);
+
+  const Result fp16 =
+      run(command("--max-steps 3 --device cpu --precision fp16 --checkpoint-dir " + ckpt.string()));
+  ASSERT_EQ(fp16.code, 0) << fp16.output;
+  EXPECT_EQ(count_lines_with(jsonl,
+                             "\"precision\": \"fp16\", \"skipped_steps\": 0, "
+                             "\"loss_scale\": 65536}"),
+            4);
+  const ember::dist::CheckpointFile file =
+      ember::dist::read_checkpoint((ckpt / "checkpoint-epoch-1.safetensors").string());
+  ASSERT_EQ(file.metadata.count("grad_scaler.scale"), 1u);
+  EXPECT_EQ(std::stod(file.metadata.at("grad_scaler.scale")), 65536.0);
+  EXPECT_EQ(std::stod(file.metadata.at("grad_scaler._growth_tracker")), 3.0);
+  EXPECT_EQ(file.tensors.at("model.fc.weight").dtype(), ember::kF32);
+
+  // The fp16 checkpoint resumes in fp16 (the scaler continues: 3 + 2 clean steps) and that
+  // run's checkpoint resumes in bf16, which needs no scaler.
+  for (const char* precision : {"fp16", "bf16"}) {
+    const Result resumed =
+        run(command(std::string("--max-steps 5 --device cpu --resume ") + "--precision " +
+                    precision + " --checkpoint-dir " + ckpt.string()));
+    ASSERT_EQ(resumed.code, 0) << resumed.output;
+    EXPECT_NE(resumed.output.find("resumed from"), std::string::npos) << resumed.output;
+    if (std::string(precision) == "fp16") {
+      const ember::dist::CheckpointFile next =
+          ember::dist::read_checkpoint((ckpt / "checkpoint-epoch-2.safetensors").string());
+      EXPECT_EQ(std::stod(next.metadata.at("grad_scaler._growth_tracker")), 5.0);
+    }
+  }
+  const Result unknown = run(command("--precision fp8"));
+  EXPECT_NE(unknown.code, 0);
+  EXPECT_NE(unknown.output.find("--precision"), std::string::npos) << unknown.output;
 }
 
 }  // namespace

@@ -22,6 +22,15 @@ inline std::unique_ptr<optim::SGD> make_sgd(nn::Module& model) {
       optim::SGDOptions{.lr = 0.1, .momentum = 0.9, .weight_decay = 5e-4, .nesterov = true});
 }
 
+// `size` samples for small_model(): features from randn, labels in [0, 3), seeded.
+inline data::Batch random_batch(int64_t size, uint64_t seed) {
+  manual_seed(seed);
+  data::Batch b;
+  b.data = randn({size, 8});
+  b.target = randint(0, 3, {size});
+  return b;
+}
+
 inline std::vector<float> flat_parameters(const nn::Module& model) {
   std::vector<float> out;
   for (const Tensor& p : model.parameters()) {

@@ -20,15 +20,8 @@ namespace {
 
 using testing::flat_parameters;
 using testing::make_sgd;
+using testing::random_batch;
 using testing::small_model;
-
-data::Batch random_batch(int64_t size, uint64_t seed) {
-  manual_seed(seed);
-  data::Batch b;
-  b.data = randn({size, 8});
-  b.target = randint(0, 3, {size});
-  return b;
-}
 
 void expect_close(const std::vector<float>& a, const std::vector<float>& b, float tolerance) {
   ASSERT_EQ(a.size(), b.size());

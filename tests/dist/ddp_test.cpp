@@ -6,6 +6,7 @@
 #include <ember/dist/ddp.h>
 #include <ember/dist/nccl_process_group.h>
 #include <ember/dist/sync_batch_norm.h>
+#include <ember/tensor/precision.h>
 
 #include "dist_test_util.h"
 
@@ -79,6 +80,7 @@ TEST(DistributedDataParallel, MatchesOneProcessWithTheFullBatch) {
 // SyncBatchNorm on CUDA tensors follow the CPU reference within cuDNN's rounding.
 TEST(DistributedDataParallel, OnTheGpuOverNcclFollowsTheCpu) {
   EMBER_REQUIRE_CUDA();
+  Float32PrecisionGuard exact_f32("highest", false);  // cuDNN allows TF32 by default
   const Device gpu = cuda_device(0);
   auto pg = std::make_shared<NcclProcessGroup>(0, 1, 0, 0, NcclProcessGroup::create_unique_id());
   auto reference = conv_bn_net(7);

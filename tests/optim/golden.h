@@ -11,12 +11,15 @@
 
 namespace ember::testing {
 
+// The parsed JSON file at `path` (a failed expectation when it cannot be opened).
+inline nlohmann::json read_golden(const char* path) {
+  std::ifstream in(path);
+  EXPECT_TRUE(in.good()) << "cannot open " << path;
+  return nlohmann::json::parse(in);
+}
+
 inline const nlohmann::json& optim_golden() {
-  static const nlohmann::json golden = [] {
-    std::ifstream in(EMBER_OPTIM_GOLDEN);
-    EXPECT_TRUE(in.good()) << "cannot open " << EMBER_OPTIM_GOLDEN;
-    return nlohmann::json::parse(in);
-  }();
+  static const nlohmann::json golden = read_golden(EMBER_OPTIM_GOLDEN);
   return golden;
 }
 

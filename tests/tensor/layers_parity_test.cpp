@@ -6,6 +6,8 @@
 #include <limits>
 #include <vector>
 
+#include <ember/tensor/precision.h>
+
 #include "test_util.h"
 
 namespace ember {
@@ -124,6 +126,7 @@ const std::vector<ConvCase>& conv_cases() {
 
 TEST(LayersParity, Conv2dForwardAndBackward) {
   EMBER_REQUIRE_CUDA();
+  Float32PrecisionGuard exact_f32("highest", false);  // cuDNN allows TF32 by default
   uint64_t seed = 100;
   for (DType dtype : kFloatTypes) {
     for (const ConvCase& k : conv_cases()) {
