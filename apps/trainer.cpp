@@ -336,6 +336,10 @@ int64_t Trainer::resume() {
 
 EvalResult Trainer::train(int64_t first_epoch) {
   run_start_ = std::chrono::steady_clock::now();
+  // Resumed from a snapshot taken at the run's end (its last epoch, or --max-steps): nothing
+  // is left to train, so the run only evaluates.
+  if (first_epoch >= options_.epochs || (options_.max_steps > 0 && step_ >= options_.max_steps))
+    return last_eval_ = evaluate();
   for (int64_t epoch = first_epoch; epoch < options_.epochs; ++epoch) {
     const bool more = run_epoch(epoch);
     const bool due = (epoch + 1) % options_.checkpoint_interval == 0 ||
@@ -344,7 +348,6 @@ EvalResult Trainer::train(int64_t first_epoch) {
     if (snapshots() && due) save_snapshot(epoch);
     if (!more) break;
   }
-  if (first_epoch >= options_.epochs) last_eval_ = evaluate();  // resumed after the end
   return last_eval_;
 }
 

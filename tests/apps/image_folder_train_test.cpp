@@ -113,14 +113,15 @@ TEST_F(ImageFolderTrain, PrecisionIsRecordedAndCheckpointsLoadIntoAnyPrecision) 
                              "\"loss_scale\": 65536}"),
             4);
   const ember::dist::CheckpointFile file =
-      ember::dist::read_checkpoint((ckpt / "checkpoint-epoch-1.safetensors").string());
+      ember::dist::read_checkpoint((ckpt / "checkpoint-step-3.safetensors").string());
   ASSERT_EQ(file.metadata.count("grad_scaler.scale"), 1u);
   EXPECT_EQ(std::stod(file.metadata.at("grad_scaler.scale")), 65536.0);
   EXPECT_EQ(std::stod(file.metadata.at("grad_scaler._growth_tracker")), 3.0);
   EXPECT_EQ(file.tensors.at("model.fc.weight").dtype(), ember::kF32);
 
-  // The fp16 checkpoint resumes in fp16 (the scaler continues: 3 + 2 clean steps) and that
-  // run's checkpoint resumes in bf16, which needs no scaler.
+  // 4 steps an epoch: --max-steps 3 stops mid-epoch with a step snapshot. The fp16 snapshot
+  // resumes in fp16 (the scaler continues: 3 + 2 clean steps) and that run's snapshot resumes
+  // in bf16, which needs no scaler.
   for (const char* precision : {"fp16", "bf16"}) {
     const Result resumed =
         run(command(std::string("--max-steps 5 --device cpu --resume ") + "--precision " +
@@ -129,7 +130,7 @@ TEST_F(ImageFolderTrain, PrecisionIsRecordedAndCheckpointsLoadIntoAnyPrecision) 
     EXPECT_NE(resumed.output.find("resumed from"), std::string::npos) << resumed.output;
     if (std::string(precision) == "fp16") {
       const ember::dist::CheckpointFile next =
-          ember::dist::read_checkpoint((ckpt / "checkpoint-epoch-2.safetensors").string());
+          ember::dist::read_checkpoint((ckpt / "checkpoint-step-5.safetensors").string());
       EXPECT_EQ(std::stod(next.metadata.at("grad_scaler._growth_tracker")), 5.0);
     }
   }
