@@ -8,6 +8,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 
 #include <ember/dist/init.h>
 
@@ -16,18 +17,21 @@ namespace {
 class RankFailurePrinter : public ::testing::EmptyTestEventListener {
  public:
   explicit RankFailurePrinter(int rank) : rank_(rank) {}
+  // The test's name is kept here: gtest holds its own lock while it reports a result, so
+  // asking it for the current test then (current_test_info) would deadlock.
+  void OnTestStart(const ::testing::TestInfo& test) override {
+    test_ = std::string(test.test_suite_name()) + "." + test.name();
+  }
   void OnTestPartResult(const ::testing::TestPartResult& result) override {
     if (!result.failed()) return;
-    const auto* test = ::testing::UnitTest::GetInstance()->current_test_info();
-    std::fprintf(stderr, "[rank %d] FAILED %s.%s at %s:%d\n%s\n", rank_,
-                 test != nullptr ? test->test_suite_name() : "?",
-                 test != nullptr ? test->name() : "?",
+    std::fprintf(stderr, "[rank %d] FAILED %s at %s:%d\n%s\n", rank_, test_.c_str(),
                  result.file_name() != nullptr ? result.file_name() : "?", result.line_number(),
                  result.message());
   }
 
  private:
   int rank_;
+  std::string test_ = "?";
 };
 
 }  // namespace
