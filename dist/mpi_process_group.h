@@ -36,6 +36,12 @@
 // can print. Destroying a group waits for what was issued; when a
 // collective the thread runs (an all-reduce nobody waited on) finishes nothing for the
 // timeout plus a second, it is reported like a timed-out one and MPI_Abort ends the job.
+//
+// Subgroups (new_group) get a communicator of their own from MPI_Comm_create_group over the
+// members (only they call MPI; the others go on at once) and their own two threads, so they
+// run independently of the parent and of each other. That call has no timeout: a member that
+// never calls new_group holds the others there (and under MPI_THREAD_SERIALIZED, where it
+// holds every MPI call of the rank meanwhile, wait for the parent's operations first).
 #pragma once
 
 #include <memory>

@@ -555,6 +555,7 @@ std::shared_ptr<ProcessGroup> NcclProcessGroup::make_subgroup(const SubgroupSpec
         },
         what);
   });
+  parent.settle(ncclInProgress, what);  // a non-blocking split may leave the parent busy too
   return std::shared_ptr<NcclProcessGroup>(new NcclProcessGroup(std::move(state), local_rank()));
 }
 

@@ -2,6 +2,8 @@
 // asynchronously in call order (all ranks must issue the same collectives in the same order)
 // and returns a Work that can be tested or waited on; a wait never hangs forever: it raises
 // ember::Error naming the collective, its sequence number and the rank after the timeout.
+// new_group() makes subgroups (see there); roots and peers are always ranks of the group the
+// call is made on.
 #pragma once
 
 #include <chrono>

@@ -24,6 +24,10 @@
 // written to stderr once ("ember::dist: the tcp process group broke on rank 1: ..."), in case
 // the launcher stops this process before it reports the error. Unlike MPI, the process can go
 // on and exit normally.
+//
+// Subgroups (new_group) connect a mesh of their own among their members, met through the
+// same store under keys unique to the subgroup, with their own threads; non-members take no
+// part.
 #pragma once
 
 #include <memory>

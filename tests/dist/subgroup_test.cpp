@@ -4,6 +4,7 @@
 // functions' group argument, SyncBatchNorm and DDP within a subgroup.
 #include <ember/dist/api.h>
 #include <ember/dist/ddp.h>
+#include <ember/dist/nccl_process_group.h>
 #include <ember/dist/sync_batch_norm.h>
 
 #include "dist_test_util.h"
@@ -300,6 +301,24 @@ TEST(Subgroup, DistributedDataParallelWithinTheGroup) {
   expect_close(model->weight.grad(), full({1, 3}, want), 1e-6, 1e-6);
   pg->barrier()->wait();
 }
+
+#if EMBER_WITH_CUDA
+// NCCL's subgroups come from ncclCommSplit; in a world of one (more ranks need a GPU each)
+// the split's one member all-reduces and broadcasts on its own.
+TEST(Subgroup, NcclSplitOfAWorldOfOne) {
+  EMBER_REQUIRE_CUDA();
+  auto pg = std::make_shared<NcclProcessGroup>(0, 1, 0, 0, NcclProcessGroup::create_unique_id());
+  auto group = pg->new_group({0});
+  EXPECT_EQ(group->backend(), "nccl");
+  EXPECT_EQ(group->rank(), 0);
+  EXPECT_EQ(group->tensor_device(), cuda_device(0));
+  Tensor t = full({8}, 3.0f, TensorOptions(kF32, cuda_device(0)));
+  group->allreduce(t)->wait();
+  group->broadcast(t, 0)->wait();
+  expect_close(t.to(kCPU), full({8}, 3.0f), 0, 0);
+  EXPECT_EMBER_ERROR(group->allreduce(ones({2})), "the NCCL group works on cuda:0");
+}
+#endif
 
 }  // namespace
 }  // namespace ember::dist
