@@ -86,6 +86,7 @@ class ProcessGroup {
   // rank gets a group whose collectives throw ember::Error (PyTorch returns a marker object
   // there, which fails later and less clearly). Throws ember::Error for an empty list, a
   // repeated rank or one outside [0, size()). The subgroup may outlive this group object.
+  // Call it from one thread at a time, like every collective.
   std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks,
                                           std::optional<ProcessGroupOptions> options = {});
   virtual std::string backend() const = 0;  // "mpi", "nccl", "tcp", "single"
