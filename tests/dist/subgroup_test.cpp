@@ -217,6 +217,29 @@ TEST(Subgroup, FreeFunctionsTakeTheGroupAndItDiesBeforeTheDefault) {
   destroy_process_group();
 }
 
+// Debug mode carries over to the subgroup, which numbers its own collectives: a shape that
+// differs between its members is named on both and leaves the subgroup usable.
+TEST(Subgroup, DebugModeChecksTheSubgroupsOwnCollectives) {
+  ProcessGroupOptions options;
+  options.timeout = std::chrono::seconds(60);
+  options.debug = true;
+  auto pg = testing::make_group(options);
+  auto group = pg->new_group(ends(pg->size()));
+  if (group->is_member() && group->size() == 2) {
+    Tensor first = ones({4});
+    group->allreduce(first)->wait();
+    Tensor odd = ones({group->rank() == 0 ? 4 : 5});
+    EXPECT_EMBER_ERROR(group->allreduce(odd)->wait(),
+                       "allreduce #2: debug check failed on rank " + std::to_string(group->rank()) +
+                           ": rank 1 issued allreduce #2 on f32 [5] (sum) but rank 0 issued "
+                           "allreduce #2 on f32 [4] (sum)");
+    Tensor again = ones({3});
+    group->allreduce(again)->wait();
+    expect_close(again, full({3}, 2.0f), 0, 0);
+  }
+  pg->barrier()->wait();
+}
+
 // Rank r's batch: 2 + r rows, as SyncBatchNorm allows unequal shares.
 int64_t rows_of(int r) { return 2 + r; }
 
