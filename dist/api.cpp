@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "detail/default_group.h"
+#include "detail/engine.h"
 
 namespace ember::dist {
 
@@ -13,6 +14,19 @@ using detail::default_group_for;
 WorkHandle finish(WorkHandle work, bool async_op) {
   if (!async_op) work->wait();
   return work;
+}
+
+// The rank of `group` that the job's rank `global` is, for the free functions, which take
+// global ranks as torch.distributed's do. On a non-member any value does: its call throws.
+int group_rank_of(const ProcessGroup& group, int global, const char* op, const char* what) {
+  if (!group.is_member()) return 0;
+  const auto& ranks = group.global_ranks();
+  const auto it = std::find(ranks.begin(), ranks.end(), global);
+  EMBER_CHECK(it != ranks.end(), op, what, " ", global, " is not a member of group ",
+              detail::ranks_str(ranks), " (", what,
+              " is a global rank, as in torch.distributed; ProcessGroup's own methods take "
+              "ranks of the group)");
+  return static_cast<int>(it - ranks.begin());
 }
 
 // `group`, or the default group when it is null.
@@ -100,12 +114,14 @@ WorkHandle all_reduce(const Tensor& tensor, ReduceOp op, const std::shared_ptr<P
 
 WorkHandle reduce(const Tensor& tensor, int dst, ReduceOp op,
                   const std::shared_ptr<ProcessGroup>& group, bool async_op) {
-  return finish(group_or_default(group, "reduce")->reduce(tensor, dst, op), async_op);
+  const auto g = group_or_default(group, "reduce");
+  return finish(g->reduce(tensor, group_rank_of(*g, dst, "reduce", "dst"), op), async_op);
 }
 
 WorkHandle broadcast(const Tensor& tensor, int src, const std::shared_ptr<ProcessGroup>& group,
                      bool async_op) {
-  return finish(group_or_default(group, "broadcast")->broadcast(tensor, src), async_op);
+  const auto g = group_or_default(group, "broadcast");
+  return finish(g->broadcast(tensor, group_rank_of(*g, src, "broadcast", "src")), async_op);
 }
 
 WorkHandle all_gather(const std::vector<Tensor>& tensor_list, const Tensor& tensor,
@@ -124,21 +140,25 @@ WorkHandle barrier(const std::shared_ptr<ProcessGroup>& group, bool async_op) {
 }
 
 void send(const Tensor& tensor, int dst, const std::shared_ptr<ProcessGroup>& group, int tag) {
-  group_or_default(group, "send")->send(tensor, dst, tag)->wait();
+  const auto g = group_or_default(group, "send");
+  g->send(tensor, group_rank_of(*g, dst, "send", "dst"), tag)->wait();
 }
 
 void recv(const Tensor& tensor, int src, const std::shared_ptr<ProcessGroup>& group, int tag) {
-  group_or_default(group, "recv")->recv(tensor, src, tag)->wait();
+  const auto g = group_or_default(group, "recv");
+  g->recv(tensor, group_rank_of(*g, src, "recv", "src"), tag)->wait();
 }
 
 WorkHandle isend(const Tensor& tensor, int dst, const std::shared_ptr<ProcessGroup>& group,
                  int tag) {
-  return group_or_default(group, "isend")->send(tensor, dst, tag);
+  const auto g = group_or_default(group, "isend");
+  return g->send(tensor, group_rank_of(*g, dst, "isend", "dst"), tag);
 }
 
 WorkHandle irecv(const Tensor& tensor, int src, const std::shared_ptr<ProcessGroup>& group,
                  int tag) {
-  return group_or_default(group, "irecv")->recv(tensor, src, tag);
+  const auto g = group_or_default(group, "irecv");
+  return g->recv(tensor, group_rank_of(*g, src, "irecv", "src"), tag);
 }
 
 }  // namespace ember::dist

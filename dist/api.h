@@ -14,12 +14,15 @@
 // every function here throws ember::Error telling to call init_process_group() first.
 //
 // Subgroups, as torch.distributed.new_group: every rank calls new_group with the same ranks;
-// the collectives take the group as PyTorch's `group=` argument, with roots and peers given
-// as ranks of that group (PyTorch takes global ranks there: ember names the group's own).
+// the functions below take the group as PyTorch's `group=` argument, and their src/dst are
+// global ranks (the job's), as PyTorch's are; the ProcessGroup methods take ranks of the
+// group, as PyTorch's ProcessGroup objects do.
 //
 //   auto evens = dist::new_group({0, 2});             // on every rank, also rank 1
-//   if (dist::get_rank() != 1) dist::all_reduce(t, ReduceOp::kSum, evens);
-//   dist::broadcast(t, /*src=*/0, evens);             // evens' rank 0: the job's rank 0
+//   if (dist::get_rank() != 1) {
+//     dist::all_reduce(t, ReduceOp::kSum, evens);
+//     dist::broadcast(t, /*src=*/2, evens);           // the job's rank 2 (evens' rank 1)
+//   }
 //
 // A rank outside the group gets a group whose collectives throw ember::Error ("this rank
 // (global rank 1) is not a member of group [0, 2]"); get_rank(group) is -1 there.
@@ -77,8 +80,8 @@ void recv(const Tensor& tensor, int src, int tag = 0);
 WorkHandle isend(const Tensor& tensor, int dst, int tag = 0);
 WorkHandle irecv(const Tensor& tensor, int src, int tag = 0);
 
-// The same on `group` (null: the default group), as PyTorch's group= argument; `dst`, `src`
-// and peers are ranks of `group`.
+// The same on `group` (null: the default group), as PyTorch's group= argument; `dst` and
+// `src` are global ranks, as in torch.distributed (ember::Error when not in `group`).
 WorkHandle all_reduce(const Tensor& tensor, ReduceOp op, const std::shared_ptr<ProcessGroup>& group,
                       bool async_op = false);
 WorkHandle reduce(const Tensor& tensor, int dst, ReduceOp op,

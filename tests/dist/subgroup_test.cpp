@@ -199,9 +199,29 @@ TEST(Subgroup, FreeFunctionsTakeTheGroupAndItDiesBeforeTheDefault) {
       Tensor t = full({2}, 1.0f, kF32);
       all_reduce(t, ReduceOp::kSum, group);
       EXPECT_EQ(t.to_vector<float>(), std::vector<float>(2, static_cast<float>(group->size())));
+      // src is a global rank, as in torch.distributed: the job's last rank.
       Tensor s = full({2}, static_cast<float>(get_rank()), kF32);
-      broadcast(s, group->size() - 1, group);
+      broadcast(s, n - 1, group);
       EXPECT_EQ(s.to_vector<float>(), std::vector<float>(2, static_cast<float>(n - 1)));
+      Tensor r = full({2}, static_cast<float>(get_rank() + 1), kF32);
+      reduce(r, n - 1, ReduceOp::kSum, group);
+      if (get_rank() == n - 1) {
+        EXPECT_EQ(r.to_vector<float>(), std::vector<float>(2, n > 1 ? n + 1.0f : 1.0f));
+      }
+      if (n > 1) {
+        if (get_rank() == 0) {
+          send(full({2}, 5.0f, kF32), n - 1, group);
+        } else {
+          Tensor got = zeros({2});
+          recv(got, 0, group);
+          EXPECT_EQ(got.to_vector<float>(), std::vector<float>(2, 5.0f));
+        }
+      }
+      if (n > 2) {
+        EXPECT_EMBER_ERROR(broadcast(s, 1, group),
+                           "broadcast: src 1 is not a member of group [0, " +
+                               std::to_string(n - 1) + "] (src is a global rank");
+      }
       barrier(group);
     } else {
       Tensor t = ones({2});
