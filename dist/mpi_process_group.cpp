@@ -18,6 +18,7 @@
 #include <ember/tensor/ops.h>
 
 #include "detail/common.h"
+#include "detail/engine.h"
 #include "detail/mpi_runtime.h"
 
 namespace ember::dist {
@@ -44,6 +45,8 @@ enum class SpinResult {
 struct MpiProcessGroup::State {
   MPI_Comm comm = MPI_COMM_NULL;
   int rank = 0, size = 1, local_rank = 0;
+  std::vector<int> global_ranks;  // the job's ranks of the members
+  int global_rank = 0;
   ProcessGroupOptions options;
   bool debug = false;
   const detail::MpiTypeTable mpi_types;  // made after MPI is initialised (make_state)
@@ -914,18 +917,26 @@ void MpiProcessGroup::State::run_p2p() {
 
 namespace {
 
-std::shared_ptr<State> make_state(const ProcessGroupOptions& options, int local_rank) {
-  detail::ensure_mpi_initialized();
+// A state over `comm` (made by the caller, freed by the group), under MpiLock.
+std::shared_ptr<State> make_state_over(MPI_Comm comm, const ProcessGroupOptions& options) {
   auto s = std::make_shared<State>();
+  s->comm = comm;
   s->options = options;
   s->options.timeout = detail::checked_timeout("MpiProcessGroup", options.timeout);
   s->debug = options.debug || detail::debug_from_env();
-  MpiLock lock;
-  check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &s->comm), "MPI_Comm_dup");
   // Errors come back as codes (turned into ember::Error) instead of aborting the job.
   check_mpi(MPI_Comm_set_errhandler(s->comm, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
   check_mpi(MPI_Comm_rank(s->comm, &s->rank), "MPI_Comm_rank");
   check_mpi(MPI_Comm_size(s->comm, &s->size), "MPI_Comm_size");
+  return s;
+}
+
+std::shared_ptr<State> make_state(const ProcessGroupOptions& options, int local_rank) {
+  detail::ensure_mpi_initialized();
+  MpiLock lock;
+  MPI_Comm comm = MPI_COMM_NULL;
+  check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &comm), "MPI_Comm_dup");
+  auto s = make_state_over(comm, options);
   if (local_rank < 0) {
     MPI_Comm node = MPI_COMM_NULL;
     check_mpi(MPI_Comm_split_type(s->comm, MPI_COMM_TYPE_SHARED, s->rank, MPI_INFO_NULL, &node),
@@ -934,6 +945,38 @@ std::shared_ptr<State> make_state(const ProcessGroupOptions& options, int local_
     check_mpi(MPI_Comm_free(&node), "MPI_Comm_free");
   }
   s->local_rank = local_rank;
+  s->global_ranks.resize(static_cast<size_t>(s->size));
+  for (int r = 0; r < s->size; ++r) s->global_ranks[static_cast<size_t>(r)] = r;
+  s->global_rank = s->rank;
+  return s;
+}
+
+// NOTE: MPI_Comm_create_group is collective over the members only, so the other ranks go on
+// at once, as new_group() promises. It is made over MPI_COMM_WORLD, which ember's groups
+// never use themselves (each has its own duplicate), so no group's collective thread can be
+// in a collective on the same communicator meanwhile; the job's ranks are MPI_COMM_WORLD's.
+std::shared_ptr<State> make_subgroup_state(const State& parent, const SubgroupSpec& spec) {
+  MpiLock lock;
+  MPI_Group world = MPI_GROUP_NULL, members = MPI_GROUP_NULL;
+  check_mpi(MPI_Comm_group(MPI_COMM_WORLD, &world), "MPI_Comm_group");
+  const int made = MPI_Group_incl(world, static_cast<int>(spec.global_ranks.size()),
+                                  spec.global_ranks.data(), &members);
+  MPI_Group_free(&world);
+  check_mpi(made, "MPI_Group_incl");
+  MPI_Comm comm = MPI_COMM_NULL;
+  // Members of one new_group() call share its number, which no other call in flight has.
+  const int tag = static_cast<int>(spec.serial % 32768);
+  const int created = MPI_Comm_create_group(MPI_COMM_WORLD, members, tag, &comm);
+  MPI_Group_free(&members);
+  check_mpi(created,
+            "new_group: MPI_Comm_create_group over ranks " + detail::ranks_str(spec.global_ranks));
+  auto s = make_state_over(comm, spec.options.value_or(parent.options));
+  EMBER_ASSERT(s->rank == spec.rank && s->size == static_cast<int>(spec.ranks.size()),
+               "new_group: MPI ranked this process ", s->rank, " of ", s->size, ", expected ",
+               spec.rank, " of ", spec.ranks.size());
+  s->local_rank = parent.local_rank;
+  s->global_ranks = spec.global_ranks;
+  s->global_rank = parent.global_rank;
   return s;
 }
 
@@ -943,7 +986,8 @@ MpiProcessGroup::MpiProcessGroup(ProcessGroupOptions options, int local_rank)
     : MpiProcessGroup(make_state(options, local_rank)) {}
 
 MpiProcessGroup::MpiProcessGroup(std::shared_ptr<State> state)
-    : ProcessGroup(state->rank, state->size, state->local_rank), state_(std::move(state)) {
+    : BackendGroup(state->rank, state->local_rank, state->global_ranks, state->global_rank),
+      state_(std::move(state)) {
   state_->thread = std::thread([s = state_.get()] { s->run(); });
   state_->p2p_thread = std::thread([s = state_.get()] { s->run_p2p(); });
 }
@@ -975,21 +1019,10 @@ MpiProcessGroup::~MpiProcessGroup() {
 
 namespace {
 
-// What an operation is given.
-struct OpArgs {
-  OpKind kind;
-  const Tensor* tensor = nullptr;
-  ReduceOp reduce = ReduceOp::kSum;
-  int peer = -1;  // root, destination or source
-  int tag = 0;
-  const std::vector<Tensor>* list = nullptr;
-  bool uses_reduce = false;  // debug mode compares the reduce op too
-};
+using OpArgs = detail::Request;
 
-// MPI counts elements in an int: an all-reduce goes in pieces, the others in one call.
 [[noreturn, gnu::cold]] void refuse_count(const OpArgs& args) {
-  throw Error(ember::detail::str_cat(detail::op_kind_name(args.kind),
-                                     ": the MPI backend moves at most ", INT_MAX,
+  throw Error(ember::detail::str_cat(args.name(), ": the MPI backend moves at most ", INT_MAX,
                                      " elements per call, got ", args.tensor->numel()));
 }
 
@@ -1017,8 +1050,6 @@ struct OpArgs {
 
 // Kept short, with the rarer paths out of line, for the reason Op::wait gives.
 WorkHandle enqueue(const std::shared_ptr<State>& s, const OpArgs& args) {
-  if (args.tensor != nullptr && args.kind != OpKind::kAllreduce && args.tensor->numel() > INT_MAX)
-    refuse_count(args);
   const bool collective = detail::is_collective(args.kind);
   bool wake = false;
   WorkHandle handle;
@@ -1045,7 +1076,7 @@ WorkHandle enqueue(const std::shared_ptr<State>& s, const OpArgs& args) {
         attach_rare_args(*op, args);
       }
       detail::stamp_op(*op, s->counters, s->rank, s->broken.load(), s->broken_message, s->debug,
-                       args.uses_reduce);
+                       args.uses_reduce());
     } catch (...) {
       op->release_tensors();  // refused: the spare keeps no tensor of the caller's
       op->seq = 0;            // left in the queue, it counts as finished
@@ -1071,62 +1102,20 @@ WorkHandle enqueue(const std::shared_ptr<State>& s, const OpArgs& args) {
 
 }  // namespace
 
-WorkHandle MpiProcessGroup::allreduce(const Tensor& tensor, ReduceOp op) {
-  detail::check_tensor("allreduce", tensor);
-  detail::check_reduce_op("allreduce", tensor, op);
-  return enqueue(
-      state_, {.kind = OpKind::kAllreduce, .tensor = &tensor, .reduce = op, .uses_reduce = true});
+WorkHandle MpiProcessGroup::submit(const CollectiveRequest& request) {
+  return enqueue(state_, request);
 }
 
-WorkHandle MpiProcessGroup::broadcast(const Tensor& tensor, int root) {
-  detail::check_tensor("broadcast", tensor);
-  detail::check_root("broadcast", root, size());
-  return enqueue(state_, {.kind = OpKind::kBroadcast, .tensor = &tensor, .peer = root});
+// MPI counts elements in an int: an all-reduce goes in pieces, the others in one call.
+void MpiProcessGroup::check_devices(const CollectiveRequest& request) const {
+  if (request.tensor != nullptr && request.kind != OpKind::kAllreduce &&
+      request.tensor->numel() > INT_MAX) [[unlikely]]
+    refuse_count(request);
 }
 
-WorkHandle MpiProcessGroup::allgather(const std::vector<Tensor>& outputs, const Tensor& input) {
-  detail::check_tensor("allgather", input);
-  detail::check_list("allgather", "outputs", outputs, input, size());
-  return enqueue(state_, {.kind = OpKind::kAllgather, .tensor = &input, .list = &outputs});
-}
-
-WorkHandle MpiProcessGroup::reduce(const Tensor& tensor, int root, ReduceOp op) {
-  detail::check_tensor("reduce", tensor);
-  detail::check_root("reduce", root, size());
-  detail::check_reduce_op("reduce", tensor, op);
-  return enqueue(state_, {.kind = OpKind::kReduce,
-                          .tensor = &tensor,
-                          .reduce = op,
-                          .peer = root,
-                          .uses_reduce = true});
-}
-
-WorkHandle MpiProcessGroup::reduce_scatter(const Tensor& output, const std::vector<Tensor>& inputs,
-                                           ReduceOp op) {
-  detail::check_tensor("reduce_scatter", output);
-  detail::check_list("reduce_scatter", "inputs", inputs, output, size());
-  detail::check_reduce_op("reduce_scatter", output, op);
-  return enqueue(state_, {.kind = OpKind::kReduceScatter,
-                          .tensor = &output,
-                          .reduce = op,
-                          .list = &inputs,
-                          .uses_reduce = true});
-}
-
-WorkHandle MpiProcessGroup::barrier() { return enqueue(state_, {.kind = OpKind::kBarrier}); }
-
-WorkHandle MpiProcessGroup::send(const Tensor& tensor, int dst, int tag) {
-  detail::check_tensor("send", tensor);
-  detail::check_peer("send", dst, rank(), size());
-  EMBER_CHECK(tag >= 0, "send", "tag must be non-negative, got ", tag);
-  return enqueue(state_, {.kind = OpKind::kSend, .tensor = &tensor, .peer = dst, .tag = tag});
-}
-
-WorkHandle MpiProcessGroup::recv(const Tensor& tensor, int src, int tag) {
-  detail::check_tensor("recv", tensor);
-  detail::check_peer("recv", src, rank(), size());
-  EMBER_CHECK(tag >= 0, "recv", "tag must be non-negative, got ", tag);
-  return enqueue(state_, {.kind = OpKind::kRecv, .tensor = &tensor, .peer = src, .tag = tag});
+std::shared_ptr<ProcessGroup> MpiProcessGroup::make_subgroup(const SubgroupSpec& spec) {
+  if (spec.rank < 0) return nullptr;  // only the members meet
+  return std::shared_ptr<MpiProcessGroup>(new MpiProcessGroup(make_subgroup_state(*state_, spec)));
 }
 
 }  // namespace ember::dist

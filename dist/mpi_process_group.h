@@ -36,15 +36,22 @@
 // can print. Destroying a group waits for what was issued; when a
 // collective the thread runs (an all-reduce nobody waited on) finishes nothing for the
 // timeout plus a second, it is reported like a timed-out one and MPI_Abort ends the job.
+//
+// Subgroups (new_group) get a communicator of their own from MPI_Comm_create_group over the
+// members (only they call MPI; the others go on at once) and their own two threads, so they
+// run independently of the parent and of each other. That call has no timeout: a member that
+// never calls new_group holds the others there (and under MPI_THREAD_SERIALIZED, where it
+// holds every MPI call of the rank meanwhile, wait for the parent's operations first).
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include <ember/dist/process_group.h>
 
 namespace ember::dist {
 
-class MpiProcessGroup : public ProcessGroup {
+class MpiProcessGroup : public BackendGroup {
  public:
   // Collective over all MPI ranks: initialises MPI when needed (see init_process_group) and
   // duplicates MPI_COMM_WORLD. `local_rank` < 0 asks MPI (ranks sharing this node).
@@ -54,20 +61,16 @@ class MpiProcessGroup : public ProcessGroup {
   MpiProcessGroup& operator=(const MpiProcessGroup&) = delete;
 
   std::string backend() const override { return "mpi"; }
-  WorkHandle allreduce(const Tensor& tensor, ReduceOp op = ReduceOp::kSum) override;
-  WorkHandle broadcast(const Tensor& tensor, int root) override;
-  WorkHandle allgather(const std::vector<Tensor>& outputs, const Tensor& input) override;
-  WorkHandle reduce(const Tensor& tensor, int root, ReduceOp op = ReduceOp::kSum) override;
-  WorkHandle reduce_scatter(const Tensor& output, const std::vector<Tensor>& inputs,
-                            ReduceOp op = ReduceOp::kSum) override;
-  WorkHandle barrier() override;
-  WorkHandle send(const Tensor& tensor, int dst, int tag = 0) override;
-  WorkHandle recv(const Tensor& tensor, int src, int tag = 0) override;
 
   struct State;
 
  private:
   explicit MpiProcessGroup(std::shared_ptr<State> state);
+  WorkHandle submit(const CollectiveRequest& request) override;
+  void check_devices(const CollectiveRequest& request) const override;
+  // A communicator over the members (MPI_Comm_create_group over MPI_COMM_WORLD), with its own
+  // threads, as any MpiProcessGroup: only the members call MPI.
+  std::shared_ptr<ProcessGroup> make_subgroup(const SubgroupSpec& spec) override;
   std::shared_ptr<State> state_;
 };
 

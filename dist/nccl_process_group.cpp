@@ -21,6 +21,7 @@
 #include <ember/tensor/ops.h>
 
 #include "detail/common.h"
+#include "detail/engine.h"
 
 namespace ember::dist {
 
@@ -84,6 +85,8 @@ ncclRedOp_t nccl_op(DType dtype, ReduceOp op) {
 struct NcclProcessGroup::State {
   ncclComm_t comm = nullptr;
   int rank = 0, size = 1, device = 0;
+  std::vector<int> global_ranks;  // the job's ranks of the members
+  int global_rank = 0;
   ProcessGroupOptions options;
   bool debug = false;
   cuda::Stream stream;
@@ -453,14 +456,16 @@ NcclProcessGroup::UniqueId NcclProcessGroup::create_unique_id() {
   return bytes;
 }
 
-NcclProcessGroup::NcclProcessGroup(int rank, int size, int local_rank, int device,
-                                   const UniqueId& id, ProcessGroupOptions options)
-    : ProcessGroup(rank, size, local_rank), state_(std::make_shared<State>()) {
+namespace {
+
+std::shared_ptr<State> make_state(int rank, int size, int device,
+                                  const ProcessGroupOptions& options) {
   EMBER_CHECK(size >= 1 && rank >= 0 && rank < size, "NcclProcessGroup", "rank ", rank,
               " is not in a group of ", size);
   EMBER_CHECK(device >= 0 && device < cuda::device_count(), "NcclProcessGroup", "cuda:", device,
               " is not a visible device (", cuda::device_count(), " visible)");
-  State& s = *state_;
+  auto state = std::make_shared<State>();
+  State& s = *state;
   s.rank = rank;
   s.size = size;
   s.device = device;
@@ -469,15 +474,17 @@ NcclProcessGroup::NcclProcessGroup(int rank, int size, int local_rank, int devic
   s.debug = options.debug || detail::debug_from_env();
   cuda::set_device(device);
   s.stream = cuda::Stream::create(device, /*high_priority=*/true);
-  ncclUniqueId nccl_id;
-  std::memcpy(&nccl_id, id.data(), sizeof(nccl_id));
-  // Non-blocking initialisation, so a rank that never joins cannot hang the others.
+  return state;
+}
+
+// Non-blocking initialisation, so a rank that never joins cannot hang the others: `init`
+// makes s.comm with a non-blocking config (ncclCommInitRankConfig, ncclCommSplit).
+template <typename Init>
+void init_comm(State& s, const std::string& what, Init&& init) {
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
-  const std::string what =
-      "ncclCommInitRank (rank " + std::to_string(rank) + " of " + std::to_string(size) + ")";
   try {
-    const ncclResult_t code = ncclCommInitRankConfig(&s.comm, size, nccl_id, rank, &config);
+    const ncclResult_t code = init(&s.comm, &config);
     check_nccl(code, s.comm, what);  // no other thread uses the group yet
     s.settle(code, what);
   } catch (...) {
@@ -485,7 +492,71 @@ NcclProcessGroup::NcclProcessGroup(int rank, int size, int local_rank, int devic
     if (s.comm != nullptr) ncclCommAbort(std::exchange(s.comm, nullptr));
     throw;
   }
-  s.watchdog = std::thread([state = state_.get()] { state->run_watchdog(); });
+}
+
+std::shared_ptr<State> make_world_state(int rank, int size, int device,
+                                        const NcclProcessGroup::UniqueId& id,
+                                        const ProcessGroupOptions& options) {
+  auto state = make_state(rank, size, device, options);
+  for (int r = 0; r < size; ++r) state->global_ranks.push_back(r);
+  state->global_rank = rank;
+  ncclUniqueId nccl_id;
+  std::memcpy(&nccl_id, id.data(), sizeof(nccl_id));
+  init_comm(*state,
+            "ncclCommInitRank (rank " + std::to_string(rank) + " of " + std::to_string(size) + ")",
+            [&](ncclComm_t* comm, ncclConfig_t* config) {
+              return ncclCommInitRankConfig(comm, size, nccl_id, rank, config);
+            });
+  return state;
+}
+
+}  // namespace
+
+NcclProcessGroup::NcclProcessGroup(int rank, int size, int local_rank, int device,
+                                   const UniqueId& id, ProcessGroupOptions options)
+    : NcclProcessGroup(make_world_state(rank, size, device, id, options), local_rank) {}
+
+NcclProcessGroup::NcclProcessGroup(std::shared_ptr<State> state, int local_rank)
+    : BackendGroup(state->rank, local_rank, state->global_ranks, state->global_rank),
+      state_(std::move(state)) {
+  state_->watchdog = std::thread([state = state_.get()] { state->run_watchdog(); });
+}
+
+// NOTE: ncclCommSplit is collective over the parent: every rank of it calls this, the
+// non-members with NCCL_SPLIT_NOCOLOR (they get no communicator). It holds the parent's issue
+// lock, so no operation of the parent's goes to NCCL meanwhile.
+std::shared_ptr<ProcessGroup> NcclProcessGroup::make_subgroup(const SubgroupSpec& spec) {
+  State& parent = *state_;
+  const std::string what = "new_group " + detail::ranks_str(spec.global_ranks) +
+                           ": ncclCommSplit on rank " + std::to_string(parent.rank);
+  std::lock_guard<std::mutex> issue_lock(parent.issue_mutex);
+  EMBER_CHECK(!parent.broken.load(), what, "the parent group failed earlier");
+  cuda::DeviceGuard device(parent.device);
+  if (spec.rank < 0) {
+    ncclComm_t none = nullptr;
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    const ncclResult_t code = parent.with_comm(
+        [&](ncclComm_t comm) {
+          return ncclCommSplit(comm, NCCL_SPLIT_NOCOLOR, parent.rank, &none, &config);
+        },
+        what);
+    parent.settle(code, what);
+    return nullptr;
+  }
+  auto state = make_state(spec.rank, static_cast<int>(spec.ranks.size()), parent.device,
+                          spec.options.value_or(parent.options));
+  state->global_ranks = spec.global_ranks;
+  state->global_rank = parent.global_rank;
+  init_comm(*state, what, [&](ncclComm_t* comm, ncclConfig_t* config) {
+    return parent.with_comm(
+        [&](ncclComm_t parent_comm) {
+          return ncclCommSplit(parent_comm, 0, spec.rank, comm, config);
+        },
+        what);
+  });
+  parent.settle(ncclInProgress, what);  // a non-blocking split may leave the parent busy too
+  return std::shared_ptr<NcclProcessGroup>(new NcclProcessGroup(std::move(state), local_rank()));
 }
 
 NcclProcessGroup::~NcclProcessGroup() {
@@ -512,38 +583,32 @@ NcclProcessGroup::~NcclProcessGroup() {
 int NcclProcessGroup::device() const { return state_->device; }
 Device NcclProcessGroup::tensor_device() const { return cuda_device(state_->device); }
 
-WorkHandle NcclProcessGroup::allreduce(const Tensor& tensor, ReduceOp op) {
-  detail::check_tensor("allreduce", tensor);
-  detail::check_reduce_op("allreduce", tensor, op);
-  check_device("allreduce", tensor, state_->device);
-  State& s = *state_;
+namespace {
+
+WorkHandle run_allreduce(const std::shared_ptr<State>& state, const Tensor& tensor, ReduceOp op) {
+  State& s = *state;
   Issue issue(s, OpKind::kAllreduce, &tensor, -1, static_cast<int>(op));
   issue.call([&](ncclComm_t comm) {
     return ncclAllReduce(tensor.data_ptr(), tensor.data_ptr(), static_cast<size_t>(tensor.numel()),
                          nccl_type(tensor.dtype()), nccl_op(tensor.dtype(), op), comm,
                          s.stream.handle());
   });
-  return issue.finish(state_, {tensor});
+  return issue.finish(state, {tensor});
 }
 
-WorkHandle NcclProcessGroup::broadcast(const Tensor& tensor, int root) {
-  detail::check_tensor("broadcast", tensor);
-  detail::check_root("broadcast", root, size());
-  check_device("broadcast", tensor, state_->device);
-  State& s = *state_;
+WorkHandle run_broadcast(const std::shared_ptr<State>& state, const Tensor& tensor, int root) {
+  State& s = *state;
   Issue issue(s, OpKind::kBroadcast, &tensor, root, -1);
   issue.call([&](ncclComm_t comm) {
     return ncclBroadcast(tensor.data_ptr(), tensor.data_ptr(), static_cast<size_t>(tensor.numel()),
                          nccl_type(tensor.dtype()), root, comm, s.stream.handle());
   });
-  return issue.finish(state_, {tensor});
+  return issue.finish(state, {tensor});
 }
 
-WorkHandle NcclProcessGroup::allgather(const std::vector<Tensor>& outputs, const Tensor& input) {
-  detail::check_tensor("allgather", input);
-  detail::check_list("allgather", "outputs", outputs, input, size());
-  check_device("allgather", input, state_->device);
-  State& s = *state_;
+WorkHandle run_allgather(const std::shared_ptr<State>& state, const std::vector<Tensor>& outputs,
+                         const Tensor& input) {
+  State& s = *state;
   Issue issue(s, OpKind::kAllgather, &input, -1, -1);
   const bool direct = consecutive(outputs);
   Tensor gathered = direct ? outputs[0] : scratch(s, input);
@@ -563,31 +628,24 @@ WorkHandle NcclProcessGroup::allgather(const std::vector<Tensor>& outputs, const
     }
     keep.push_back(gathered);
   }
-  return issue.finish(state_, std::move(keep));
+  return issue.finish(state, std::move(keep));
 }
 
-WorkHandle NcclProcessGroup::reduce(const Tensor& tensor, int root, ReduceOp op) {
-  detail::check_tensor("reduce", tensor);
-  detail::check_root("reduce", root, size());
-  detail::check_reduce_op("reduce", tensor, op);
-  check_device("reduce", tensor, state_->device);
-  State& s = *state_;
+WorkHandle run_reduce(const std::shared_ptr<State>& state, const Tensor& tensor, int root,
+                      ReduceOp op) {
+  State& s = *state;
   Issue issue(s, OpKind::kReduce, &tensor, root, static_cast<int>(op));
   issue.call([&](ncclComm_t comm) {
     return ncclReduce(tensor.data_ptr(), tensor.data_ptr(), static_cast<size_t>(tensor.numel()),
                       nccl_type(tensor.dtype()), nccl_op(tensor.dtype(), op), root, comm,
                       s.stream.handle());
   });
-  return issue.finish(state_, {tensor});
+  return issue.finish(state, {tensor});
 }
 
-WorkHandle NcclProcessGroup::reduce_scatter(const Tensor& output, const std::vector<Tensor>& inputs,
-                                            ReduceOp op) {
-  detail::check_tensor("reduce_scatter", output);
-  detail::check_list("reduce_scatter", "inputs", inputs, output, size());
-  detail::check_reduce_op("reduce_scatter", output, op);
-  check_device("reduce_scatter", output, state_->device);
-  State& s = *state_;
+WorkHandle run_reduce_scatter(const std::shared_ptr<State>& state, const Tensor& output,
+                              const std::vector<Tensor>& inputs, ReduceOp op) {
+  State& s = *state;
   Issue issue(s, OpKind::kReduceScatter, &output, -1, static_cast<int>(op));
   const bool direct = consecutive(inputs);
   Tensor packed = direct ? inputs[0] : scratch(s, output);
@@ -607,11 +665,11 @@ WorkHandle NcclProcessGroup::reduce_scatter(const Tensor& output, const std::vec
   std::vector<Tensor> keep = inputs;
   keep.push_back(output);
   keep.push_back(packed);
-  return issue.finish(state_, std::move(keep));
+  return issue.finish(state, std::move(keep));
 }
 
-WorkHandle NcclProcessGroup::barrier() {
-  State& s = *state_;
+WorkHandle run_barrier(const std::shared_ptr<State>& state) {
+  State& s = *state;
   Issue issue(s, OpKind::kBarrier, nullptr, -1, -1);
   // Made under the issue's lock: no other thread's NCCL call on this (non-blocking)
   // communicator is still settling while work goes onto its stream.
@@ -623,35 +681,59 @@ WorkHandle NcclProcessGroup::barrier() {
     return ncclAllReduce(token.data_ptr(), token.data_ptr(), 1, ncclFloat32, ncclSum, comm,
                          s.stream.handle());
   });
-  return issue.finish(state_, {token}, /*blocking=*/true);  // a barrier holds the host
+  return issue.finish(state, {token}, /*blocking=*/true);  // a barrier holds the host
 }
 
-WorkHandle NcclProcessGroup::send(const Tensor& tensor, int dst, int tag) {
-  detail::check_tensor("send", tensor);
-  EMBER_CHECK(tag == 0, "send", "the NCCL backend has no tags (got ", tag, ")");
-  detail::check_peer("send", dst, rank(), size());
-  check_device("send", tensor, state_->device);
-  State& s = *state_;
+WorkHandle run_send(const std::shared_ptr<State>& state, const Tensor& tensor, int dst) {
+  State& s = *state;
   Issue issue(s, OpKind::kSend, &tensor, -1, -1);
   issue.call([&](ncclComm_t comm) {
     return ncclSend(tensor.data_ptr(), static_cast<size_t>(tensor.numel()),
                     nccl_type(tensor.dtype()), dst, comm, s.stream.handle());
   });
-  return issue.finish(state_, {tensor});
+  return issue.finish(state, {tensor});
 }
 
-WorkHandle NcclProcessGroup::recv(const Tensor& tensor, int src, int tag) {
-  detail::check_tensor("recv", tensor);
-  EMBER_CHECK(tag == 0, "recv", "the NCCL backend has no tags (got ", tag, ")");
-  detail::check_peer("recv", src, rank(), size());
-  check_device("recv", tensor, state_->device);
-  State& s = *state_;
+WorkHandle run_recv(const std::shared_ptr<State>& state, const Tensor& tensor, int src) {
+  State& s = *state;
   Issue issue(s, OpKind::kRecv, &tensor, -1, -1);
   issue.call([&](ncclComm_t comm) {
     return ncclRecv(tensor.data_ptr(), static_cast<size_t>(tensor.numel()),
                     nccl_type(tensor.dtype()), src, comm, s.stream.handle());
   });
-  return issue.finish(state_, {tensor});
+  return issue.finish(state, {tensor});
+}
+
+}  // namespace
+
+void NcclProcessGroup::check_devices(const CollectiveRequest& request) const {
+  if (request.kind == OpKind::kSend || request.kind == OpKind::kRecv) {
+    EMBER_CHECK(request.tag == 0, request.name(), "the NCCL backend has no tags (got ", request.tag,
+                ")");
+  }
+  if (request.tensor != nullptr) check_device(request.name(), *request.tensor, state_->device);
+}
+
+WorkHandle NcclProcessGroup::submit(const CollectiveRequest& r) {
+  switch (r.kind) {
+    case OpKind::kAllreduce:
+      return run_allreduce(state_, *r.tensor, r.reduce);
+    case OpKind::kBroadcast:
+      return run_broadcast(state_, *r.tensor, r.peer);
+    case OpKind::kAllgather:
+      return run_allgather(state_, *r.list, *r.tensor);
+    case OpKind::kReduce:
+      return run_reduce(state_, *r.tensor, r.peer, r.reduce);
+    case OpKind::kReduceScatter:
+      return run_reduce_scatter(state_, *r.tensor, *r.list, r.reduce);
+    case OpKind::kBarrier:
+      return run_barrier(state_);
+    case OpKind::kSend:
+      return run_send(state_, *r.tensor, r.peer);
+    case OpKind::kRecv:
+      return run_recv(state_, *r.tensor, r.peer);
+  }
+  throw Error("NcclProcessGroup: unknown operation");
 }
 
 }  // namespace ember::dist

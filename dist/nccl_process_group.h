@@ -26,7 +26,7 @@
 
 namespace ember::dist {
 
-class NcclProcessGroup : public ProcessGroup {
+class NcclProcessGroup : public BackendGroup {
  public:
   using UniqueId = std::array<char, 128>;  // ncclUniqueId's bytes
   // Made once (by rank 0) and handed to every rank by the launcher's channel (MPI or TcpStore).
@@ -43,23 +43,20 @@ class NcclProcessGroup : public ProcessGroup {
   std::string backend() const override { return "nccl"; }
   int device() const;
   Device tensor_device() const override;
-  WorkHandle allreduce(const Tensor& tensor, ReduceOp op = ReduceOp::kSum) override;
-  WorkHandle broadcast(const Tensor& tensor, int root) override;
-  WorkHandle allgather(const std::vector<Tensor>& outputs, const Tensor& input) override;
-  WorkHandle reduce(const Tensor& tensor, int root, ReduceOp op = ReduceOp::kSum) override;
-  WorkHandle reduce_scatter(const Tensor& output, const std::vector<Tensor>& inputs,
-                            ReduceOp op = ReduceOp::kSum) override;
-  WorkHandle barrier() override;
-  // NCCL matches point-to-point operations by order, not tag: `tag` must be 0. Each runs on
-  // the group's one stream in issue order, so two ranks that both send to each other before
-  // they receive may wait on each other (until the timeout), whatever the size: order the
+  // Collectives and send/recv as ProcessGroup's, on CUDA tensors of device(). NCCL matches
+  // point-to-point operations by order, not tag: `tag` must be 0. Each runs on the group's
+  // one stream in issue order, so two ranks that both send to each other before they
+  // receive may wait on each other (until the timeout), whatever the size: order the
   // exchange (the lower rank sends first, the higher receives first).
-  WorkHandle send(const Tensor& tensor, int dst, int tag = 0) override;
-  WorkHandle recv(const Tensor& tensor, int src, int tag = 0) override;
 
   struct State;
 
  private:
+  NcclProcessGroup(std::shared_ptr<State> state, int local_rank);
+  WorkHandle submit(const CollectiveRequest& request) override;
+  void check_devices(const CollectiveRequest& request) const override;
+  // ncclCommSplit of this group's communicator: every rank of it takes part (see there).
+  std::shared_ptr<ProcessGroup> make_subgroup(const SubgroupSpec& spec) override;
   std::shared_ptr<State> state_;
 };
 

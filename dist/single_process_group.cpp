@@ -2,7 +2,7 @@
 
 #include <ember/tensor/grad_mode.h>
 
-#include "detail/common.h"
+#include "detail/engine.h"
 
 namespace ember::dist {
 
@@ -14,8 +14,6 @@ class DoneWork final : public Work {
   void wait(std::chrono::milliseconds /*timeout*/) override {}
 };
 
-WorkHandle done() { return std::make_shared<DoneWork>(); }
-
 void copy_into(const Tensor& dst, const Tensor& src) {
   if (dst.data_ptr() == src.data_ptr()) return;
   NoGradGuard no_grad;
@@ -24,51 +22,24 @@ void copy_into(const Tensor& dst, const Tensor& src) {
 
 }  // namespace
 
-WorkHandle SingleProcessGroup::allreduce(const Tensor& tensor, ReduceOp op) {
-  detail::check_tensor("allreduce", tensor);
-  detail::check_reduce_op("allreduce", tensor, op);
-  return done();  // sum, avg, max and min of one value are that value
+// The shared checks already refused a send or recv: a group of one has no peer to name.
+WorkHandle SingleProcessGroup::submit(const CollectiveRequest& request) {
+  switch (request.kind) {
+    case detail::OpKind::kAllgather:
+      copy_into((*request.list)[0], *request.tensor);
+      break;
+    case detail::OpKind::kReduceScatter:
+      copy_into(*request.tensor, (*request.list)[0]);
+      break;
+    default:  // sum, avg, max and min of one value are that value; a broadcast from 0 is done
+      break;
+  }
+  return std::make_shared<DoneWork>();
 }
 
-WorkHandle SingleProcessGroup::broadcast(const Tensor& tensor, int root) {
-  detail::check_tensor("broadcast", tensor);
-  detail::check_root("broadcast", root, 1);
-  return done();
-}
-
-WorkHandle SingleProcessGroup::allgather(const std::vector<Tensor>& outputs, const Tensor& input) {
-  detail::check_tensor("allgather", input);
-  detail::check_list("allgather", "outputs", outputs, input, 1);
-  copy_into(outputs[0], input);
-  return done();
-}
-
-WorkHandle SingleProcessGroup::reduce(const Tensor& tensor, int root, ReduceOp op) {
-  detail::check_tensor("reduce", tensor);
-  detail::check_root("reduce", root, 1);
-  detail::check_reduce_op("reduce", tensor, op);
-  return done();
-}
-
-WorkHandle SingleProcessGroup::reduce_scatter(const Tensor& output,
-                                              const std::vector<Tensor>& inputs, ReduceOp op) {
-  detail::check_tensor("reduce_scatter", output);
-  detail::check_list("reduce_scatter", "inputs", inputs, output, 1);
-  detail::check_reduce_op("reduce_scatter", output, op);
-  copy_into(output, inputs[0]);
-  return done();
-}
-
-WorkHandle SingleProcessGroup::barrier() { return done(); }
-
-WorkHandle SingleProcessGroup::send(const Tensor& /*tensor*/, int dst, int /*tag*/) {
-  throw Error("send: the single-process group has no rank " + std::to_string(dst) +
-              " to send to (world size 1)");
-}
-
-WorkHandle SingleProcessGroup::recv(const Tensor& /*tensor*/, int src, int /*tag*/) {
-  throw Error("recv: the single-process group has no rank " + std::to_string(src) +
-              " to receive from (world size 1)");
+std::shared_ptr<ProcessGroup> SingleProcessGroup::make_subgroup(const SubgroupSpec& spec) {
+  if (spec.rank < 0) return nullptr;  // (never: the one rank is in every valid list)
+  return std::make_shared<SingleProcessGroup>();
 }
 
 }  // namespace ember::dist

@@ -1,26 +1,21 @@
 // World size 1 without MPI or NCCL: every collective leaves its tensor as it is (or copies
-// it where the result lands elsewhere) and is complete on return; send/recv have no peer.
+// it where the result lands elsewhere) and is complete on return; send/recv have no peer
+// (they throw ember::Error). new_group({0}) gives another such group.
 #pragma once
 
 #include <ember/dist/process_group.h>
 
 namespace ember::dist {
 
-class SingleProcessGroup : public ProcessGroup {
+class SingleProcessGroup : public BackendGroup {
  public:
-  SingleProcessGroup() : ProcessGroup(0, 1, 0) {}
+  SingleProcessGroup() : BackendGroup(0, 1, 0) {}
 
   std::string backend() const override { return "single"; }
-  WorkHandle allreduce(const Tensor& tensor, ReduceOp op = ReduceOp::kSum) override;
-  WorkHandle broadcast(const Tensor& tensor, int root) override;
-  WorkHandle allgather(const std::vector<Tensor>& outputs, const Tensor& input) override;
-  WorkHandle reduce(const Tensor& tensor, int root, ReduceOp op = ReduceOp::kSum) override;
-  WorkHandle reduce_scatter(const Tensor& output, const std::vector<Tensor>& inputs,
-                            ReduceOp op = ReduceOp::kSum) override;
-  WorkHandle barrier() override;
-  // Both throw ember::Error: a group of one has no one to talk to.
-  WorkHandle send(const Tensor& tensor, int dst, int tag = 0) override;
-  WorkHandle recv(const Tensor& tensor, int src, int tag = 0) override;
+
+ private:
+  WorkHandle submit(const CollectiveRequest& request) override;
+  std::shared_ptr<ProcessGroup> make_subgroup(const SubgroupSpec& spec) override;
 };
 
 }  // namespace ember::dist

@@ -27,6 +27,7 @@
 
 #include "detail/auth.h"
 #include "detail/common.h"
+#include "detail/engine.h"
 #include "detail/shared_store.h"
 #include "detail/socket.h"
 
@@ -206,8 +207,16 @@ struct Op;
 }  // namespace
 
 struct TcpProcessGroup::State {
-  int rank = 0, size = 1;
+  int rank = 0, size = 1, local_rank = 0;
+  std::vector<int> global_ranks;  // the job's ranks of the members
+  int global_rank = 0;
   ProcessGroupOptions options;
+  // Where the group met: the store (none at size 1), its keys, and the greetings' group number.
+  std::string master_addr;
+  int master_port = 0;
+  std::shared_ptr<TcpStore> store;
+  std::string prefix;
+  int32_t group_id = 0;
   bool debug = false;
   std::vector<int> coll_fd, p2p_fd;  // by peer; -1 for this rank
   int wake_fd = -1;                  // eventfd: wakes the point-to-point thread
@@ -261,7 +270,10 @@ struct TcpProcessGroup::State {
     wake();
   }
 
+  // Bootstrap: the world group's store and keys, a subgroup's from its parent; then the mesh.
   void connect_mesh(const std::string& host, int port);
+  void connect_subgroup(const State& parent, int64_t serial);
+  void meet();
   // Counts a collective finished; wakes what waits on that (under no lock).
   void collective_finished();
   void run_collectives();
@@ -949,21 +961,46 @@ void TcpProcessGroup::State::run_p2p() {
 // --- bootstrap ------------------------------------------------------------------------------
 
 void TcpProcessGroup::State::connect_mesh(const std::string& host, int port) {
+  if (size > 1) {
+    EMBER_CHECK(!host.empty() && port > 0 && port <= 65535, "TcpProcessGroup",
+                "MASTER_ADDR and MASTER_PORT must name rank 0's address and a TCP port, got \"",
+                host, "\" and ", port);
+    master_addr = host;
+    master_port = port;
+    store = detail::shared_store(host, port, size, rank, options.timeout);
+    // The n-th group of every rank meets under the same keys.
+    const int64_t group = store->add("ember/tcp/groups/" + std::to_string(rank), 1);
+    prefix = "ember/tcp/" + std::to_string(group) + "/";
+    group_id = static_cast<int32_t>(group);
+  }
+  meet();
+}
+
+// A subgroup meets under its parent's keys and its number among the parent's subgroups,
+// which every rank of the parent counts alike, members or not (see ProcessGroup::new_group);
+// its greetings carry a number made from those keys, far above the world groups' counts.
+void TcpProcessGroup::State::connect_subgroup(const State& parent, int64_t serial) {
+  master_addr = parent.master_addr;
+  master_port = parent.master_port;
+  store = parent.store;
+  prefix = parent.prefix + "sub" + std::to_string(serial) + "/";
+  uint32_t hash = 2166136261u;  // FNV-1a
+  for (const char c : prefix) hash = (hash ^ static_cast<uint8_t>(c)) * 16777619u;
+  group_id = static_cast<int32_t>((hash & 0x3fffffffu) | 0x40000000u);
+  meet();
+}
+
+// Every member publishes its listener under `prefix` and connects the mesh.
+void TcpProcessGroup::State::meet() {
   coll_fd.assign(static_cast<size_t>(size), -1);
   p2p_fd.assign(static_cast<size_t>(size), -1);
   wake_fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   EMBER_CHECK(wake_fd >= 0, "TcpProcessGroup", "eventfd failed: ", std::strerror(errno));
   if (size == 1) return;
-  EMBER_CHECK(!host.empty() && port > 0 && port <= 65535, "TcpProcessGroup",
-              "MASTER_ADDR and MASTER_PORT must name rank 0's address and a TCP port, got \"", host,
-              "\" and ", port);
   const auto deadline = Clock::now() + options.timeout;
   const std::string& secret = detail::job_secret();
-  auto store = detail::shared_store(host, port, size, rank, options.timeout);
-  // The n-th group of every rank meets under the same keys.
-  const int64_t group = store->add("ember/tcp/groups/" + std::to_string(rank), 1);
-  const std::string prefix = "ember/tcp/" + std::to_string(group) + "/";
-  const std::string address = local_address_towards(host, port);
+  const int32_t group = group_id;
+  const std::string address = local_address_towards(master_addr, master_port);
   int listen_port = 0;
   FdGuard listener{listen_on(address, listen_port)};
   store->set(prefix + std::to_string(rank), address + " " + std::to_string(listen_port));
@@ -1033,20 +1070,56 @@ void TcpProcessGroup::State::connect_mesh(const std::string& host, int port) {
   }
 }
 
-TcpProcessGroup::TcpProcessGroup(const std::string& master_addr, int master_port, int rank,
-                                 int size, int local_rank, ProcessGroupOptions options)
-    : ProcessGroup(rank, size, local_rank), state_(std::make_shared<State>()) {
+namespace {
+
+std::shared_ptr<State> make_state(int rank, int size, int local_rank,
+                                  const ProcessGroupOptions& options) {
   EMBER_CHECK(size >= 1 && rank >= 0 && rank < size, "TcpProcessGroup", "rank ", rank,
               " is not in a group of ", size);
+  auto s = std::make_shared<State>();
+  s->rank = rank;
+  s->size = size;
+  s->local_rank = local_rank;
+  s->options = options;
+  s->options.timeout = detail::checked_timeout("TcpProcessGroup", options.timeout);
+  s->debug = options.debug || detail::debug_from_env();
+  return s;
+}
+
+std::shared_ptr<State> make_world_state(const std::string& master_addr, int master_port, int rank,
+                                        int size, int local_rank,
+                                        const ProcessGroupOptions& options) {
+  auto s = make_state(rank, size, local_rank, options);
+  for (int r = 0; r < size; ++r) s->global_ranks.push_back(r);
+  s->global_rank = rank;
+  s->connect_mesh(master_addr, master_port);
+  return s;
+}
+
+}  // namespace
+
+TcpProcessGroup::TcpProcessGroup(const std::string& master_addr, int master_port, int rank,
+                                 int size, int local_rank, ProcessGroupOptions options)
+    : TcpProcessGroup(make_world_state(master_addr, master_port, rank, size, local_rank, options)) {
+}
+
+TcpProcessGroup::TcpProcessGroup(std::shared_ptr<State> state)
+    : BackendGroup(state->rank, state->local_rank, state->global_ranks, state->global_rank),
+      state_(std::move(state)) {
   State& s = *state_;
-  s.rank = rank;
-  s.size = size;
-  s.options = options;
-  s.options.timeout = detail::checked_timeout("TcpProcessGroup", options.timeout);
-  s.debug = options.debug || detail::debug_from_env();
-  s.connect_mesh(master_addr, master_port);
   s.collective_thread = std::thread([&s] { s.run_collectives(); });
   s.p2p_thread = std::thread([&s] { s.run_p2p(); });
+}
+
+std::shared_ptr<ProcessGroup> TcpProcessGroup::make_subgroup(const SubgroupSpec& spec) {
+  if (spec.rank < 0) return nullptr;  // only the members meet
+  const State& parent = *state_;
+  auto s = make_state(spec.rank, static_cast<int>(spec.ranks.size()), parent.local_rank,
+                      spec.options.value_or(parent.options));
+  s->global_ranks = spec.global_ranks;
+  s->global_rank = parent.global_rank;
+  s->connect_subgroup(parent, spec.serial);
+  return std::shared_ptr<TcpProcessGroup>(new TcpProcessGroup(std::move(s)));
 }
 
 TcpProcessGroup::~TcpProcessGroup() {
@@ -1090,70 +1163,15 @@ WorkHandle enqueue(const std::shared_ptr<State>& s, const std::shared_ptr<Op>& o
 
 }  // namespace
 
-WorkHandle TcpProcessGroup::allreduce(const Tensor& tensor, ReduceOp op) {
-  detail::check_tensor("allreduce", tensor);
-  check_cpu("allreduce", tensor);
-  detail::check_reduce_op("allreduce", tensor, op);
-  return enqueue(state_, detail::new_op<Op>(state_, OpKind::kAllreduce, &tensor, op, -1), true);
+void TcpProcessGroup::check_devices(const CollectiveRequest& request) const {
+  if (request.tensor != nullptr) check_cpu(request.name(), *request.tensor);
 }
 
-WorkHandle TcpProcessGroup::broadcast(const Tensor& tensor, int root) {
-  detail::check_tensor("broadcast", tensor);
-  check_cpu("broadcast", tensor);
-  detail::check_root("broadcast", root, size());
-  return enqueue(
-      state_, detail::new_op<Op>(state_, OpKind::kBroadcast, &tensor, ReduceOp::kSum, root), false);
-}
-
-WorkHandle TcpProcessGroup::allgather(const std::vector<Tensor>& outputs, const Tensor& input) {
-  detail::check_tensor("allgather", input);
-  check_cpu("allgather", input);
-  detail::check_list("allgather", "outputs", outputs, input, size());
-  auto op = detail::new_op<Op>(state_, OpKind::kAllgather, &input, ReduceOp::kSum, -1);
-  op->list = outputs;
-  return enqueue(state_, op, false);
-}
-
-WorkHandle TcpProcessGroup::reduce(const Tensor& tensor, int root, ReduceOp op) {
-  detail::check_tensor("reduce", tensor);
-  check_cpu("reduce", tensor);
-  detail::check_root("reduce", root, size());
-  detail::check_reduce_op("reduce", tensor, op);
-  return enqueue(state_, detail::new_op<Op>(state_, OpKind::kReduce, &tensor, op, root), true);
-}
-
-WorkHandle TcpProcessGroup::reduce_scatter(const Tensor& output, const std::vector<Tensor>& inputs,
-                                           ReduceOp op) {
-  detail::check_tensor("reduce_scatter", output);
-  check_cpu("reduce_scatter", output);
-  detail::check_list("reduce_scatter", "inputs", inputs, output, size());
-  detail::check_reduce_op("reduce_scatter", output, op);
-  auto work = detail::new_op<Op>(state_, OpKind::kReduceScatter, &output, op, -1);
-  work->list = inputs;
-  return enqueue(state_, work, true);
-}
-
-WorkHandle TcpProcessGroup::barrier() {
-  return enqueue(state_, detail::new_op<Op>(state_, OpKind::kBarrier, nullptr, ReduceOp::kSum, -1),
-                 false);
-}
-
-WorkHandle TcpProcessGroup::send(const Tensor& tensor, int dst, int tag) {
-  detail::check_tensor("send", tensor);
-  check_cpu("send", tensor);
-  detail::check_peer("send", dst, rank(), size());
-  EMBER_CHECK(tag >= 0, "send", "tag must be non-negative, got ", tag);
-  return enqueue(
-      state_, detail::new_op<Op>(state_, OpKind::kSend, &tensor, ReduceOp::kSum, dst, tag), false);
-}
-
-WorkHandle TcpProcessGroup::recv(const Tensor& tensor, int src, int tag) {
-  detail::check_tensor("recv", tensor);
-  check_cpu("recv", tensor);
-  detail::check_peer("recv", src, rank(), size());
-  EMBER_CHECK(tag >= 0, "recv", "tag must be non-negative, got ", tag);
-  return enqueue(
-      state_, detail::new_op<Op>(state_, OpKind::kRecv, &tensor, ReduceOp::kSum, src, tag), false);
+WorkHandle TcpProcessGroup::submit(const CollectiveRequest& request) {
+  auto op = detail::new_op<Op>(state_, request.kind, request.tensor, request.reduce, request.peer,
+                               request.tag);
+  if (request.list != nullptr) op->list = *request.list;
+  return enqueue(state_, op, request.uses_reduce());
 }
 
 }  // namespace ember::dist

@@ -24,6 +24,10 @@
 // written to stderr once ("ember::dist: the tcp process group broke on rank 1: ..."), in case
 // the launcher stops this process before it reports the error. Unlike MPI, the process can go
 // on and exit normally.
+//
+// Subgroups (new_group) connect a mesh of their own among their members, met through the
+// same store under keys unique to the subgroup, with their own threads; non-members take no
+// part.
 #pragma once
 
 #include <memory>
@@ -33,7 +37,7 @@
 
 namespace ember::dist {
 
-class TcpProcessGroup : public ProcessGroup {
+class TcpProcessGroup : public BackendGroup {
  public:
   // Collective over the `size` processes of the job. The TcpStore at master_addr:master_port
   // is made once per process (rank 0 serves it until every rank that used it has exited, or
@@ -42,7 +46,8 @@ class TcpProcessGroup : public ProcessGroup {
   // README "Security") every store and mesh connection proves it; connections to this rank's
   // listener that fail that or greet wrongly are dropped and logged, and the listener keeps
   // waiting for the ranks it expects. Throws ember::Error when a peer cannot be reached
-  // within the timeout.
+  // within the timeout. CPU tensors only: a CUDA tensor is refused with ember::Error (use
+  // the NCCL backend).
   TcpProcessGroup(const std::string& master_addr, int master_port, int rank, int size,
                   int local_rank, ProcessGroupOptions options = {});
   ~TcpProcessGroup() override;
@@ -50,20 +55,16 @@ class TcpProcessGroup : public ProcessGroup {
   TcpProcessGroup& operator=(const TcpProcessGroup&) = delete;
 
   std::string backend() const override { return "tcp"; }
-  // CPU tensors only: a CUDA tensor is refused with ember::Error (use the NCCL backend).
-  WorkHandle allreduce(const Tensor& tensor, ReduceOp op = ReduceOp::kSum) override;
-  WorkHandle broadcast(const Tensor& tensor, int root) override;
-  WorkHandle allgather(const std::vector<Tensor>& outputs, const Tensor& input) override;
-  WorkHandle reduce(const Tensor& tensor, int root, ReduceOp op = ReduceOp::kSum) override;
-  WorkHandle reduce_scatter(const Tensor& output, const std::vector<Tensor>& inputs,
-                            ReduceOp op = ReduceOp::kSum) override;
-  WorkHandle barrier() override;
-  WorkHandle send(const Tensor& tensor, int dst, int tag = 0) override;
-  WorkHandle recv(const Tensor& tensor, int src, int tag = 0) override;
 
   struct State;
 
  private:
+  explicit TcpProcessGroup(std::shared_ptr<State> state);
+  WorkHandle submit(const CollectiveRequest& request) override;
+  void check_devices(const CollectiveRequest& request) const override;
+  // A mesh of its own among the members, met through the parent's store under keys unique
+  // to this subgroup (new_group's number for it under the parent's keys).
+  std::shared_ptr<ProcessGroup> make_subgroup(const SubgroupSpec& spec) override;
   std::shared_ptr<State> state_;
 };
 

@@ -71,6 +71,8 @@ void check_root(const char* op, int root, int size) {
 }
 
 void check_peer(const char* op, int peer, int rank, int size) {
+  EMBER_CHECK(size > 1 || peer == rank, op, "the single-process group has no rank ", peer,
+              " to exchange with (a group of one rank)");
   EMBER_CHECK(peer >= 0 && peer < size, op, "peer ", peer, " is not a rank of a group of ", size);
   EMBER_CHECK(peer != rank, op, "rank ", rank, " cannot exchange with itself");
 }
