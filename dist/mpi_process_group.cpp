@@ -20,6 +20,7 @@
 #include "detail/common.h"
 #include "detail/engine.h"
 #include "detail/mpi_runtime.h"
+#include "detail/scheduler.h"
 
 namespace ember::dist {
 
@@ -90,18 +91,14 @@ struct MpiProcessGroup::State {
   int64_t running_seq = 0;
   OpKind running_kind = OpKind::kAllreduce;
   detail::OpCounters counters;
-  std::atomic<bool> broken{false};
-  std::string broken_message;
+  detail::GroupHealth health;
   std::thread thread;      // collectives
   std::thread p2p_thread;  // sends and receives
 
   void break_group(const std::string& message) {
     {
       std::lock_guard<std::mutex> lock(mutex);
-      if (!broken.load()) {
-        broken_message = message;
-        broken.store(true);
-        detail::report_broken_group("mpi", rank, message);
+      if (health.mark_broken(message)) {
         detail::mark_mpi_job_broken();
         fail_queued();  // now, even while the collective thread is stuck in MPI
       }
@@ -245,8 +242,7 @@ void check_op(const State& s, const Op& op, int code) {
 // The failure of an issued operation, as its waiter gets it. Unless every rank skips it (a
 // debug-mode mismatch), it breaks the group first: see the NOTE (failure) in the header.
 std::string failure_of(State& s, const std::exception& e) {
-  if (dynamic_cast<const detail::FingerprintMismatch*>(&e) == nullptr) s.break_group(e.what());
-  return e.what();
+  return detail::GroupHealth::failure_of(e, [&s](const std::string& m) { s.break_group(m); });
 }
 
 // NOTE: Open MPI's all-reduce slows down about tenfold above 24 MiB on one node (measured
@@ -530,7 +526,7 @@ bool Op::claim_for_inline_run(std::chrono::milliseconds limit) {
   // With every earlier collective finished none is in flight, and no later one starts before
   // this one finishes: the collective thread takes them in order. `broken` is read after the
   // count: a group breaks before the collective that broke it is counted.
-  if (state->collectives_finished.load() != seq - 1 || state->broken.load()) return false;
+  if (state->collectives_finished.load() != seq - 1 || state->health.broken()) return false;
   int unclaimed = kUnclaimed;
   if (!runner.compare_exchange_strong(unclaimed, kClaiming)) return false;
   inline_limit_ms.store(limit.count(), std::memory_order_relaxed);
@@ -542,7 +538,7 @@ bool Op::claim_for_inline_run(std::chrono::milliseconds limit) {
 void Op::run_inline(std::chrono::milliseconds limit) {
   try {
     // A break between the claim's check and its win (fail_queued left the op to it).
-    if (state->broken.load()) throw Error(state->broken_message);
+    if (state->health.broken()) throw Error(state->health.reason());
     if (kind == OpKind::kAllreduce && !state->debug && tensor.is_cpu()) {
       // The commonest collective, kept short (a waiter's small all-reduce is all overhead):
       // in place in the caller's tensor, with neither staging nor polling.
@@ -597,8 +593,7 @@ void Op::run_inline_staged(std::chrono::milliseconds limit) {
       started = Clock::now();
       blocking = false;
     } else if (Clock::now() - started > limit) {
-      const std::string failure =
-          detail::timeout_message(name(), state->rank, limit, "mpi", state->size);
+      const std::string failure = state->health.timeout_message(name(), limit);
       state->break_group(failure);
       throw Error(failure);
     }
@@ -610,10 +605,8 @@ void Op::run_inline_staged(std::chrono::milliseconds limit) {
 // collective thread reports it and ends the job, as an uncaught timeout would.
 void MpiProcessGroup::State::abort_hung_op(OpKind kind, int64_t seq,
                                            std::chrono::milliseconds limit) {
-  const std::string message =
-      detail::timeout_message(detail::op_name(kind, seq), rank, limit, "mpi", size);
-  broken_message = message;
-  broken.store(true);
+  const std::string message = health.timeout_message(detail::op_name(kind, seq), limit);
+  health.mark_broken_quietly(message);
   detail::mark_mpi_job_broken();
   std::fprintf(stderr, "ember::Error: %s\n", message.c_str());
   detail::abort_mpi_job();
@@ -641,7 +634,7 @@ void MpiProcessGroup::State::fail_queued() {
   for (auto& op : queue) {
     int unclaimed = Op::kUnclaimed;
     if (op->runner.compare_exchange_strong(unclaimed, Op::kThread)) {
-      op->complete(broken_message);
+      op->complete(health.reason());
     } else if (op->seq > finished) {
       running.push_back(op);
     }
@@ -668,7 +661,7 @@ void MpiProcessGroup::State::run() {
   };
   for (;;) {
     const bool claim_window_passed = std::exchange(window_passed, false);
-    if (broken.load()) fail_queued();
+    if (health.broken()) fail_queued();
     // Collectives finish in order: those up to collectives_finished are done (their waiters ran
     // them; enqueue drops them), the first one after it is next.
     const int64_t finished = collectives_finished.load();
@@ -708,7 +701,7 @@ void MpiProcessGroup::State::run() {
       if (held_back || stop) {  // woken when it finishes (or, holding others back, on a break)
         thread_awaits_collective.store(true);  // see collectives_finished
         cv.wait_until(lock, watch.deadline, [&] {
-          return collectives_finished.load() >= watch.seq || (held_back && broken.load());
+          return collectives_finished.load() >= watch.seq || (held_back && health.broken());
         });
         thread_awaits_collective.store(false);
       } else if (!spun) {
@@ -741,17 +734,17 @@ void MpiProcessGroup::State::run() {
     std::string failure;
     try {
       // A break since the check above (fail_queued found it taken): no MPI call any more.
-      if (broken.load()) throw Error(broken_message);
+      if (health.broken()) throw Error(health.reason());
       op->started = Clock::now();
       adopt_device(*op);
       start(*this, *op);  // an all-reduce blocks in here
       while (!advance(*this, *op)) {
-        if (broken.load()) {         // another collective timed out: this one is abandoned too
-          failure = broken_message;  // written before `broken` was set
+        if (health.broken()) {        // another collective timed out: this one is abandoned too
+          failure = health.reason();  // written before `broken` was set
           break;
         }
         if (Clock::now() - op->started > options.timeout) {
-          failure = detail::timeout_message(op->name(), rank, options.timeout, "mpi", size);
+          failure = health.timeout_message(op->name(), options.timeout);
           break_group(failure);
           break;
         }
@@ -783,7 +776,7 @@ SpinResult MpiProcessGroup::State::spin_for_work(std::unique_lock<std::mutex>& l
   const auto start = Clock::now();
   auto until = start + kSpinBeforeSleep;
   SpinResult result = SpinResult::kNone;
-  while (result == SpinResult::kNone && !broken.load()) {
+  while (result == SpinResult::kNone && !health.broken()) {
     const int64_t issued = collectives_issued.load(std::memory_order_acquire);
     if (issued != seen) {
       // A lone new one gets its claim window.
@@ -820,7 +813,7 @@ void MpiProcessGroup::State::wait_for_threads() {
   std::unique_lock<std::mutex> lock(mutex);
   int64_t seen = -1;
   Clock::time_point deadline;
-  while (threads_ended < 2 && !broken.load()) {
+  while (threads_ended < 2 && !health.broken()) {
     const int64_t finished = collectives_finished.load();
     if (finished != seen) {
       seen = finished;
@@ -850,13 +843,13 @@ void MpiProcessGroup::State::run_p2p() {
         p2p_cv.wait(lock, [&] {
           p2p_awaits_collective.store(!p2p_queue.empty());  // see collectives_finished
           return (stop && p2p_queue.empty()) || startable() ||
-                 (broken.load() && !p2p_queue.empty());
+                 (health.broken() && !p2p_queue.empty());
         });
         p2p_awaits_collective.store(false);
         if (stop && p2p_queue.empty()) break;
       }
-      if (broken.load()) {
-        const std::string message = broken_message;
+      if (health.broken()) {
+        const std::string message = health.reason();
         for (auto& op : active) {  // abandoned with their requests pending
           keep_buffers(*op);
           op->complete(message);
@@ -872,8 +865,8 @@ void MpiProcessGroup::State::run_p2p() {
       }
     }
     for (auto& op : fresh) {
-      if (broken.load()) {  // a start below broke it: a broken group never calls MPI again
-        op->complete(broken_message);
+      if (health.broken()) {  // a start below broke it: a broken group never calls MPI again
+        op->complete(health.reason());
         continue;
       }
       try {
@@ -898,7 +891,7 @@ void MpiProcessGroup::State::run_p2p() {
         finished = true;
       }
       if (!finished && Clock::now() - op.started > options.timeout) {
-        failure = detail::timeout_message(op.name(), rank, options.timeout, "mpi", size);
+        failure = health.timeout_message(op.name(), options.timeout);
         break_group(failure);
         finished = true;
       }
@@ -928,6 +921,7 @@ std::shared_ptr<State> make_state_over(MPI_Comm comm, const ProcessGroupOptions&
   check_mpi(MPI_Comm_set_errhandler(s->comm, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
   check_mpi(MPI_Comm_rank(s->comm, &s->rank), "MPI_Comm_rank");
   check_mpi(MPI_Comm_size(s->comm, &s->size), "MPI_Comm_size");
+  s->health.init("mpi", s->rank, s->size);
   return s;
 }
 
@@ -995,7 +989,7 @@ MpiProcessGroup::MpiProcessGroup(std::shared_ptr<State> state)
 MpiProcessGroup::~MpiProcessGroup() {
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (!finalized && state_->broken.load()) {
+  if (!finalized && state_->health.broken()) {
     // See the NOTE in the header: the abandoned collective would hang MPI_Finalize, and the
     // communication thread may be blocked inside it (see start_main).
     detail::abort_mpi_job();
@@ -1009,7 +1003,7 @@ MpiProcessGroup::~MpiProcessGroup() {
   state_->p2p_cv.notify_all();
   state_->wait_for_threads();
   // It broke while the threads ended: one may be stuck in MPI for good, so no join first.
-  if (!finalized && state_->broken.load()) detail::abort_mpi_job();
+  if (!finalized && state_->health.broken()) detail::abort_mpi_job();
   state_->thread.join();
   state_->p2p_thread.join();
   if (finalized) return;
@@ -1033,7 +1027,7 @@ using OpArgs = detail::Request;
   while (!s->queue.empty() && s->queue.front()->seq <= finished) s->queue.pop_front();
   // Reused only when nobody else holds it: whoever dropped it last is done with it. (In a
   // broken group it may hold tensors MPI still uses, and stamp_op refuses the new op.)
-  if (!s->spare || s->broken.load() || s->spare.use_count() != 1) {
+  if (!s->spare || s->health.broken() || s->spare.use_count() != 1) {
     s->spare = std::make_shared<Op>(s, kind);
   }
 }
@@ -1059,7 +1053,7 @@ WorkHandle enqueue(const std::shared_ptr<State>& s, const OpArgs& args) {
     // The commonest case, a collective after one its waiter ran: the spare is alone in the
     // queue, finished, held by the queue and `spare` only. It is reused where it stands,
     // without a reference changing hands.
-    const bool queued = collective && s->spare && !s->broken.load() && s->queue.size() == 1 &&
+    const bool queued = collective && s->spare && !s->health.broken() && s->queue.size() == 1 &&
                         s->queue.front() == s->spare && s->spare->seq <= finished &&
                         s->spare.use_count() == 2;
     if (!queued) renew_spare(s, args.kind, finished);
@@ -1075,7 +1069,7 @@ WorkHandle enqueue(const std::shared_ptr<State>& s, const OpArgs& args) {
       if (args.list != nullptr || (op->tensor.defined() && !op->tensor.is_cpu())) {
         attach_rare_args(*op, args);
       }
-      detail::stamp_op(*op, s->counters, s->rank, s->broken.load(), s->broken_message, s->debug,
+      detail::stamp_op(*op, s->counters, s->rank, s->health.broken(), s->health.reason(), s->debug,
                        args.uses_reduce());
     } catch (...) {
       op->release_tensors();  // refused: the spare keeps no tensor of the caller's

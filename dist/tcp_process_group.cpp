@@ -28,6 +28,7 @@
 #include "detail/auth.h"
 #include "detail/common.h"
 #include "detail/engine.h"
+#include "detail/scheduler.h"
 #include "detail/shared_store.h"
 #include "detail/socket.h"
 
@@ -229,8 +230,7 @@ struct TcpProcessGroup::State {
   bool running = false;                              // the collective thread has taken a collective
   Op* inline_op = nullptr;  // the collective a waiter runs on its own thread
   bool stop = false;
-  std::atomic<bool> broken{false};
-  std::string broken_message;
+  detail::GroupHealth health;
   std::thread collective_thread, p2p_thread;
 
   ~State() {
@@ -248,20 +248,12 @@ struct TcpProcessGroup::State {
     (void)written;  // a full counter already wakes the thread
   }
 
-  std::string broken_reason() {
-    std::lock_guard<std::mutex> lock(mutex);
-    return broken_message;
-  }
-
   // Shuts the connections down, so peers blocked on this rank fail at once.
   void break_group(const std::string& message) {
     {
       std::lock_guard<std::mutex> lock(mutex);
-      if (broken.load()) return;
-      broken_message = message;
-      broken.store(true);
+      if (!health.mark_broken(message)) return;
     }
-    detail::report_broken_group("tcp", rank, message);
     for (const int fd : coll_fd)
       if (fd >= 0) ::shutdown(fd, SHUT_RDWR);
     for (const int fd : p2p_fd)
@@ -427,9 +419,9 @@ void transfer(const Ctx& c, Out* out, In* in) {
     const bool out_done = out == nullptr || out->finished();
     const bool in_done = in == nullptr || in->finished();
     if (out_done && in_done) return;
-    if (s.broken.load()) throw Error(s.broken_reason());
+    if (s.health.broken()) throw Error(s.health.reason());
     if (Clock::now() >= c.deadline) {
-      throw Error(detail::timeout_message(c.op.name(), s.rank, c.limit, "tcp", s.size));
+      throw Error(s.health.timeout_message(c.op.name(), c.limit));
     }
     pollfd fds[2];
     nfds_t count = 0;
@@ -603,15 +595,12 @@ void run_collective(State& s, Op& op, std::chrono::milliseconds limit) {
 
 // Runs `op` on this thread; its failure, or "". The group breaks unless every rank skips it.
 std::string run_guarded(State& s, Op& op, std::chrono::milliseconds limit) {
-  if (s.broken.load()) return s.broken_reason();
+  if (s.health.broken()) return s.health.reason();
   op.started = Clock::now();
   try {
     run_collective(s, op, limit);
-  } catch (const detail::FingerprintMismatch& e) {
-    return e.what();  // every rank skips it: the group is still in step
   } catch (const std::exception& e) {
-    s.break_group(e.what());
-    return e.what();
+    return detail::GroupHealth::failure_of(e, [&s](const std::string& m) { s.break_group(m); });
   }
   return {};
 }
@@ -627,7 +616,7 @@ std::string run_guarded(State& s, Op& op, std::chrono::milliseconds limit) {
 bool Op::claim_for_inline_run() {
   if (!detail::is_collective(kind)) return false;
   std::lock_guard<std::mutex> lock(state->mutex);
-  if (state->broken.load() || state->running || state->inline_op != nullptr ||
+  if (state->health.broken() || state->running || state->inline_op != nullptr ||
       state->collectives.size() != 1 || state->collectives.front().get() != this) {
     return false;
   }
@@ -902,8 +891,8 @@ struct P2p {
         exiting = s.stop && s.p2p.empty() && active.empty() && fresh.empty();
       }
       if (exiting) return;
-      if (s.broken.load()) {
-        const std::string message = s.broken_reason();
+      if (s.health.broken()) {
+        const std::string message = s.health.reason();
         fail_all(message);
         for (auto& op : fresh) op->complete(message);
         fresh.clear();
@@ -912,7 +901,7 @@ struct P2p {
         for (auto& op : fresh) start(op);
         fresh.clear();
         std::vector<pollfd> fds{{s.wake_fd, POLLIN, 0}};
-        if (!s.broken.load()) {
+        if (!s.health.broken()) {
           for (const Peer& p : peers) {
             if (p.fd < 0 || p.closed) continue;
             fds.push_back({p.fd, static_cast<short>(POLLIN | (p.sends.empty() ? 0 : POLLOUT)), 0});
@@ -937,8 +926,7 @@ struct P2p {
         const auto now = Clock::now();
         for (const auto& op : active) {
           if (now - op->started > s.options.timeout) {
-            throw Error(
-                detail::timeout_message(op->name(), s.rank, s.options.timeout, "tcp", s.size));
+            throw Error(s.health.timeout_message(op->name(), s.options.timeout));
           }
         }
       } catch (const std::exception& e) {
@@ -1083,6 +1071,7 @@ std::shared_ptr<State> make_state(int rank, int size, int local_rank,
   s->options = options;
   s->options.timeout = detail::checked_timeout("TcpProcessGroup", options.timeout);
   s->debug = options.debug || detail::debug_from_env();
+  s->health.init("tcp", rank, size);
   return s;
 }
 
@@ -1144,7 +1133,7 @@ WorkHandle enqueue(const std::shared_ptr<State>& s, const std::shared_ptr<Op>& o
                    bool uses_reduce) {
   {
     std::lock_guard<std::mutex> lock(s->mutex);
-    detail::stamp_op(*op, s->counters, s->rank, s->broken.load(), s->broken_message, s->debug,
+    detail::stamp_op(*op, s->counters, s->rank, s->health.broken(), s->health.reason(), s->debug,
                      uses_reduce);
     if (detail::is_collective(op->kind)) {
       s->collectives.push_back(op);
