@@ -181,8 +181,8 @@ class CompletionWork : public Work {
   std::string error_;
 };
 
-// What the MPI and TCP backends queue for their communication threads.
-// (A backend that reuses ops resets every field listed here: see MpiProcessGroup's recycle.)
+// What the MPI and TCP backends queue for their communication threads (as ScheduledOp,
+// detail/scheduler.h, which resets every field listed here when it reuses an op).
 struct QueuedOp : CompletionWork {
   explicit QueuedOp(OpKind k) : kind(k) {}
   std::string name() const override;
@@ -195,8 +195,8 @@ struct QueuedOp : CompletionWork {
   std::vector<Tensor> list;  // allgather outputs, reduce_scatter inputs
   Fingerprint fingerprint;   // debug mode only
 
-  // A waiter may run a lone collective itself (the backends' claim_for_inline_run): its
-  // communication thread offers it once, and the waiter that takes it marks it claimed.
+  // A waiter may run a lone collective itself (detail::Scheduler's inline fast path): the
+  // collective thread offers it once, and the waiter that takes it marks it claimed.
   bool offered = false;              // guarded by the group's mutex
   std::atomic<bool> claimed{false};  // read by the offering thread without the lock
 };
@@ -209,18 +209,6 @@ inline constexpr auto kClaimWindow = std::chrono::microseconds(50);
 // kClaimWindow passes, then locks again. Spinning, not a timed sleep: a timer waking the
 // thread in the middle of the waiter's collective costs more than the spin.
 void offer_to_waiter(std::unique_lock<std::mutex>& lock, QueuedOp& op);
-
-// A new op of `kind` on `state`'s group, with its arguments (`t` may be null).
-template <typename Op, typename State>
-std::shared_ptr<Op> new_op(const std::shared_ptr<State>& state, OpKind kind, const Tensor* t,
-                           ReduceOp reduce, int peer, int tag = 0) {
-  auto op = std::make_shared<Op>(state, kind);
-  if (t != nullptr) op->tensor = *t;
-  op->reduce = reduce;
-  op->peer = peer;
-  op->tag = tag;
-  return op;
-}
 
 // The group's op counters; every rank numbers its ops alike, so the numbers name them.
 struct OpCounters {

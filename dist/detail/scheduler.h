@@ -1,13 +1,30 @@
-// The machinery the queued backends (MPI, TCP) share around their transports: for now the
-// group's broken state and its messages.
+// The one scheduler of the queued backends (MPI, TCP): the queue, the collective thread, the
+// send/recv thread and its ordering rule, the inline fast path, spinning before sleeping,
+// timeouts, the group's broken state and its messages, and shutdown. A backend supplies only
+// its transport (detail::Transport): how an operation starts, progresses and fails.
+//
+// Issue order: collectives run one after another in issue order, on the collective thread or
+// on a waiter's own thread (the inline fast path: a waiter whose collective is next and not
+// taken yet runs it itself, saving two thread hand-offs, which dominate small collectives).
+// Sends and receives run on the send/recv thread, each starting once every collective issued
+// before it has finished, concurrently with later collectives. A blocking transport call run
+// inline cannot time out by itself: the collective thread watches it and hands one still
+// running a second after its limit to Transport::abort_hung (MPI ends the job).
 #pragma once
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <deque>
 #include <exception>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "common.h"
+#include "engine.h"
 
 namespace ember::dist::detail {
 
@@ -60,6 +77,193 @@ class GroupHealth {
   std::string reason_;
   const char* backend_ = "";
   int rank_ = 0, size_ = 1;
+};
+
+class Scheduler;
+
+// An operation as the scheduler queues it; a backend derives its own, with its transport's
+// fields, and resets them in recycle_transport() (ops are reused: see Scheduler::enqueue).
+struct ScheduledOp : QueuedOp, std::enable_shared_from_this<ScheduledOp> {
+  ScheduledOp(std::shared_ptr<Scheduler> s, OpKind k) : QueuedOp(k), sched(std::move(s)) {}
+  std::shared_ptr<Scheduler> sched;  // shares ownership of the backend's state
+  int64_t after = 0;                 // send/recv: starts once this many collectives finished
+  std::chrono::steady_clock::time_point started;  // by whichever thread runs it
+
+  // Who runs a collective: the collective thread, or its waiter (claim_for_inline_run).
+  // kClaiming: a waiter won it and is about to publish its limit (a few instructions).
+  enum Runner : int { kUnclaimed, kThread, kClaiming, kWaiter };
+  std::atomic<int> runner{kUnclaimed};
+  std::atomic<int64_t> inline_limit_ms{0};  // a waiter's limit, for the watchdog
+
+  // Kept short, with the rarer paths out of line: between two small collectives the program
+  // runs other code, so this path usually starts from a cold instruction cache.
+  void wait(std::chrono::milliseconds timeout) override;
+  // A collective its waiter ran without failing is complete once counted finished: they
+  // finish in order, and every other outcome calls complete() first. Read only through a
+  // handle, so `seq` is this op's (it is reused only when nobody holds one).
+  bool completed_elsewhere() const override;
+
+  // Every field back to its initial value but the group's, for reuse as a new `k`.
+  void recycle(OpKind k);
+  void release_tensors() {
+    if (tensor.defined()) tensor = Tensor();
+    if (!list.empty()) list.clear();
+    release_transport_buffers();
+  }
+
+ protected:
+  friend class Scheduler;
+  virtual void recycle_transport() {}          // the derived op's fields
+  virtual void release_transport_buffers() {}  // its staging buffers
+ private:
+  bool claim_for_inline_run(std::chrono::milliseconds limit);
+  void run_inline(std::chrono::milliseconds limit);  // throws its failure
+  [[noreturn, gnu::cold]] void fail_inline_run(const std::exception& e);
+  [[gnu::noinline]] void wait_for_completion(std::chrono::milliseconds limit);
+};
+
+// What a backend supplies: its transport. Every call but wake_p2p and abort_hung comes from
+// the scheduler's threads or an inline waiter, one operation at a time per collective.
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual std::shared_ptr<ScheduledOp> make_op(OpKind kind) = 0;
+  // For an op whose tensor is not on the CPU, at issue (MPI: the event that orders its
+  // staging after the caller's stream).
+  virtual void attach_device(ScheduledOp& /*op*/) {}
+  // Before the scheduler's own threads start an op (MPI: they take its tensor's device).
+  virtual void on_thread_start(ScheduledOp& /*op*/) {}
+
+  // A collective: start() begins it (it may run to the end: a blocking call), progress() takes
+  // one step and says whether it finished. Both throw its failure.
+  virtual void start(ScheduledOp& op) = 0;
+  virtual bool progress(ScheduledOp& op) = 0;
+  // A collective on its waiter's thread, to the end within `limit`; the default starts it and
+  // polls progress().
+  virtual void run_blocking(ScheduledOp& op, std::chrono::milliseconds limit);
+
+  // Sends and receives: p2p_start() begins one; p2p_poll() moves every started one (it may
+  // block a short while when `idle` says none is started); p2p_done() says whether one
+  // finished. p2p_start and p2p_poll throw a failure, which breaks the group.
+  virtual void p2p_start(ScheduledOp& op) = 0;
+  virtual void p2p_poll(bool idle) = 0;
+  virtual bool p2p_done(ScheduledOp& op) = 0;
+  // Whether p2p_poll must run even with nothing started (TCP reads messages nobody asked for
+  // yet); the send/recv thread then never sleeps elsewhere, and wake_p2p() must end its wait.
+  virtual bool p2p_polls_when_idle() const { return false; }
+  virtual void wake_p2p() {}
+  // After a break: forget every started send and recv (they have been failed).
+  virtual void p2p_abandon() {}
+
+  // Whether a failed op's buffers may still be used by the transport (an MPI request
+  // pending): the scheduler then keeps the op for good instead of releasing them.
+  virtual bool still_in_use(const ScheduledOp& /*op*/) const { return false; }
+  // The group broke (under the scheduler's lock): stop the transport (TCP shuts its
+  // connections so peers fail at once; MPI marks the job broken).
+  virtual void on_broken() {}
+  // A blocking call that outlived its limit plus a grace and cannot be interrupted: `message`
+  // says which. The default breaks the group, which a transport that stops on a break ends.
+  virtual void abort_hung(const std::string& message);
+
+  Scheduler* scheduler = nullptr;  // set by the scheduler
+};
+
+class Scheduler {
+ public:
+  Scheduler(Transport& transport, const char* backend, int rank, int size,
+            const ProcessGroupOptions& options, bool debug);
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // The threads; `self` is the shared pointer ops keep (aliasing the backend's state).
+  void start_threads(const std::shared_ptr<Scheduler>& self);
+  // What a new op keeps (Transport::make_op): it shares ownership of the backend's state.
+  std::shared_ptr<Scheduler> shared_self() const { return self_.lock(); }
+  // Numbers, refuses or queues a checked request; returns its Work.
+  WorkHandle enqueue(const Request& request);
+  // Breaks the group with `message` (once; later calls do nothing) and fails what is queued.
+  void break_group(const std::string& message);
+  // The destructor's first half: stops taking work and waits, bounded, for the threads to
+  // finish what was issued (see there); then join().
+  void stop_and_wait();
+  void join();
+  // Broken without the report, for a transport about to end the process with its own.
+  void mark_broken_quietly(const std::string& message) { health_.mark_broken_quietly(message); }
+
+  const GroupHealth& health() const { return health_; }
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  bool debug() const { return debug_; }
+  std::chrono::milliseconds timeout() const { return options_.timeout; }
+  const ProcessGroupOptions& options() const { return options_; }
+  // Collectives finished so far (in issue order).
+  int64_t collectives_finished() const { return collectives_finished_.load(); }
+
+ private:
+  friend struct ScheduledOp;
+  using OpPtr = std::shared_ptr<ScheduledOp>;
+  enum class SpinResult { kNone, kWork, kWorkPastItsWindow };
+
+  void run();
+  void run_p2p();
+  SpinResult spin_for_work(std::unique_lock<std::mutex>& lock);
+  void run_on_thread(const OpPtr& op);
+  void collective_finished() {
+    collectives_finished_.fetch_add(1);
+    const bool wake_thread = thread_awaits_collective_.load();
+    const bool wake_p2p = p2p_awaits_collective_.load();
+    if (wake_thread || wake_p2p) wake_for_finished(wake_thread, wake_p2p);
+  }
+  [[gnu::noinline]] void wake_for_finished(bool wake_thread, bool wake_p2p);
+  void wake_p2p();
+  void fail_queued();  // under the lock, once broken
+  void release_buffers(ScheduledOp& op, bool failed);
+  [[gnu::noinline]] void renew_spare(OpKind kind, int64_t finished);
+  [[gnu::noinline]] void attach_rare_args(ScheduledOp& op, const Request& r);
+  std::string failure_of(const std::exception& e) {
+    return GroupHealth::failure_of(e, [this](const std::string& m) { break_group(m); });
+  }
+  void count_thread_out();
+
+  Transport& transport_;
+  const int rank_, size_;
+  ProcessGroupOptions options_;
+  const bool debug_;
+  GroupHealth health_;
+
+  std::mutex mutex_;
+  std::condition_variable cv_;      // wakes the collective thread
+  std::condition_variable p2p_cv_;  // wakes the send/recv thread
+  // Collectives the thread has not taken, in issue order; those their waiters ran stay until
+  // enqueue drops them (once finished) or a break fails the rest.
+  std::deque<OpPtr> queue_;
+  std::deque<OpPtr> p2p_queue_;  // sends and receives, in issue order
+  // Collectives finished so far. They finish in issue order, one at a time, on the collective
+  // thread or on a waiter's, which counts its own without the lock. A thread that sleeps
+  // until this count grows raises its flag first (under the lock), and collective_finished()
+  // wakes it: each side writes its own variable, then reads the other's.
+  alignas(64) std::atomic<int64_t> collectives_finished_{0};
+  // The collectives issued and accepted, for the collective thread's spin (spin_for_work).
+  std::atomic<int64_t> collectives_issued_{0};
+  alignas(64) std::atomic<bool> thread_awaits_collective_{false};  // later ones held back
+  std::atomic<bool> p2p_awaits_collective_{false};  // a send or receive waits for one
+  // The collective thread sleeps until new work comes (under the mutex): enqueue wakes it
+  // only then, and clears it.
+  bool thread_sleeps_for_work_ = false;
+  // The op issued last, reused for the next one once nobody else holds it: making a new one
+  // is much of a small collective's cost.
+  OpPtr spare_;
+  // Ops abandoned after a failure while the transport may still use their buffers: never
+  // freed or reused. Under the mutex.
+  std::vector<OpPtr> abandoned_;
+  bool stop_ = false;
+  int threads_ended_ = 0;
+  std::condition_variable threads_cv_;
+  int64_t running_seq_ = 0;  // the collective the collective thread runs now (0: none)
+  OpKind running_kind_ = OpKind::kAllreduce;
+  OpCounters counters_;
+  std::thread thread_, p2p_thread_;
+  std::weak_ptr<Scheduler> self_;
 };
 
 }  // namespace ember::dist::detail
