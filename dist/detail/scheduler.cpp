@@ -28,6 +28,37 @@ constexpr auto kSpinLimit = std::chrono::milliseconds(2);
 
 }  // namespace
 
+// --- completion and numbering ----------------------------------------------------------------
+
+// A sleeper holds the mutex from its check until it sleeps: taking it here means the
+// notification cannot fall between the two.
+void CompletionWork::notify_sleepers() {
+  { std::lock_guard<std::mutex> lock(mutex_); }
+  cv_.notify_all();
+}
+
+void offer_to_waiter(std::unique_lock<std::mutex>& lock, QueuedOp& op) {
+  op.offered = true;
+  const auto until = std::chrono::steady_clock::now() + kClaimWindow;
+  lock.unlock();
+  while (!op.claimed.load(std::memory_order_relaxed) && std::chrono::steady_clock::now() < until) {
+    std::this_thread::yield();
+  }
+  lock.lock();
+}
+
+std::string QueuedOp::name() const { return op_name(kind, seq); }
+
+void refuse_or_fingerprint(QueuedOp& op, int rank, bool broken, const std::string& broken_message,
+                           bool uses_reduce) {
+  EMBER_CHECK(!broken, op.name(), "rank ", rank,
+              ": the process group cannot be used after an earlier failure: ", broken_message);
+  const bool rooted = op.kind == OpKind::kBroadcast || op.kind == OpKind::kReduce;
+  op.fingerprint =
+      Fingerprint::of(op.kind, op.seq, op.tensor.defined() ? &op.tensor : nullptr,
+                      rooted ? op.peer : -1, uses_reduce ? static_cast<int>(op.reduce) : -1);
+}
+
 // --- the transport's defaults ----------------------------------------------------------------
 
 void Transport::run_blocking(ScheduledOp& op, std::chrono::milliseconds limit) {
