@@ -1,5 +1,9 @@
 // The MPI backend: CPU tensors directly, CUDA tensors staged through pinned host memory.
 //
+// This file holds the MPI transport; the queue, threads, inline runs, timeouts and broken
+// state described below are detail::Scheduler's (dist/detail/scheduler.h), shared with the
+// TCP backend.
+//
 // Each group duplicates MPI_COMM_WORLD and owns one communication thread that runs its
 // collectives one after another in issue order, so they overlap the caller's computation:
 // all-reduces as blocking MPI_Allreduce calls (in pieces of at most 16 MiB), the others with

@@ -28,6 +28,7 @@
 #include "detail/auth.h"
 #include "detail/common.h"
 #include "detail/engine.h"
+#include "detail/scheduler.h"
 #include "detail/shared_store.h"
 #include "detail/socket.h"
 
@@ -202,11 +203,13 @@ void combine(void* dst, const void* src, int64_t n, DType dtype, ReduceOp op) {
   });
 }
 
-struct Op;
+struct P2p;
 
 }  // namespace
 
-struct TcpProcessGroup::State {
+// The TCP transport; the queue, threads, inline runs and timeouts are the scheduler's
+// (detail/scheduler.h).
+struct TcpProcessGroup::State final : detail::Transport {
   int rank = 0, size = 1, local_rank = 0;
   std::vector<int> global_ranks;  // the job's ranks of the members
   int global_rank = 0;
@@ -220,26 +223,10 @@ struct TcpProcessGroup::State {
   bool debug = false;
   std::vector<int> coll_fd, p2p_fd;  // by peer; -1 for this rank
   int wake_fd = -1;                  // eventfd: wakes the point-to-point thread
+  std::unique_ptr<P2p> p2p;          // the point-to-point connections' state
+  std::unique_ptr<detail::Scheduler> sched;
 
-  std::mutex mutex;
-  std::condition_variable cv;
-  std::deque<std::shared_ptr<Op>> collectives, p2p;  // issued, not started
-  detail::OpCounters counters;                       // ops issued
-  int64_t finished = 0;                              // collectives finished
-  bool running = false;                              // the collective thread has taken a collective
-  Op* inline_op = nullptr;  // the collective a waiter runs on its own thread
-  bool stop = false;
-  std::atomic<bool> broken{false};
-  std::string broken_message;
-  std::thread collective_thread, p2p_thread;
-
-  ~State() {
-    for (const int fd : coll_fd)
-      if (fd >= 0) ::close(fd);
-    for (const int fd : p2p_fd)
-      if (fd >= 0) ::close(fd);
-    if (wake_fd >= 0) ::close(wake_fd);
-  }
+  ~State() override;
 
   void wake() const {
     const uint64_t one = 1;
@@ -247,63 +234,41 @@ struct TcpProcessGroup::State {
     const ssize_t written = ::write(wake_fd, &one, sizeof(one));
     (void)written;  // a full counter already wakes the thread
   }
-
-  std::string broken_reason() {
-    std::lock_guard<std::mutex> lock(mutex);
-    return broken_message;
-  }
-
-  // Shuts the connections down, so peers blocked on this rank fail at once.
-  void break_group(const std::string& message) {
-    {
-      std::lock_guard<std::mutex> lock(mutex);
-      if (broken.load()) return;
-      broken_message = message;
-      broken.store(true);
-    }
-    detail::report_broken_group("tcp", rank, message);
-    for (const int fd : coll_fd)
-      if (fd >= 0) ::shutdown(fd, SHUT_RDWR);
-    for (const int fd : p2p_fd)
-      if (fd >= 0) ::shutdown(fd, SHUT_RDWR);
-    cv.notify_all();
-    wake();
-  }
+  const detail::GroupHealth& health() const { return sched->health(); }
+  void break_group(const std::string& message) { sched->break_group(message); }
 
   // Bootstrap: the world group's store and keys, a subgroup's from its parent; then the mesh.
   void connect_mesh(const std::string& host, int port);
   void connect_subgroup(const State& parent, int64_t serial);
   void meet();
-  // Counts a collective finished; wakes what waits on that (under no lock).
-  void collective_finished();
-  void run_collectives();
-  void run_p2p();
+
+  std::shared_ptr<detail::ScheduledOp> make_op(OpKind kind) override;
+  void start(detail::ScheduledOp& op) override;
+  bool progress(detail::ScheduledOp& /*op*/) override { return true; }  // start() ran it
+  void run_blocking(detail::ScheduledOp& op, std::chrono::milliseconds limit) override;
+  void p2p_start(detail::ScheduledOp& op) override;
+  void p2p_poll(bool idle) override;
+  bool p2p_done(detail::ScheduledOp& op) override;
+  bool p2p_polls_when_idle() const override { return true; }
+  void wake_p2p() override { wake(); }
+  void p2p_abandon() override;
+  // Shuts the connections down, so peers blocked on this rank fail at once.
+  void on_broken() override {
+    for (const int fd : coll_fd)
+      if (fd >= 0) ::shutdown(fd, SHUT_RDWR);
+    for (const int fd : p2p_fd)
+      if (fd >= 0) ::shutdown(fd, SHUT_RDWR);
+  }
 };
 
 namespace {
 
 using State = TcpProcessGroup::State;
 
-struct Op final : detail::QueuedOp {
-  std::shared_ptr<State> state;
-  int64_t after = 0;  // send/recv: starts once this many collectives have finished
-  Clock::time_point started;
-
-  Op(std::shared_ptr<State> s, OpKind k) : QueuedOp(k), state(std::move(s)) {}
-
-  void wait(std::chrono::milliseconds timeout) override {
-    const auto limit = detail::wait_limit(timeout, state->options.timeout);
-    if (claim_for_inline_run()) {
-      const std::string failure = run_inline(limit);
-      if (!failure.empty()) throw Error(failure);
-      return;
-    }
-    wait_completed(limit, state->rank, state->size, "tcp",
-                   [this](const std::string& message) { state->break_group(message); });
-  }
-
-  bool claim_for_inline_run();
-  std::string run_inline(std::chrono::milliseconds limit);  // its failure, or ""
+struct Op final : detail::ScheduledOp {
+  bool transferred = false;  // send/recv: its bytes went or came (the p2p thread's)
+  using ScheduledOp::ScheduledOp;
+  void recycle_transport() override { transferred = false; }
 };
 
 std::string peer_failure(const std::string& op, int rank, int peer, int error) {
@@ -427,9 +392,9 @@ void transfer(const Ctx& c, Out* out, In* in) {
     const bool out_done = out == nullptr || out->finished();
     const bool in_done = in == nullptr || in->finished();
     if (out_done && in_done) return;
-    if (s.broken.load()) throw Error(s.broken_reason());
+    if (s.health().broken()) throw Error(s.health().reason());
     if (Clock::now() >= c.deadline) {
-      throw Error(detail::timeout_message(c.op.name(), s.rank, c.limit, "tcp", s.size));
+      throw Error(s.health().timeout_message(c.op.name(), c.limit));
     }
     pollfd fds[2];
     nfds_t count = 0;
@@ -601,90 +566,20 @@ void run_collective(State& s, Op& op, std::chrono::milliseconds limit) {
   }
 }
 
-// Runs `op` on this thread; its failure, or "". The group breaks unless every rank skips it.
-std::string run_guarded(State& s, Op& op, std::chrono::milliseconds limit) {
-  if (s.broken.load()) return s.broken_reason();
-  op.started = Clock::now();
-  try {
-    run_collective(s, op, limit);
-  } catch (const detail::FingerprintMismatch& e) {
-    return e.what();  // every rank skips it: the group is still in step
-  } catch (const std::exception& e) {
-    s.break_group(e.what());
-    return e.what();
-  }
-  return {};
-}
-
-// A waiter whose collective has not started, with no other collective queued or running,
-// takes it off the queue and runs it on its own thread: that saves the two thread hand-offs
-// (caller to collective thread and back) that dominate small collectives. Issue order holds:
-// no other collective can start meanwhile, and sends and recvs issued after it still wait
-// for `finished` to count it.
-
 }  // namespace
 
-bool Op::claim_for_inline_run() {
-  if (!detail::is_collective(kind)) return false;
-  std::lock_guard<std::mutex> lock(state->mutex);
-  if (state->broken.load() || state->running || state->inline_op != nullptr ||
-      state->collectives.size() != 1 || state->collectives.front().get() != this) {
-    return false;
-  }
-  state->collectives.pop_front();
-  claimed.store(true, std::memory_order_relaxed);
-  state->inline_op = this;
-  return true;
+std::shared_ptr<detail::ScheduledOp> TcpProcessGroup::State::make_op(OpKind kind) {
+  return std::make_shared<Op>(sched->shared_self(), kind);
 }
 
-std::string Op::run_inline(std::chrono::milliseconds limit) {
-  const std::string failure = run_guarded(*state, *this, limit);
-  complete(failure);
-  state->collective_finished();
-  return failure;
+void TcpProcessGroup::State::start(detail::ScheduledOp& op) {
+  run_collective(*this, static_cast<Op&>(op), options.timeout);
 }
 
-void TcpProcessGroup::State::collective_finished() {
-  bool held_back = false, p2p_waiting = false;
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    ++finished;
-    running = false;
-    held_back = inline_op != nullptr && !collectives.empty();
-    inline_op = nullptr;
-    p2p_waiting = !p2p.empty();
-  }
-  // Only what waits on this collective is woken: a wake-up nobody needs costs the next
-  // collective a context switch.
-  if (held_back) cv.notify_all();
-  if (p2p_waiting) wake();
-}
-
-void TcpProcessGroup::State::run_collectives() {
-  for (;;) {
-    std::shared_ptr<Op> op;
-    {
-      std::unique_lock<std::mutex> lock(mutex);
-      for (;;) {
-        if (inline_op == nullptr && !collectives.empty()) {
-          const Op& lone = *collectives.front();
-          if (stop || collectives.size() != 1 || lone.offered || lone.has_sleepers()) break;
-          // A caller that waits at once runs it faster itself (Op::claim_for_inline_run).
-          const std::shared_ptr<Op> offered = collectives.front();
-          detail::offer_to_waiter(lock, *offered);
-          continue;
-        }
-        if (stop && collectives.empty()) break;
-        cv.wait(lock);
-      }
-      if (collectives.empty()) break;  // stopping, everything drained
-      op = collectives.front();
-      collectives.pop_front();
-      running = true;
-    }
-    op->complete(run_guarded(*this, *op, options.timeout));
-    collective_finished();
-  }
+void TcpProcessGroup::State::run_blocking(detail::ScheduledOp& op,
+                                          std::chrono::milliseconds limit) {
+  op.started = Clock::now();
+  run_collective(*this, static_cast<Op&>(op), limit);
 }
 
 // --- point-to-point: every started send and recv at once, on the point-to-point connections --
@@ -739,16 +634,12 @@ void check_match(const State& s, const Op& recv, int peer, const Header& h) {
 struct P2p {
   State& s;
   std::vector<Peer> peers;
-  std::list<std::shared_ptr<Op>> active;
 
-  void finish(const std::shared_ptr<Op>& op, const std::string& error = {}) {
-    op->complete(error);
-    active.remove(op);
-  }
+  // The scheduler completes it (State::p2p_done).
+  static void finish(const std::shared_ptr<Op>& op) { op->transferred = true; }
 
-  void fail_all(const std::string& message) {
-    for (auto& op : active) op->complete(message);
-    active.clear();
+  // After a break: the scheduler failed every started op.
+  void abandon() {
     for (Peer& p : peers) {
       p.sends.clear();
       p.recvs.clear();
@@ -763,8 +654,6 @@ struct P2p {
   }
 
   void start(const std::shared_ptr<Op>& op) {
-    op->started = Clock::now();
-    active.push_back(op);
     Peer& p = peers[static_cast<size_t>(op->peer)];
     if (op->kind == OpKind::kSend) {
       if (p.closed) throw Error(peer_failure(op->name(), s.rank, op->peer, 0));
@@ -889,74 +778,56 @@ struct P2p {
     }
   }
 
-  void run() {
-    for (;;) {
-      std::vector<std::shared_ptr<Op>> fresh;
-      bool exiting = false;
-      {
-        std::lock_guard<std::mutex> lock(s.mutex);
-        while (!s.p2p.empty() && s.p2p.front()->after <= s.finished) {
-          fresh.push_back(s.p2p.front());
-          s.p2p.pop_front();
-        }
-        exiting = s.stop && s.p2p.empty() && active.empty() && fresh.empty();
+  // Waits (up to kPollSlice, or until State::wake) for the connections, and moves what
+  // they are ready for.
+  void poll() {
+    std::vector<pollfd> fds{{s.wake_fd, POLLIN, 0}};
+    if (!s.health().broken()) {
+      for (const Peer& p : peers) {
+        if (p.fd < 0 || p.closed) continue;
+        fds.push_back({p.fd, static_cast<short>(POLLIN | (p.sends.empty() ? 0 : POLLOUT)), 0});
       }
-      if (exiting) return;
-      if (s.broken.load()) {
-        const std::string message = s.broken_reason();
-        fail_all(message);
-        for (auto& op : fresh) op->complete(message);
-        fresh.clear();
-      }
-      try {
-        for (auto& op : fresh) start(op);
-        fresh.clear();
-        std::vector<pollfd> fds{{s.wake_fd, POLLIN, 0}};
-        if (!s.broken.load()) {
-          for (const Peer& p : peers) {
-            if (p.fd < 0 || p.closed) continue;
-            fds.push_back({p.fd, static_cast<short>(POLLIN | (p.sends.empty() ? 0 : POLLOUT)), 0});
-          }
-        }
-        ::poll(fds.data(), fds.size(), static_cast<int>(kPollSlice.count()));
-        uint64_t count = 0;
-        if (fds[0].revents != 0) {
-          const ssize_t drained = ::read(s.wake_fd, &count, sizeof(count));
-          (void)drained;
-        }
-        for (size_t i = 1; i < fds.size(); ++i) {
-          if (fds[i].revents == 0) continue;
-          const auto peer =
-              static_cast<int>(std::find_if(peers.begin(), peers.end(),
-                                            [&](const Peer& p) { return p.fd == fds[i].fd; }) -
-                               peers.begin());
-          Peer& p = peers[static_cast<size_t>(peer)];
-          write(p, peer);
-          read(p, peer);
-        }
-        const auto now = Clock::now();
-        for (const auto& op : active) {
-          if (now - op->started > s.options.timeout) {
-            throw Error(
-                detail::timeout_message(op->name(), s.rank, s.options.timeout, "tcp", s.size));
-          }
-        }
-      } catch (const std::exception& e) {
-        s.break_group(e.what());
-        for (auto& op : fresh) op->complete(e.what());
-      }
+    }
+    ::poll(fds.data(), fds.size(), static_cast<int>(kPollSlice.count()));
+    uint64_t count = 0;
+    if (fds[0].revents != 0) {
+      const ssize_t drained = ::read(s.wake_fd, &count, sizeof(count));
+      (void)drained;
+    }
+    for (size_t i = 1; i < fds.size(); ++i) {
+      if (fds[i].revents == 0) continue;
+      const auto peer =
+          static_cast<int>(std::find_if(peers.begin(), peers.end(),
+                                        [&](const Peer& p) { return p.fd == fds[i].fd; }) -
+                           peers.begin());
+      Peer& p = peers[static_cast<size_t>(peer)];
+      write(p, peer);
+      read(p, peer);
     }
   }
 };
 
 }  // namespace
 
-void TcpProcessGroup::State::run_p2p() {
-  P2p loop{*this, std::vector<Peer>(static_cast<size_t>(size)), {}};
-  for (int p = 0; p < size; ++p)
-    loop.peers[static_cast<size_t>(p)].fd = p2p_fd[static_cast<size_t>(p)];
-  loop.run();
+TcpProcessGroup::State::~State() {
+  for (const int fd : coll_fd)
+    if (fd >= 0) ::close(fd);
+  for (const int fd : p2p_fd)
+    if (fd >= 0) ::close(fd);
+  if (wake_fd >= 0) ::close(wake_fd);
 }
+
+void TcpProcessGroup::State::p2p_start(detail::ScheduledOp& op) {
+  p2p->start(std::static_pointer_cast<Op>(op.shared_from_this()));
+}
+
+void TcpProcessGroup::State::p2p_poll(bool /*idle*/) { p2p->poll(); }
+
+bool TcpProcessGroup::State::p2p_done(detail::ScheduledOp& op) {
+  return static_cast<Op&>(op).transferred;
+}
+
+void TcpProcessGroup::State::p2p_abandon() { p2p->abandon(); }
 
 // --- bootstrap ------------------------------------------------------------------------------
 
@@ -1107,8 +978,11 @@ TcpProcessGroup::TcpProcessGroup(std::shared_ptr<State> state)
     : BackendGroup(state->rank, state->local_rank, state->global_ranks, state->global_rank),
       state_(std::move(state)) {
   State& s = *state_;
-  s.collective_thread = std::thread([&s] { s.run_collectives(); });
-  s.p2p_thread = std::thread([&s] { s.run_p2p(); });
+  s.p2p = std::make_unique<P2p>(P2p{s, std::vector<Peer>(static_cast<size_t>(s.size))});
+  for (int p = 0; p < s.size; ++p)
+    s.p2p->peers[static_cast<size_t>(p)].fd = s.p2p_fd[static_cast<size_t>(p)];
+  s.sched = std::make_unique<detail::Scheduler>(s, "tcp", s.rank, s.size, s.options, s.debug);
+  s.sched->start_threads(std::shared_ptr<detail::Scheduler>(state_, s.sched.get()));
 }
 
 std::shared_ptr<ProcessGroup> TcpProcessGroup::make_subgroup(const SubgroupSpec& spec) {
@@ -1123,14 +997,8 @@ std::shared_ptr<ProcessGroup> TcpProcessGroup::make_subgroup(const SubgroupSpec&
 }
 
 TcpProcessGroup::~TcpProcessGroup() {
-  {
-    std::lock_guard<std::mutex> lock(state_->mutex);
-    state_->stop = true;
-  }
-  state_->cv.notify_all();
-  state_->wake();
-  state_->collective_thread.join();
-  state_->p2p_thread.join();
+  state_->sched->stop_and_wait();
+  state_->sched->join();
 }
 
 namespace {
@@ -1140,27 +1008,6 @@ void check_cpu(const char* op, const Tensor& t) {
               " (CUDA tensors go over the nccl backend)");
 }
 
-WorkHandle enqueue(const std::shared_ptr<State>& s, const std::shared_ptr<Op>& op,
-                   bool uses_reduce) {
-  {
-    std::lock_guard<std::mutex> lock(s->mutex);
-    detail::stamp_op(*op, s->counters, s->rank, s->broken.load(), s->broken_message, s->debug,
-                     uses_reduce);
-    if (detail::is_collective(op->kind)) {
-      s->collectives.push_back(op);
-    } else {
-      op->after = s->counters.collectives;
-      s->p2p.push_back(op);
-    }
-  }
-  if (detail::is_collective(op->kind)) {
-    s->cv.notify_all();
-  } else {
-    s->wake();
-  }
-  return op;
-}
-
 }  // namespace
 
 void TcpProcessGroup::check_devices(const CollectiveRequest& request) const {
@@ -1168,10 +1015,7 @@ void TcpProcessGroup::check_devices(const CollectiveRequest& request) const {
 }
 
 WorkHandle TcpProcessGroup::submit(const CollectiveRequest& request) {
-  auto op = detail::new_op<Op>(state_, request.kind, request.tensor, request.reduce, request.peer,
-                               request.tag);
-  if (request.list != nullptr) op->list = *request.list;
-  return enqueue(state_, op, request.uses_reduce());
+  return state_->sched->enqueue(request);
 }
 
 }  // namespace ember::dist

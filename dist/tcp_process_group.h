@@ -8,6 +8,8 @@
 // sequence number, ring step or tag, dtype, byte count) that the receiver checks: ranks that
 // issue different collectives get an ember::Error naming both, never mixed-up data.
 //
+// The queue, threads, inline runs, timeouts and broken state are detail::Scheduler's
+// (dist/detail/scheduler.h), shared with the MPI backend; this file holds the transport.
 // Collectives run one after another in issue order on one communication thread: ring
 // reduce-scatter + ring allgather for allreduce (in 1 MiB chunks), ring allgather, ring
 // reduce_scatter, broadcast and reduce straight between the root and every rank, barrier as

@@ -4,7 +4,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
-#include <thread>
 #include <type_traits>
 
 #include <ember/tensor/detail/dispatch.h>
@@ -45,13 +44,6 @@ const char* reduce_op_name(ReduceOp op) {
       return "min";
   }
   return "?";
-}
-
-// A sleeper holds the mutex from its check until it sleeps: taking it here means the
-// notification cannot fall between the two.
-void CompletionWork::notify_sleepers() {
-  { std::lock_guard<std::mutex> lock(mutex_); }
-  cv_.notify_all();
 }
 
 bool debug_from_env() {
@@ -162,16 +154,6 @@ std::chrono::milliseconds checked_timeout(const char* group, std::chrono::millis
   return std::min(timeout, kLongestTimeout);
 }
 
-void offer_to_waiter(std::unique_lock<std::mutex>& lock, QueuedOp& op) {
-  op.offered = true;
-  const auto until = std::chrono::steady_clock::now() + kClaimWindow;
-  lock.unlock();
-  while (!op.claimed.load(std::memory_order_relaxed) && std::chrono::steady_clock::now() < until) {
-    std::this_thread::yield();
-  }
-  lock.lock();
-}
-
 void report_broken_group(const std::string& backend, int rank, const std::string& message) {
   std::fprintf(stderr, "ember::dist: the %s process group broke on rank %d: %s\n", backend.c_str(),
                rank, message.c_str());
@@ -193,18 +175,6 @@ std::string timeout_message(const std::string& what, int rank, std::chrono::mill
 
 std::string op_name(OpKind kind, int64_t seq) {
   return std::string(op_kind_name(kind)) + " #" + std::to_string(seq);
-}
-
-std::string QueuedOp::name() const { return op_name(kind, seq); }
-
-void refuse_or_fingerprint(QueuedOp& op, int rank, bool broken, const std::string& broken_message,
-                           bool uses_reduce) {
-  EMBER_CHECK(!broken, op.name(), "rank ", rank,
-              ": the process group cannot be used after an earlier failure: ", broken_message);
-  const bool rooted = op.kind == OpKind::kBroadcast || op.kind == OpKind::kReduce;
-  op.fingerprint =
-      Fingerprint::of(op.kind, op.seq, op.tensor.defined() ? &op.tensor : nullptr,
-                      rooted ? op.peer : -1, uses_reduce ? static_cast<int>(op.reduce) : -1);
 }
 
 void divide_in_place(void* data, int64_t count, DType dtype, int divisor) {
