@@ -94,6 +94,28 @@ TEST(ChannelsLast, Conv2dForwardAndBackward) {
       {randn({3, 1, 6, 6}), randn({5, 1, 3, 3})}, 1e-5);
 }
 
+TEST(ChannelsLast, Conv2dBf16) {
+  // bf16 rounds each output once in both layouts; the f32 sums differ in order only.
+  compare(
+      [](const auto& x) {
+        return conv2d(x[0], x[1], x[2], {1, 1}, {1, 1});
+      },
+      {randn({2, 8, 6, 6}, kBF16), randn({4, 8, 3, 3}, kBF16), randn({4}, kBF16)}, 2e-2);
+}
+
+TEST(ChannelsLast, ConversionsAreDifferentiable) {
+  const Tensor x = randn({2, 3, 4, 5}).requires_grad_();
+  const Tensor y = x.to(kCL);
+  EXPECT_TRUE(is_cl(y));
+  (y * 2.0).sum().backward();
+  EXPECT_TRUE(x.grad().is_contiguous());  // the leaf's own layout
+  EXPECT_TRUE(equal(x.grad(), full({2, 3, 4, 5}, 2.0)));
+  const Tensor z = randn({2, 3, 4, 5}).to(kCL).requires_grad_();
+  (z.contiguous() * 3.0).sum().backward();
+  EXPECT_TRUE(is_cl(z.grad()));
+  EXPECT_TRUE(equal(z.grad(), full({2, 3, 4, 5}, 3.0)));
+}
+
 TEST(ChannelsLast, ConvOutputFollowsInputOrWeight) {
   const Tensor x = randn({2, 3, 6, 6}), w = randn({4, 3, 3, 3});
   EXPECT_TRUE(is_cl(conv2d(x.to(kCL), w)));
