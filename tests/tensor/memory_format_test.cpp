@@ -3,6 +3,8 @@
 // tensors that cannot be channels_last.
 #include <string>
 
+#include <ember/tensor/detail/tensor_iter.h>
+
 #include "test_util.h"
 
 namespace ember {
@@ -108,6 +110,20 @@ TEST(MemoryFormat, ElementwiseOpsKeepChannelsLast) {
   inplace.add_(b);
   EXPECT_EQ(inplace.strides(), ac.strides());
   EXPECT_TRUE(equal(inplace, a + b));
+}
+
+TEST(MemoryFormat, ChannelsLastOperandsWalkAsOneFlatRun) {
+  // Elementwise kernels walk a channels-last output in memory order: operands of its layout
+  // coalesce into one dense run (the flat loop), a broadcast bias into a channel-period one.
+  const Tensor a = randn({2, 3, 4, 5}).contiguous(kCL), b = randn({2, 3, 4, 5}).contiguous(kCL);
+  const Tensor out = empty_like(a);
+  const detail::StridedIter flat = detail::make_iter({&out, &a, &b});
+  EXPECT_TRUE(flat.contiguous);
+  EXPECT_EQ(flat.ndim, 1);
+  const Tensor bias = randn({1, 3, 1, 1}).expand({2, 3, 4, 5});
+  const detail::StridedIter broadcast = detail::make_iter({&out, &a, &bias});
+  EXPECT_EQ(broadcast.ndim, 2);  // [N * H * W, C]
+  EXPECT_EQ(broadcast.sizes[1], 3);
 }
 
 }  // namespace
