@@ -18,7 +18,8 @@
 //   scaler.update();
 //
 // The scale and growth tracker live in tensors on the loss's device; checking and unscaling
-// every gradient is one fused op (one kernel launch on CUDA). step() reads the inf flag on the
+// every gradient is one fused op (on CUDA a multi-tensor pass per gradient dtype: a few
+// launches for all gradients, none per parameter). step() reads the inf flag on the
 // host, as PyTorch's does. bf16 needs no scaler; an enabled one with bf16 is harmless.
 // Under data parallelism pass a FoundInfReducer (dist::make_found_inf_agreement) so that
 // every rank sees the same flag and all skip together.

@@ -14,8 +14,10 @@ namespace ember {
 // For every element of every tensor: found_inf = 1 where one is inf or NaN, and each element
 // is multiplied by inv_scale (in float; f64 tensors in double) unless inv_scale is exactly 1.
 // All tensors sit on found_inf's device and are floating (mixed dtypes are fine); found_inf
-// and inv_scale are 1-element f32 tensors. One pass over all tensors: on CUDA one kernel
-// launch however many tensors there are. found_inf is only ever set, never cleared.
+// and inv_scale are 1-element f32 tensors. One pass over all tensors: on CUDA a
+// multi-tensor kernel per dtype among them (a few launches for all gradients, never one per
+// tensor; found_inf and inv_scale stay on the device, so the pass can be graph-captured).
+// found_inf is only ever set, never cleared.
 void amp_foreach_non_finite_check_and_unscale_(const std::vector<Tensor>& tensors,
                                                const Tensor& found_inf, const Tensor& inv_scale);
 

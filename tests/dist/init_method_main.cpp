@@ -21,6 +21,8 @@
 #include <vector>
 
 #include <ember/dist/dist.h>
+#include <ember/dist/tcp_store.h>
+#include <ember/tensor/cuda.h>
 
 namespace ember::dist {
 namespace {
@@ -285,6 +287,42 @@ TEST(InitMethod, StaleFileIsRefusedNotReused) {
   // The user's file is left for them to look at.
   EXPECT_EQ(::access(path.c_str(), F_OK), 0);
   ::unlink(path.c_str());
+}
+
+// NCCL meets at the store as the TCP backend does: with a job secret, only processes that prove
+// it reach the NCCL unique id. A world of one, so that one GPU runs it (two ranks of one
+// communicator need two GPUs). The rank checks for the GPU itself: CUDA stays out of the
+// forking test process.
+TEST(InitMethod, NcclUniqueIdTravelsOnlyToProcessesWithTheJobSecret) {
+  const int port = free_port();
+  const auto results = run_job(1, [&](int) {
+    if (!cuda::is_available()) std::exit(77);
+    ::setenv("EMBER_JOB_SECRET", "the secret of this test's job", 1);
+    InitOptions init = options("tcp://127.0.0.1:" + std::to_string(port), 0, 1);
+    init.backend = "nccl";
+    init.device = cuda_device(0);
+    init_process_group(init);
+    for (const std::string secret : {"", "a wrong secret"}) {
+      std::string refusal;
+      try {
+        TcpStore intruder("127.0.0.1", port, 1, false, std::chrono::seconds(5),
+                          TcpStoreOptions{.secret = secret});
+        intruder.set("ember/nccl/1/id", "forged");
+      } catch (const Error& e) {
+        refusal = e.what();
+      }
+      EMBER_CHECK(refusal.find("secret") != std::string::npos, "test", "an intruder with ",
+                  secret.empty() ? "no secret" : "a wrong secret",
+                  " was not refused: ", refusal.empty() ? "it was served" : refusal);
+    }
+    Tensor t = ones({8}, cuda_device(0));
+    all_reduce(t);
+    EMBER_CHECK(t.cpu().sum().item<float>() == 8, "test", "all_reduce on NCCL gave ",
+                t.cpu().sum().item<float>(), ", expected 8");
+    destroy_process_group();
+  });
+  if (results[0].status == 77) GTEST_SKIP() << "no CUDA device visible";
+  expect_all_succeed(results);
 }
 
 // Under mpirun (ctest dist_init_method_mpirun_np2): explicit values that repeat mpirun's are

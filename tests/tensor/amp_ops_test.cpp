@@ -1,4 +1,5 @@
 // The loss-scaling ops: the fused inf/NaN check + unscale, and the scale update.
+#include <array>
 #include <limits>
 
 #include <ember/tensor/ops_amp.h>
@@ -68,6 +69,22 @@ TEST(AmpOps, NonFiniteCheckAndUnscaleOnCuda) {
                                             full({1}, 0.125, TensorOptions(kF32, cuda_device())));
   EXPECT_EQ(fg.item<float>(), 1.f);
   for (size_t i = 0; i < cpu.size(); ++i) testing::expect_close(gpu[i].cpu(), cpu[i], 0, 0);
+
+  // A clean pass over every dtype, tensors spanning several chunks, and more tensors than a
+  // launch holds leaves found_inf at 0 and scales every element exactly as the CPU does.
+  std::vector<Tensor> cpu2, gpu2;
+  for (int i = 0; i < 260; ++i) {
+    const DType dtype = std::array{kF32, kF16, kBF16, kF64}[static_cast<size_t>(i % 4)];
+    Tensor t = randn({i % 50 == 0 ? 200000 : 1 + (i * 131) % 3000}).to(dtype);
+    cpu2.push_back(t.clone());
+    gpu2.push_back(t.to(cuda_device()));
+  }
+  const Tensor fc2 = zeros({1}), fg2 = zeros({1}, TensorOptions(kF32, cuda_device()));
+  amp_foreach_non_finite_check_and_unscale_(cpu2, fc2, full({1}, 0.25));
+  amp_foreach_non_finite_check_and_unscale_(gpu2, fg2,
+                                            full({1}, 0.25, TensorOptions(kF32, cuda_device())));
+  EXPECT_EQ(fg2.item<float>(), 0.f);
+  for (size_t i = 0; i < cpu2.size(); ++i) testing::expect_close(gpu2[i].cpu(), cpu2[i], 0, 0);
 }
 
 TEST(AmpOps, UpdateScaleBacksOffAndGrows) {
