@@ -76,6 +76,8 @@ int run(const apps::TrainOptions& o) {
   std::shared_ptr<nn::Module> model = nn::resnet(o.model, d.classes, d.channels);
   if (o.sync_bn && group->size() > 1) model = dist::convert_sync_batchnorm(model, group);
   model->to(device);
+  // Batches stay NCHW: the first convolution lays its input out as its weight's format.
+  if (apps::use_channels_last(o, device.is_cuda())) model->to(MemoryFormat::ChannelsLast);
   std::shared_ptr<nn::Module> trained = model;
   if (group->size() > 1) {
     dist::DDPOptions ddp;
@@ -136,7 +138,8 @@ int run(const apps::TrainOptions& o) {
           " classes), " + std::to_string(group->size()) + " rank(s) on " + device.str() + " (" +
           group->backend() + "), batch " + std::to_string(o.batch_size) + " per rank" +
           (o.accum_steps > 1 ? " in " + std::to_string(o.accum_steps) + " micro-batches" : "") +
-          ", " + std::to_string(o.epochs) + " epochs, precision " + amp.name());
+          ", " + std::to_string(o.epochs) + " epochs, precision " + amp.name() +
+          (apps::use_channels_last(o, device.is_cuda()) ? ", channels_last" : ""));
   char plan_line[256];
   std::snprintf(plan_line, sizeof plan_line,
                 "schedule: %s over %ld steps (%ld per epoch), peak lr %.4g after %ld warm-up "

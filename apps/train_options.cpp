@@ -128,6 +128,11 @@ int parse_train_options(int argc, char** argv, TrainOptions& o) {
       ->check(kNonNegative);
   app.add_flag("--no-decay-norm-bias", o.no_decay_norm_bias,
                "No weight decay on normalisation weights and biases (1-d parameters)");
+  app.add_flag_callback(
+      "--channels-last", [&o] { o.channels_last = 1; },
+      "Train in channels_last (NHWC) memory format (default on CUDA)");
+  app.add_flag_callback(
+      "--no-channels-last", [&o] { o.channels_last = 0; }, "Train in NCHW (default on the CPU)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

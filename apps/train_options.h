@@ -45,7 +45,16 @@ struct TrainOptions {
   int64_t accum_steps = 1;           // micro-batches per batch (gradient accumulation)
   double grad_clip = 0;              // max gradient norm; 0: no clipping
   bool no_decay_norm_bias = false;   // no weight decay on 1-d parameters (norms, biases)
+  // --channels-last / --no-channels-last: the model's conv weights (and so its activations)
+  // in channels_last; -1 (neither given): on for CUDA, where cuDNN's NHWC kernels use the
+  // tensor cores, off on the CPU.
+  int channels_last = -1;
 };
+
+// Whether the model trains in channels_last on a device that is (or is not) CUDA.
+inline bool use_channels_last(const TrainOptions& options, bool cuda) {
+  return options.channels_last < 0 ? cuda : options.channels_last == 1;
+}
 
 // Parses argv; prints help or a clear message and returns the exit code to leave with when
 // the program should not run (0 for --help), or -1 to go on.

@@ -54,9 +54,11 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grads) {
     g = g.to(leaf_.device(), leaf_.dtype());
   if (!meta.grad.defined()) {
     // Steal a gradient nothing else refers to; copy one that is shared or oddly laid out.
+    // The gradient takes the leaf's memory format (PyTorch's layout contract).
+    const MemoryFormat format = leaf_.suggest_memory_format();
     const bool owned =
-        g.storage().use_count() == 1 && g.is_contiguous() && g.sizes() == leaf_.sizes();
-    meta.grad = owned && !GradMode::is_enabled() ? g : g.expand(leaf_.sizes()).clone();
+        g.storage().use_count() == 1 && g.is_contiguous(format) && g.sizes() == leaf_.sizes();
+    meta.grad = owned && !GradMode::is_enabled() ? g : g.expand(leaf_.sizes()).clone(format);
   } else if (GradMode::is_enabled()) {
     meta.grad = meta.grad + g;  // create_graph: keep the accumulation differentiable
   } else {

@@ -17,7 +17,7 @@ int main(int argc, char** argv) {
   std::string model_name = "resnet20", device_name = "cpu", precision_name = "fp32";
   int64_t batch = 128;
   int threads = 2, steps = 10;
-  bool ddp = false;
+  bool ddp = false, channels_last = false;
   app.add_option("--model", model_name, "resnet20 | resnet56 | resnet18")
       ->check(
           CLI::IsMember({"resnet20", "resnet32", "resnet56", "resnet110", "resnet18", "resnet34"}));
@@ -28,6 +28,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"fp32", "tf32", "bf16", "fp16"}));
   app.add_option("--steps", steps, "timed steps")->check(CLI::PositiveNumber);
   app.add_flag("--ddp", ddp, "under mpirun: DDP step time beside the no_sync step time");
+  app.add_flag("--channels-last", channels_last, "model and images in channels_last (NHWC)");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -36,6 +37,9 @@ int main(int argc, char** argv) {
     ember::manual_seed(0);
     std::shared_ptr<ember::nn::Module> model = ember::nn::resnet(model_name, 10, 3);
     model->to(device);
+    const auto format =
+        channels_last ? ember::MemoryFormat::ChannelsLast : ember::MemoryFormat::Contiguous;
+    model->to(format);
     std::shared_ptr<ember::dist::ProcessGroup> group;
     std::shared_ptr<ember::dist::DistributedDataParallel> wrapped;
     if (ddp) {
@@ -52,7 +56,7 @@ int main(int argc, char** argv) {
     options.weight_decay = 5e-4;
     ember::optim::SGD optimizer(model->parameters(), options);
     const ember::Tensor images =
-        ember::randn({batch, 3, 32, 32}, ember::TensorOptions(ember::kF32, device));
+        ember::randn({batch, 3, 32, 32}, ember::TensorOptions(ember::kF32, device)).to(format);
     const ember::Tensor labels =
         ember::randint(0, 10, {batch}, ember::TensorOptions(ember::kI64, device));
     ember::apps::PrecisionContext precision(ember::apps::resolve_precision(precision_name, device),
@@ -96,6 +100,7 @@ int main(int argc, char** argv) {
         .add("precision", precision.name())
         .add("matmul_precision", ember::get_float32_matmul_precision())
         .add("cudnn_allow_tf32", ember::cudnn_allow_tf32())
+        .add("channels_last", channels_last)
         .add("threads", threads)
         .add("step_s", step_s)
         .add("images_per_s", static_cast<double>(batch) / step_s)

@@ -67,6 +67,8 @@ def main():
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--ddp", action="store_true", help="under mpirun: gloo DDP beside no_sync")
+    parser.add_argument("--channels-last", action="store_true",
+                        help="model and images in torch.channels_last")
     parser.add_argument("--precision", default="fp32", choices=["fp32", "tf32", "bf16", "fp16"],
                         help="as bench/train_step: fp32/tf32 set the TF32 switches, bf16/fp16 autocast "
                              "(fp16 with a GradScaler)")
@@ -75,6 +77,8 @@ def main():
     torch.manual_seed(0)
     device = torch.device(args.device)
     model = ResNet(*CONFIGS[args.model]).to(device)
+    memory_format = torch.channels_last if args.channels_last else torch.contiguous_format
+    model = model.to(memory_format=memory_format)
     trained = model
     if args.ddp:
         rank, world = int(os.environ["OMPI_COMM_WORLD_RANK"]), int(os.environ["OMPI_COMM_WORLD_SIZE"])
@@ -90,7 +94,7 @@ def main():
     if args.precision == "fp16":
         scaler = (torch.amp.GradScaler(device.type) if hasattr(torch, "amp") and hasattr(torch.amp, "GradScaler")
                   else torch.cuda.amp.GradScaler())
-    images = torch.randn(args.batch, 3, 32, 32, device=device)
+    images = torch.randn(args.batch, 3, 32, 32, device=device).to(memory_format=memory_format)
     labels = torch.randint(0, 10, (args.batch,), device=device)
 
     def step():
@@ -144,7 +148,7 @@ def main():
         "framework": "torch-" + torch.__version__, "model": args.model, "batch": args.batch, "device": args.device,
         "precision": args.precision, "matmul_precision": torch.get_float32_matmul_precision(),
         "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
-        "threads": args.threads, "step_s": round(step_s, 4), "images_per_s": round(args.batch / step_s, 1),
+        "channels_last": args.channels_last, "threads": args.threads, "step_s": round(step_s, 4), "images_per_s": round(args.batch / step_s, 1),
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, 1), **extra,
     }))
 

@@ -213,6 +213,13 @@ void Module::to(DType dtype) {
   }
 }
 
+void Module::to(MemoryFormat format) {
+  NoGradGuard no_grad;
+  for (auto& [n, t] : state_dict()) {
+    if (t.dim() == 4) t.set_data(t.to(format));
+  }
+}
+
 void Module::train(bool on) {
   training_ = on;
   for (auto& [n, m] : children_) m->train(on);

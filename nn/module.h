@@ -64,6 +64,9 @@ class Module {
   // Moves (or converts) every parameter and buffer in place; references stay valid.
   void to(Device device, bool non_blocking = false);
   void to(DType dtype);  // floating parameters and buffers only
+  // model.to(memory_format=...): re-lays out the 4-d parameters and buffers (conv weights)
+  // in `format`; other tensors keep theirs. Preserve changes nothing.
+  void to(MemoryFormat format);
   void train(bool on = true);
   void eval() { train(false); }
   bool is_training() const { return training_; }

@@ -1,6 +1,8 @@
 // The ops neural-network layers are made of: convolution, batch normalisation, pooling,
 // dropout, linear maps and losses. Definitions follow PyTorch's (torch.nn.functional), so
-// results are comparable; all are differentiable. Images are NCHW.
+// results are comparable; all are differentiable. Images are [N, C, H, W] in either memory
+// format: channels_last inputs give channels_last outputs (conv2d and batch_norm compute in
+// it; the pooling ops compute in NCHW and convert), and gradients keep their tensors' format.
 #pragma once
 
 #include <array>

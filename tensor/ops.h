@@ -18,10 +18,14 @@ Tensor empty(const Shape& sizes, TensorOptions options = {});
 Tensor zeros(const Shape& sizes, TensorOptions options = {});
 Tensor ones(const Shape& sizes, TensorOptions options = {});
 Tensor full(const Shape& sizes, Scalar value, TensorOptions options = {});
-Tensor empty_like(const Tensor& t);
-Tensor zeros_like(const Tensor& t);
-Tensor ones_like(const Tensor& t);
-Tensor full_like(const Tensor& t, Scalar value);
+// An uninitialised tensor laid out in `format` (Contiguous or ChannelsLast).
+Tensor empty(const Shape& sizes, TensorOptions options, MemoryFormat format);
+// Same shape, dtype and device as t; Preserve keeps t.suggest_memory_format() (PyTorch keeps
+// the exact strides of any dense layout; ember keeps NCHW or NHWC, the two it computes in).
+Tensor empty_like(const Tensor& t, MemoryFormat format = MemoryFormat::Preserve);
+Tensor zeros_like(const Tensor& t, MemoryFormat format = MemoryFormat::Preserve);
+Tensor ones_like(const Tensor& t, MemoryFormat format = MemoryFormat::Preserve);
+Tensor full_like(const Tensor& t, Scalar value, MemoryFormat format = MemoryFormat::Preserve);
 // [0, end) and [start, end) by step; dtype i64 unless options say otherwise.
 Tensor arange(Scalar end, TensorOptions options = kI64);
 Tensor arange(Scalar start, Scalar end, Scalar step = 1, TensorOptions options = kI64);

@@ -44,10 +44,26 @@ Tensor full(const Shape& sizes, Scalar value, TensorOptions options) {
 }
 Tensor zeros(const Shape& sizes, TensorOptions options) { return full(sizes, 0, options); }
 Tensor ones(const Shape& sizes, TensorOptions options) { return full(sizes, 1, options); }
-Tensor empty_like(const Tensor& t) { return empty(t.sizes(), t.options()); }
-Tensor zeros_like(const Tensor& t) { return zeros(t.sizes(), t.options()); }
-Tensor ones_like(const Tensor& t) { return ones(t.sizes(), t.options()); }
-Tensor full_like(const Tensor& t, Scalar value) { return full(t.sizes(), value, t.options()); }
+Tensor empty(const Shape& sizes, TensorOptions options, MemoryFormat format) {
+  EMBER_CHECK(format != MemoryFormat::Preserve, "empty",
+              "preserve_format needs a tensor to preserve; use empty_like");
+  Tensor t = empty(sizes, options);
+  if (format == MemoryFormat::Contiguous) return t;
+  return Tensor(t.storage(), t.dtype(), sizes, detail::channels_last_strides(sizes, "empty"));
+}
+
+Tensor empty_like(const Tensor& t, MemoryFormat format) {
+  if (format == MemoryFormat::Preserve) format = t.suggest_memory_format();
+  if (format == MemoryFormat::ChannelsLast) detail::check_channels_last(t.sizes(), "empty_like");
+  return empty(t.sizes(), t.options(), format);
+}
+Tensor full_like(const Tensor& t, Scalar value, MemoryFormat format) {
+  Tensor out = empty_like(t, format);
+  out.fill_(value);
+  return out;
+}
+Tensor zeros_like(const Tensor& t, MemoryFormat format) { return full_like(t, 0, format); }
+Tensor ones_like(const Tensor& t, MemoryFormat format) { return full_like(t, 1, format); }
 
 Tensor scalar_tensor(Scalar value, TensorOptions options) { return full({}, value, options); }
 Tensor scalar_tensor(Scalar value) { return scalar_tensor(value, value.default_dtype()); }
@@ -321,7 +337,8 @@ Tensor binary(BinaryOp op, const char* name, const Tensor& a_in, const Tensor& b
     out = inplace->dtype() == out_dtype ? *inplace
                                         : empty(shape, TensorOptions(out_dtype, a.device()));
   } else {
-    out = empty(shape, TensorOptions(out_dtype, a.device()));
+    out = empty(shape, TensorOptions(out_dtype, a.device()),
+                detail::result_memory_format({&a, &b}, shape));
   }
   // f16/bf16 multiplication by a 0-d operand and division by one read it at float precision
   // and compute in float (PyTorch's opmath kernels: x * 0.1 multiplies by 0.1f, x / 0.3 by
@@ -379,7 +396,8 @@ Tensor unary(UnaryOp op, const char* name, const Tensor& t, UnaryKind kind, doub
     out = inplace->dtype() == compute ? *inplace
                                       : empty(t.sizes(), TensorOptions(compute, t.device()));
   } else {
-    out = empty(t.sizes(), TensorOptions(compute, t.device()));
+    out = empty(t.sizes(), TensorOptions(compute, t.device()),
+                detail::result_memory_format({&t}, t.sizes()));
   }
   if (out.numel() > 0) {
     const Tensor x = prepare_input(t, compute, t.sizes(), &out);

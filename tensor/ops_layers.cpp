@@ -45,6 +45,14 @@ int64_t window_count(int64_t in, int64_t k, int64_t s, int64_t p, int64_t d, boo
   return out;
 }
 
+// PyTorch's rule: a convolution computes in channels_last when its input or its weight
+// suggests it, and every tensor it touches is made dense in that format.
+MemoryFormat conv_memory_format(const Tensor& input, const Tensor& weight) {
+  const bool cl = input.suggest_memory_format() == MemoryFormat::ChannelsLast ||
+                  weight.suggest_memory_format() == MemoryFormat::ChannelsLast;
+  return cl ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous;
+}
+
 }  // namespace
 
 Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, Pair stride,
@@ -95,12 +103,14 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, Pai
   params.dilation[0] = dilation[0];
   params.dilation[1] = dilation[1];
   params.groups = groups;
-  Tensor out = empty({input.size(0), out_channels, ho, wo}, input.options());
+  const MemoryFormat format = conv_memory_format(input, weight);
+  params.channels_last = format == MemoryFormat::ChannelsLast;
+  Tensor out = empty({input.size(0), out_channels, ho, wo}, input.options(), format);
   if (out.numel() > 0) {
     auto kernel = detail::require_kernel(detail::kernels_for(input.device(), op).conv2d_forward,
                                          input.device(), op);
-    kernel(out, input.contiguous(), weight.contiguous(), bias.defined() ? bias.contiguous() : bias,
-           params);
+    kernel(out, input.contiguous(format), weight.contiguous(format),
+           bias.defined() ? bias.contiguous() : bias, params);
   }
   OpArgs args;
   args.conv = params;
@@ -143,8 +153,10 @@ Tensor batch_norm(const Tensor& input, const Tensor& weight, const Tensor& bias,
   detail::check_inplace(op, running_var);
 
   AutogradScope scope(OpId::kBatchNorm, {&input, &weight, &bias});
-  const Tensor x = input.contiguous().reshape({n, channels, spatial});
-  Tensor out = empty(x.sizes(), input.options());
+  const MemoryFormat format = input.suggest_memory_format();
+  const Tensor x = detail::batch_norm_rows(input, format);
+  const Tensor out4 = empty(input.sizes(), input.options(), format);
+  Tensor out = out4.view(x.sizes());
   const DType stat_dtype = input.dtype() == kF16 || input.dtype() == kBF16 ? kF32 : input.dtype();
   Tensor save_mean = empty({channels}, TensorOptions(stat_dtype, input.device()));
   Tensor save_invstd = empty({channels}, TensorOptions(stat_dtype, input.device()));
@@ -162,7 +174,7 @@ Tensor batch_norm(const Tensor& input, const Tensor& weight, const Tensor& bias,
   OpArgs args;
   args.training = training;
   if (scope.recording()) args.extra = {save_mean, save_invstd};
-  return scope.finish(out.view(input.sizes()), std::move(args));
+  return scope.finish(out4, std::move(args));
 }
 
 namespace {
@@ -219,7 +231,7 @@ Tensor max_pool2d(const Tensor& input, Pair kernel, Pair stride, Pair padding, P
   OpArgs args;
   args.pool = params;
   if (scope.recording()) args.extra = {indices};
-  return scope.finish(out, std::move(args));
+  return scope.finish(out.contiguous(input.suggest_memory_format()), std::move(args));
 }
 
 Tensor avg_pool2d(const Tensor& input, Pair kernel, Pair stride, Pair padding, bool ceil_mode,
@@ -236,7 +248,7 @@ Tensor avg_pool2d(const Tensor& input, Pair kernel, Pair stride, Pair padding, b
   }
   OpArgs args;
   args.pool = params;
-  return scope.finish(out, std::move(args));
+  return scope.finish(out.contiguous(input.suggest_memory_format()), std::move(args));
 }
 
 Tensor adaptive_avg_pool2d(const Tensor& input, Pair output_size) {
@@ -253,7 +265,7 @@ Tensor adaptive_avg_pool2d(const Tensor& input, Pair output_size) {
     detail::require_kernel(detail::kernels_for(input.device(), op).adaptive_avg_pool2d_forward,
                            input.device(), op)(out, input.contiguous());
   }
-  return scope.finish(out);
+  return scope.finish(out.contiguous(input.suggest_memory_format()));
 }
 
 Tensor dropout(const Tensor& input, double p, bool training, Generator* gen) {
@@ -290,36 +302,48 @@ Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias) {
 
 namespace detail {
 
+Tensor batch_norm_rows(const Tensor& t, MemoryFormat format) {
+  const int64_t n = t.size(0), channels = t.size(1);
+  const int64_t spatial = t.numel() / std::max<int64_t>(n * channels, 1);
+  return t.contiguous(format).view({n, channels, spatial});
+}
+
 std::array<Tensor, 3> conv2d_backward(const Tensor& grad_out, const Tensor& input,
                                       const Tensor& weight, const Conv2dParams& params,
                                       std::array<bool, 3> needs) {
-  Tensor gi = needs[0] ? empty(input.sizes(), input.options()) : Tensor();
-  Tensor gw = needs[1] ? empty(weight.sizes(), weight.options()) : Tensor();
+  const MemoryFormat format =
+      params.channels_last ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous;
+  Tensor gi = needs[0] ? empty(input.sizes(), input.options(), format) : Tensor();
+  Tensor gw = needs[1] ? empty(weight.sizes(), weight.options(), format) : Tensor();
   Tensor gb = needs[2] ? empty({weight.size(0)}, weight.options()) : Tensor();
   if (needs[0] || needs[1] || needs[2]) {
     require_kernel(kernels_for(input.device(), "conv2d").conv2d_backward, input.device(), "conv2d")(
-        gi, gw, gb, grad_out.contiguous(), input.contiguous(), weight.contiguous(), params);
+        gi, gw, gb, grad_out.contiguous(format), input.contiguous(format),
+        weight.contiguous(format), params);
   }
-  return {gi, gw, gb};
+  // Each gradient takes its tensor's format (a no-op unless input and weight differ).
+  return {gi.defined() ? gi.contiguous(input.suggest_memory_format()) : gi,
+          gw.defined() ? gw.contiguous(weight.suggest_memory_format()) : gw, gb};
 }
 
 std::array<Tensor, 3> batch_norm_backward(const Tensor& grad_out, const Tensor& input,
                                           const Tensor& weight, const Tensor& save_mean,
                                           const Tensor& save_invstd, bool training,
                                           std::array<bool, 3> needs) {
-  const int64_t n = input.size(0), channels = input.size(1);
-  const int64_t spatial = input.numel() / std::max<int64_t>(n * channels, 1);
-  const Tensor x = input.contiguous().reshape({n, channels, spatial});
-  Tensor gi = needs[0] ? empty(x.sizes(), input.options()) : Tensor();
+  const int64_t channels = input.size(1);
+  const MemoryFormat format = input.suggest_memory_format();
+  const Tensor x = batch_norm_rows(input, format);
+  const Tensor gi4 = needs[0] ? empty(input.sizes(), input.options(), format) : Tensor();
+  Tensor gi = gi4.defined() ? gi4.view(x.sizes()) : gi4;
   Tensor gw = needs[1] && weight.defined() ? empty({channels}, weight.options()) : Tensor();
   // The bias's gradient takes the parameters' dtype (f32 beside a bf16/f16 input under
   // mixed precision; the engine casts it to the bias's dtype if that differs).
   Tensor gb = needs[2] ? empty({channels}, weight.defined() ? weight.options() : input.options())
                        : Tensor();
   require_kernel(kernels_for(input.device(), "batch_norm").batch_norm_backward, input.device(),
-                 "batch_norm")(gi, gw, gb, grad_out.contiguous().reshape(x.sizes()), x, weight,
-                               save_mean, save_invstd, training);
-  return {gi.defined() ? gi.view(input.sizes()) : gi, gw, gb};
+                 "batch_norm")(gi, gw, gb, batch_norm_rows(grad_out, format), x, weight, save_mean,
+                               save_invstd, training);
+  return {gi4, gw, gb};
 }
 
 Tensor max_pool2d_backward(const Tensor& grad_out, const Shape& input_sizes, const Tensor& indices,
@@ -327,7 +351,7 @@ Tensor max_pool2d_backward(const Tensor& grad_out, const Shape& input_sizes, con
   Tensor gi = empty(input_sizes, grad_out.options());
   require_kernel(kernels_for(grad_out.device(), "max_pool2d").max_pool2d_backward,
                  grad_out.device(), "max_pool2d")(gi, grad_out.contiguous(), indices, params);
-  return gi;
+  return gi.contiguous(grad_out.suggest_memory_format());
 }
 
 Tensor avg_pool2d_backward(const Tensor& grad_out, const Shape& input_sizes,
@@ -335,14 +359,14 @@ Tensor avg_pool2d_backward(const Tensor& grad_out, const Shape& input_sizes,
   Tensor gi = empty(input_sizes, grad_out.options());
   require_kernel(kernels_for(grad_out.device(), "avg_pool2d").avg_pool2d_backward,
                  grad_out.device(), "avg_pool2d")(gi, grad_out.contiguous(), params);
-  return gi;
+  return gi.contiguous(grad_out.suggest_memory_format());
 }
 
 Tensor adaptive_avg_pool2d_backward(const Tensor& grad_out, const Shape& input_sizes) {
   Tensor gi = empty(input_sizes, grad_out.options());
   require_kernel(kernels_for(grad_out.device(), "adaptive_avg_pool2d").adaptive_avg_pool2d_backward,
                  grad_out.device(), "adaptive_avg_pool2d")(gi, grad_out.contiguous());
-  return gi;
+  return gi.contiguous(grad_out.suggest_memory_format());
 }
 
 Tensor cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits, const Tensor& lse,

@@ -85,6 +85,22 @@ std::optional<Shape> view_strides(const Shape& sizes, const Shape& strides,
 
 }  // namespace
 
+const char* memory_format_name(MemoryFormat format) {
+  switch (format) {
+    case MemoryFormat::Contiguous:
+      return "contiguous_format";
+    case MemoryFormat::ChannelsLast:
+      return "channels_last";
+    case MemoryFormat::Preserve:
+      return "preserve_format";
+  }
+  return "?";
+}
+
+std::ostream& operator<<(std::ostream& out, MemoryFormat format) {
+  return out << memory_format_name(format);
+}
+
 std::string shape_str(const Shape& shape) {
   std::string out = "[";
   for (size_t i = 0; i < shape.size(); ++i) {
@@ -121,6 +137,39 @@ bool Tensor::is_contiguous() const {
     expected *= i.sizes[d];
   }
   return true;
+}
+
+bool Tensor::is_contiguous(MemoryFormat format) const {
+  EMBER_CHECK(format != MemoryFormat::Preserve, "is_contiguous",
+              "preserve_format is not a layout a tensor can have");
+  if (format == MemoryFormat::Contiguous) return is_contiguous();
+  const Impl& i = impl();
+  if (i.sizes.size() != 4) return false;
+  if (i.numel == 0) return true;
+  int64_t expected = 1;
+  for (const size_t d : {1, 3, 2, 0}) {  // NHWC: innermost first
+    if (i.sizes[d] == 1) continue;
+    if (i.strides[d] != expected) return false;
+    expected *= i.sizes[d];
+  }
+  return true;
+}
+
+MemoryFormat Tensor::suggest_memory_format() const {
+  // NOTE: PyTorch's is_channels_last_strides_2d: the strides, taken in NHWC order, never
+  // decrease, each dim starting past the extent of the ones inside it. Size-1 dims make
+  // both layouts dense; this ordering is what tells them apart.
+  const Impl& i = impl();
+  if (i.sizes.size() != 4) return MemoryFormat::Contiguous;
+  int64_t min = 0;
+  for (const size_t d : {1, 3, 2, 0}) {
+    if (i.sizes[d] == 0 || i.strides[d] < min) return MemoryFormat::Contiguous;
+    // [N, C, 1, 1]-like cases where N's stride equals C's cannot be told apart: NCHW wins.
+    if (d == 0 && min == i.strides[1]) return MemoryFormat::Contiguous;
+    min = i.strides[d];
+    if (i.sizes[d] > 1) min *= i.sizes[d];
+  }
+  return MemoryFormat::ChannelsLast;
 }
 
 Scalar Tensor::item() const {
@@ -375,6 +424,43 @@ void Tensor::set_data(const Tensor& other) const {
 
 Tensor Tensor::contiguous() const { return is_contiguous() ? *this : clone(); }
 
+namespace {
+
+// A differentiable copy of t laid out in `format`.
+Tensor copy_in_format(const Tensor& t, MemoryFormat format) {
+  AutogradScope scope(OpId::kClone, {&t});
+  Tensor result = empty(t.sizes(), t.options(), format);
+  result.copy_(t);
+  return scope.finish(result);
+}
+
+void check_format_fits(const Tensor& t, MemoryFormat format, const char* op) {
+  if (format == MemoryFormat::ChannelsLast) detail::check_channels_last(t.sizes(), op);
+}
+
+}  // namespace
+
+Tensor Tensor::contiguous(MemoryFormat format) const {
+  EMBER_CHECK(format != MemoryFormat::Preserve, "contiguous",
+              "preserve_format is not a layout to make a tensor contiguous in");
+  check_format_fits(*this, format, "contiguous");
+  return is_contiguous(format) ? *this : copy_in_format(*this, format);
+}
+
+// As PyTorch: to() aliases when the suggested format already matches, so an [N, 1, H, W]
+// tensor (dense in both layouts) is re-strided by to(ChannelsLast) but not by contiguous().
+Tensor Tensor::to(MemoryFormat format) const {
+  if (format == MemoryFormat::Preserve) return *this;
+  check_format_fits(*this, format, "to");
+  return suggest_memory_format() == format ? *this : copy_in_format(*this, format);
+}
+
+Tensor Tensor::clone(MemoryFormat format) const {
+  if (format == MemoryFormat::Preserve) format = suggest_memory_format();
+  check_format_fits(*this, format, "clone");
+  return copy_in_format(*this, format);
+}
+
 Tensor Tensor::clone() const {
   AutogradScope scope(OpId::kClone, {this});
   Tensor result = empty(sizes(), options());
@@ -406,8 +492,12 @@ Tensor& Tensor::copy_(const Tensor& src, bool non_blocking) {
   const Device cuda_side = from.is_cuda() ? from : to_device;
   auto transfer =
       detail::require_kernel(detail::kernels_for(cuda_side, "copy_").transfer, cuda_side, "copy_");
-  const Tensor packed = src.to(dtype()).expand(target).contiguous();
-  if (is_contiguous()) {
+  // A dense NCHW or NHWC destination takes the bytes of a source packed in its layout.
+  const MemoryFormat layout = !is_contiguous() && is_contiguous(MemoryFormat::ChannelsLast)
+                                  ? MemoryFormat::ChannelsLast
+                                  : MemoryFormat::Contiguous;
+  const Tensor packed = src.to(dtype()).expand(target).contiguous(layout);
+  if (is_contiguous(layout)) {
     transfer(*this, packed, non_blocking);
   } else {
     Tensor staging = empty(target, options());
@@ -428,7 +518,9 @@ Tensor Tensor::to(Device target_device, DType target_dtype, bool non_blocking) c
   // Only float-to-float conversions carry gradients (as in PyTorch).
   const bool differentiable = is_floating(target_dtype);
   AutogradScope scope(OpId::kCast, {differentiable ? this : nullptr});
-  Tensor result = empty(sizes(), TensorOptions(target_dtype, target_device));
+  // The copy keeps the memory format (PyTorch's memory_format=torch.preserve_format).
+  Tensor result =
+      empty(sizes(), TensorOptions(target_dtype, target_device), suggest_memory_format());
   result.copy_(*this, non_blocking);
   return scope.finish(result);
 }

@@ -28,6 +28,17 @@ using Shape = std::vector<int64_t>;
 // "[2, 3]": how shapes appear in every error message.
 std::string shape_str(const Shape& shape);
 
+// How a 4-d image tensor [N, C, H, W] lays out its elements (torch.memory_format):
+// Contiguous is row-major NCHW; ChannelsLast stores each pixel's channels together (NHWC),
+// strides {H*W*C, 1, W*C, C}, while sizes and indexing stay NCHW. Preserve (for *_like
+// factories and to()) keeps the source's format as suggest_memory_format() reports it.
+// ChannelsLast applies to 4-d tensors only; asking for it elsewhere is an ember::Error.
+enum class MemoryFormat { Contiguous, ChannelsLast, Preserve };
+
+// "contiguous_format", "channels_last", "preserve_format": as torch prints them.
+const char* memory_format_name(MemoryFormat format);
+std::ostream& operator<<(std::ostream& out, MemoryFormat format);
+
 // The options a factory takes: dtype, device, pinned host memory.
 struct TensorOptions {
   DType dtype = kF32;
@@ -83,6 +94,12 @@ class Tensor {
   bool is_cpu() const { return device().is_cpu(); }
   bool is_floating_point() const { return is_floating(dtype()); }
   bool is_contiguous() const;
+  // True when the layout is dense in `format` (size-1 dims may have any stride, as in
+  // PyTorch); ChannelsLast is false for tensors that are not 4-d.
+  bool is_contiguous(MemoryFormat format) const;
+  // ChannelsLast when a 4-d tensor's strides order its dims as NHWC (PyTorch's rule, so an
+  // [N, 1, H, W] tensor converted to channels_last still reports it), else Contiguous.
+  MemoryFormat suggest_memory_format() const;
   bool is_pinned() const { return impl().storage.is_pinned(); }
   const Storage& storage() const { return impl().storage; }
   TensorOptions options() const { return TensorOptions(dtype(), device()); }
@@ -143,12 +160,19 @@ class Tensor {
 
   // --- copies -------------------------------------------------------------------------
   Tensor contiguous() const;  // *this when already contiguous
-  Tensor clone() const;       // always a fresh contiguous copy
+  // *this when already dense in `format`, else a copy in it (differentiable).
+  Tensor contiguous(MemoryFormat format) const;
+  Tensor clone() const;  // always a fresh contiguous copy
+  // A fresh copy laid out in `format`; Preserve takes suggest_memory_format().
+  Tensor clone(MemoryFormat format) const;
   // Copies `src` (broadcast to this shape, any dtype or device) into this tensor.
   Tensor& copy_(const Tensor& src, bool non_blocking = false);
   Tensor to(Device device, bool non_blocking = false) const;
   Tensor to(DType dtype) const;
   Tensor to(Device device, DType dtype, bool non_blocking = false) const;
+  // tensor.to(memory_format=...): *this when suggest_memory_format() is already `format`
+  // (or it is Preserve), else a copy laid out in it (differentiable).
+  Tensor to(MemoryFormat format) const;
   Tensor cpu() const { return to(kCPU); }
   Tensor cuda(int index = 0) const { return to(cuda_device(index)); }
   Tensor pin_memory() const;  // a copy in pinned host memory (CPU tensors only)

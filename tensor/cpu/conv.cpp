@@ -4,7 +4,8 @@
 // each output) where the CPU has bf16 instructions (AVX512-BF16 or AMX); elsewhere, and for
 // f16, through f32 copies, which rounds the same f32 sums once. Otherwise, and for f64: im2col over
 // a chunk of the batch, one OpenBLAS GEMM per group for the whole chunk (so OpenBLAS's threads see
-// large products), col2im for grad_input.
+// large products), col2im for grad_input. Channels-last convolutions run on oneDNN's nhwc
+// kernels in place; im2col (f64, builds without oneDNN) converts them to NCHW and back.
 #include <cblas.h>
 
 #include <algorithm>
@@ -302,20 +303,33 @@ using DataType = memory::data_type;
 // f32, or bf16 where the CPU computes it natively (tensors of other dtypes go through f32).
 DataType data_type(DType dtype) { return dtype == kBF16 ? DataType::bf16 : DataType::f32; }
 
-memory::desc user_src(const ConvShape& s, DataType dt) {
-  return {{s.n, s.c, s.h, s.w}, dt, Tag::nchw};
+// A tensor as oneDNN memory of its own strides (NCHW or NHWC; weights OIHW or OHWI, split
+// per group when grouped).
+memory::desc user_desc(const Tensor& t, DataType dt, const memory::dims& dims) {
+  memory::dims strides(t.strides().begin(), t.strides().end());
+  if (dims.size() == 5) strides.insert(strides.begin(), t.stride(0) * dims[1]);
+  return {dims, dt, strides};
 }
-memory::desc user_dst(const ConvShape& s, DataType dt) {
-  return {{s.n, s.o, s.ho, s.wo}, dt, Tag::nchw};
+memory::desc user_src(const ConvShape& s, DataType dt, const Tensor& t) {
+  return user_desc(t, dt, {s.n, s.c, s.h, s.w});
 }
-memory::desc user_weights(const ConvShape& s, DataType dt) {
-  return {weight_dims(s), dt, s.groups == 1 ? Tag::oihw : Tag::goihw};
+memory::desc user_dst(const ConvShape& s, DataType dt, const Tensor& t) {
+  return user_desc(t, dt, {s.n, s.o, s.ho, s.wo});
+}
+memory::desc user_weights(const ConvShape& s, DataType dt, const Tensor& t) {
+  return user_desc(t, dt, weight_dims(s));
 }
 memory::desc user_bias(const ConvShape& s, DataType dt) { return {{s.o}, dt, Tag::x}; }
 
-std::unique_ptr<Primitives> create(const ConvShape& s, bool bias, DataType dt) {
+// NOTE: channels-last convolutions fix src/dst (and their gradients) to nhwc, so oneDNN
+// runs its nhwc kernels on the tensors' own memory rather than reordering them to a blocked
+// layout and back; weights stay free (`any`), their reorder being small.
+std::unique_ptr<Primitives> create(const ConvShape& s, bool bias, DataType dt, bool cl) {
   const auto any = [dt](const memory::dims& d) { return memory::desc(d, dt, Tag::any); };
-  const memory::desc src = any({s.n, s.c, s.h, s.w}), dst = any({s.n, s.o, s.ho, s.wo});
+  const auto act = [dt, cl](const memory::dims& d) {
+    return memory::desc(d, dt, cl ? Tag::nhwc : Tag::any);
+  };
+  const memory::desc src = act({s.n, s.c, s.h, s.w}), dst = act({s.n, s.o, s.ho, s.wo});
   const memory::desc wei = any(weight_dims(s));
   const memory::desc b = bias ? any({s.o}) : memory::desc();
   const memory::dims strides{s.sh, s.sw}, dilation{s.dh - 1, s.dw - 1}, pad_l{s.ph, s.pw};
@@ -354,21 +368,21 @@ bool disabled() {
 }
 
 // The cached primitives of a geometry; null when oneDNN cannot run it (then im2col does).
-const Primitives* lookup(const ConvShape& s, bool bias, DataType dt) {
+const Primitives* lookup(const ConvShape& s, bool bias, DataType dt, bool cl) {
   if (disabled()) return nullptr;
   using Key =
       std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
-                 int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, DataType>;
+                 int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, DataType, bool>;
   static std::mutex mutex;
   static std::map<Key, std::unique_ptr<Primitives>> cache;
   const Key key{s.n,  s.c,  s.h,  s.w,  s.o,  s.kh,     s.kw, s.sh, s.sw,
-                s.ph, s.pw, s.dh, s.dw, s.ho, s.groups, bias, dt};
+                s.ph, s.pw, s.dh, s.dw, s.ho, s.groups, bias, dt,   cl};
   std::lock_guard<std::mutex> lock(mutex);
   auto it = cache.find(key);
   if (it == cache.end()) {
     std::unique_ptr<Primitives> p;
     try {
-      p = create(s, bias, dt);
+      p = create(s, bias, dt, cl);
     } catch (const dnnl::error&) {
       p = nullptr;  // unsupported geometry: fall back
     }
@@ -412,36 +426,37 @@ memory wrap(const memory::desc& desc, const Tensor& t) {
 
 // Tensors of one dtype, f32 or bf16 (the caller checks native_bf16() for bf16).
 bool forward(const Tensor& out, const Tensor& input, const Tensor& weight, const Tensor& bias,
-             const ConvShape& s) {
+             const ConvShape& s, bool cl) {
   const DataType dt = data_type(input.dtype());
-  const Primitives* p = lookup(s, bias.defined(), dt);
+  const Primitives* p = lookup(s, bias.defined(), dt, cl);
   if (p == nullptr) return false;
   dnnl::stream st(engine());
   std::vector<Tensor> keep;
-  const memory src = as_layout(wrap(user_src(s, dt), input), p->fwd_pd.src_desc(), st, keep);
+  const memory src = as_layout(wrap(user_src(s, dt, input), input), p->fwd_pd.src_desc(), st, keep);
   const memory wei =
-      as_layout(wrap(user_weights(s, dt), weight), p->fwd_pd.weights_desc(), st, keep);
+      as_layout(wrap(user_weights(s, dt, weight), weight), p->fwd_pd.weights_desc(), st, keep);
   std::unordered_map<int, memory> args{{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}};
   if (bias.defined()) args.emplace(DNNL_ARG_BIAS, wrap(user_bias(s, dt), bias));
   args.emplace(DNNL_ARG_SCRATCHPAD, scratch(p->fwd_pd.scratchpad_desc(), keep));
-  into_user(wrap(user_dst(s, dt), out), p->fwd_pd.dst_desc(), st, keep, [&](const memory& dst) {
-    args.emplace(DNNL_ARG_DST, dst);
-    p->fwd.execute(st, args);
-  });
+  into_user(wrap(user_dst(s, dt, out), out), p->fwd_pd.dst_desc(), st, keep,
+            [&](const memory& dst) {
+              args.emplace(DNNL_ARG_DST, dst);
+              p->fwd.execute(st, args);
+            });
   st.wait();
   return true;
 }
 
 bool backward(const Tensor& grad_input, const Tensor& grad_weight, const Tensor& grad_bias,
-              const Tensor& grad_out, const Tensor& input, const Tensor& weight,
-              const ConvShape& s) {
+              const Tensor& grad_out, const Tensor& input, const Tensor& weight, const ConvShape& s,
+              bool cl) {
   // grad_bias alone is a plain sum (done by the caller); oneDNN fills it with grad_weight.
   const DataType dt = data_type(input.dtype());
-  const Primitives* p = lookup(s, grad_bias.defined(), dt);
+  const Primitives* p = lookup(s, grad_bias.defined(), dt, cl);
   if (p == nullptr) return false;
   dnnl::stream st(engine());
   std::vector<Tensor> keep;
-  const memory gy_user = wrap(user_dst(s, dt), grad_out);
+  const memory gy_user = wrap(user_dst(s, dt, grad_out), grad_out);
   // Both passes usually want grad_out in the same layout: reorder it once.
   memory gy_data, gy_weights;
   if (grad_input.defined()) gy_data = as_layout(gy_user, p->data_pd.diff_dst_desc(), st, keep);
@@ -453,8 +468,8 @@ bool backward(const Tensor& grad_input, const Tensor& grad_weight, const Tensor&
   if (grad_input.defined()) {
     const memory& gy = gy_data;
     const memory wei =
-        as_layout(wrap(user_weights(s, dt), weight), p->data_pd.weights_desc(), st, keep);
-    into_user(wrap(user_src(s, dt), grad_input), p->data_pd.diff_src_desc(), st, keep,
+        as_layout(wrap(user_weights(s, dt, weight), weight), p->data_pd.weights_desc(), st, keep);
+    into_user(wrap(user_src(s, dt, grad_input), grad_input), p->data_pd.diff_src_desc(), st, keep,
               [&](const memory& gx) {
                 p->data.execute(
                     st, {{DNNL_ARG_DIFF_DST, gy},
@@ -465,9 +480,10 @@ bool backward(const Tensor& grad_input, const Tensor& grad_weight, const Tensor&
   }
   if (grad_weight.defined()) {
     const memory& gy = gy_weights;
-    const memory src = as_layout(wrap(user_src(s, dt), input), p->weights_pd.src_desc(), st, keep);
-    into_user(wrap(user_weights(s, dt), grad_weight), p->weights_pd.diff_weights_desc(), st, keep,
-              [&](const memory& gw) {
+    const memory src =
+        as_layout(wrap(user_src(s, dt, input), input), p->weights_pd.src_desc(), st, keep);
+    into_user(wrap(user_weights(s, dt, grad_weight), grad_weight),
+              p->weights_pd.diff_weights_desc(), st, keep, [&](const memory& gw) {
                 std::unordered_map<int, memory> args{
                     {DNNL_ARG_SRC, src},
                     {DNNL_ARG_DIFF_DST, gy},
@@ -507,15 +523,28 @@ Tensor as_dtype(const Tensor& t, DType dtype) {
   return !t.defined() || t.dtype() == dtype ? t : t.to(dtype);
 }
 
+// Every tensor of a convolution is dense in the layout params.channels_last names.
+bool dense_in(const Tensor& t, bool cl) {
+  return !t.defined() ||
+         t.is_contiguous(cl ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous);
+}
+
+// The NCHW copy im2col takes (channels-last tensors are converted; see the file comment).
+Tensor nchw(const Tensor& t) { return t.defined() ? t.contiguous() : t; }
+Tensor nchw_output(const Tensor& t) {
+  return !t.defined() || t.is_contiguous() ? t : empty(t.sizes(), t.options());
+}
+
 void conv2d_forward_cpu(const Tensor& out, const Tensor& input, const Tensor& weight,
                         const Tensor& bias, const Conv2dParams& params) {
-  EMBER_ASSERT(input.is_contiguous() && weight.is_contiguous() && out.is_contiguous());
+  const bool cl = params.channels_last;
+  EMBER_ASSERT(dense_in(input, cl) && dense_in(weight, cl) && dense_in(out, cl));
   EMBER_ASSERT(!bias.defined() || bias.is_contiguous());
   const ConvShape s = conv_shape(input, weight, out.size(2), out.size(3), params);
   if (out.numel() == 0) return;
 #if EMBER_WITH_DNNL
   if (input.dtype() == kBF16 && onednn::native_bf16() &&
-      onednn::forward(out, input, weight, bias, s))
+      onednn::forward(out, input, weight, bias, s, cl))
     return;
 #endif
   with_compute_dtype(input.dtype(), [&](auto tag, DType dt) {
@@ -524,9 +553,13 @@ void conv2d_forward_cpu(const Tensor& out, const Tensor& input, const Tensor& we
     const Tensor x = as_dtype(input, dt), w = as_dtype(weight, dt), b = as_dtype(bias, dt);
     bool done = false;
 #if EMBER_WITH_DNNL
-    if constexpr (std::is_same_v<T, float>) done = onednn::forward(o, x, w, b, s);
+    if constexpr (std::is_same_v<T, float>) done = onednn::forward(o, x, w, b, s, cl);
 #endif
-    if (!done) conv_forward_typed<T>(o, x, w, b, s);
+    if (!done) {
+      const Tensor oc = nchw_output(o);
+      conv_forward_typed<T>(oc, nchw(x), nchw(w), b, s);
+      write_back(o, oc);
+    }
     write_back(out, o);
   });
 }
@@ -534,14 +567,16 @@ void conv2d_forward_cpu(const Tensor& out, const Tensor& input, const Tensor& we
 void conv2d_backward_cpu(const Tensor& grad_input, const Tensor& grad_weight,
                          const Tensor& grad_bias, const Tensor& grad_out, const Tensor& input,
                          const Tensor& weight, const Conv2dParams& params) {
-  EMBER_ASSERT(grad_out.is_contiguous() && input.is_contiguous() && weight.is_contiguous());
+  const bool cl = params.channels_last;
+  EMBER_ASSERT(dense_in(grad_out, cl) && dense_in(input, cl) && dense_in(weight, cl));
+  EMBER_ASSERT(dense_in(grad_input, cl) && dense_in(grad_weight, cl));
   const ConvShape s = conv_shape(input, weight, grad_out.size(2), grad_out.size(3), params);
 #if EMBER_WITH_DNNL
   // bf16 grad_input and grad_weight (with grad_bias) on oneDNN's bf16 kernels; a grad_bias
   // without grad_weight is a plain sum, left to the f32 path below.
   if (input.dtype() == kBF16 && onednn::native_bf16() && s.n > 0 && s.plane_out() > 0 &&
       grad_weight.defined() &&
-      onednn::backward(grad_input, grad_weight, grad_bias, grad_out, input, weight, s))
+      onednn::backward(grad_input, grad_weight, grad_bias, grad_out, input, weight, s, cl))
     return;
 #endif
   with_compute_dtype(input.dtype(), [&](auto tag, DType dt) {
@@ -559,14 +594,19 @@ void conv2d_backward_cpu(const Tensor& grad_input, const Tensor& grad_weight,
       // oneDNN computes grad_bias with grad_weight; without it the plain sum below does.
       if constexpr (std::is_same_v<T, float>) {
         if (gx.defined() || gw.defined()) {
-          done = onednn::backward(gx, gw, gw.defined() ? gb : Tensor(), gy, x, w, s);
+          done = onednn::backward(gx, gw, gw.defined() ? gb : Tensor(), gy, x, w, s, cl);
           if (done && gb.defined() && !gw.defined()) {
-            conv_backward_typed<T>(Tensor(), Tensor(), gb, gy, x, w, s);
+            conv_backward_typed<T>(Tensor(), Tensor(), gb, nchw(gy), nchw(x), nchw(w), s);
           }
         }
       }
 #endif
-      if (!done) conv_backward_typed<T>(gx, gw, gb, gy, x, w, s);
+      if (!done) {
+        const Tensor gxc = nchw_output(gx), gwc = nchw_output(gw);
+        conv_backward_typed<T>(gxc, gwc, gb, nchw(gy), nchw(x), nchw(w), s);
+        write_back(gx, gxc);
+        write_back(gw, gwc);
+      }
     }
     write_back(grad_input, gx);
     write_back(grad_weight, gw);

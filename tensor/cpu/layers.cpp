@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "../detail/dispatch.h"
+#include "../detail/op_utils.h"
 #include "cpu_kernels.h"
 
 namespace ember::detail {
@@ -90,6 +91,87 @@ void lane_sum_grad(const T* g, const T* p, int64_t n, double m, double& sum_g, d
   sum_gx += x0 + x1;
 }
 
+// running = (1 - momentum) * running + momentum * batch (the variance unbiased).
+void update_running_stats(const Tensor& running_mean, const Tensor& running_var,
+                          const std::vector<double>& mean, const std::vector<double>& var,
+                          int64_t count, double momentum) {
+  const int64_t C = static_cast<int64_t>(mean.size());
+  if (running_mean.defined()) {
+    std::vector<double> rm = to_doubles(running_mean, C, 0.0);
+    for (int64_t c = 0; c < C; ++c) rm[c] = (1 - momentum) * rm[c] + momentum * mean[c];
+    store_doubles(running_mean, rm);
+  }
+  if (running_var.defined()) {
+    std::vector<double> rv = to_doubles(running_var, C, 1.0);
+    const double unbias = count > 1 ? static_cast<double>(count) / static_cast<double>(count - 1)
+                                    : std::numeric_limits<double>::quiet_NaN();
+    for (int64_t c = 0; c < C; ++c) rv[c] = (1 - momentum) * rv[c] + momentum * var[c] * unbias;
+    store_doubles(running_var, rv);
+  }
+}
+
+// Channels-last batch norm sees [N, C, S] with strides {S * C, 1, C}: N * S rows of C
+// channels. Column sums accumulate per block of kRowBlock rows and the blocks combine in
+// order, so the result does not depend on the thread count.
+constexpr int64_t kRowBlock = 256;
+
+// Both NCHW-contiguous or both channels-last rows (the layouts the kernels walk).
+bool same_layout(const Tensor& a, const Tensor& b) {
+  return !b.defined() || (a.is_contiguous() && b.is_contiguous()) ||
+         (is_channels_last_rows(a) && is_channels_last_rows(b));
+}
+
+// sums[j] over rows r of what add_row(r, acc) adds to acc[j], j < width.
+template <typename AddRow>
+std::vector<double> column_sums(int64_t rows, int64_t width, AddRow&& add_row) {
+  const int64_t blocks = (rows + kRowBlock - 1) / kRowBlock;
+  std::vector<double> partial(static_cast<size_t>(blocks * width), 0.0);
+#pragma omp parallel for schedule(static) if (rows * width >= kParallelGrain)
+  for (int64_t b = 0; b < blocks; ++b) {
+    double* acc = partial.data() + b * width;
+    const int64_t end = std::min(rows, (b + 1) * kRowBlock);
+    for (int64_t r = b * kRowBlock; r < end; ++r) add_row(r, acc);
+  }
+  std::vector<double> sums(static_cast<size_t>(width), 0.0);
+  for (int64_t b = 0; b < blocks; ++b) {
+    for (int64_t j = 0; j < width; ++j) sums[j] += partial[b * width + j];
+  }
+  return sums;
+}
+
+// Channel means and biased variances of channels-last rows x [rows, C].
+template <typename T>
+void channels_last_stats(const T* x, int64_t rows, int64_t C, std::vector<double>& mean,
+                         std::vector<double>& var) {
+  const double count = static_cast<double>(rows);
+  mean = column_sums(rows, C, [&](int64_t r, double* acc) {
+    const T* p = x + r * C;
+    for (int64_t c = 0; c < C; ++c) acc[c] += static_cast<double>(p[c]);
+  });
+  for (double& m : mean) m = rows > 0 ? m / count : 0.0;
+  var = column_sums(rows, C, [&](int64_t r, double* acc) {  // second pass, as the NCHW loop
+    const T* p = x + r * C;
+    for (int64_t c = 0; c < C; ++c) {
+      const double d = static_cast<double>(p[c]) - mean[c];
+      acc[c] += d * d;
+    }
+  });
+  for (double& v : var) v = rows > 0 ? v / count : 0.0;
+}
+
+// y[r, c] = x[r, c] * scale[c] + shift[c] over channels-last rows.
+template <typename T, typename A>
+void channels_last_affine(T* y, const T* x, int64_t rows, int64_t C, const std::vector<A>& scale,
+                          const std::vector<A>& shift) {
+#pragma omp parallel for schedule(static) if (rows * C >= kParallelGrain)
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* p = x + r * C;
+    T* q = y + r * C;
+    for (int64_t c = 0; c < C; ++c)
+      q[c] = static_cast<T>(static_cast<A>(p[c]) * scale[c] + shift[c]);
+  }
+}
+
 template <typename T>
 void batch_norm_forward_typed(const Tensor& out, const Tensor& save_mean, const Tensor& save_invstd,
                               const Tensor& input, const Tensor& weight, const Tensor& bias,
@@ -102,7 +184,13 @@ void batch_norm_forward_typed(const Tensor& out, const Tensor& save_mean, const 
   const std::vector<double> w = to_doubles(weight, C, 1.0), b = to_doubles(bias, C, 0.0);
   std::vector<double> mean(static_cast<size_t>(C)), invstd(static_cast<size_t>(C));
   const int64_t count = N * S;
-  if (training) {
+  const bool cl = is_channels_last_rows(input);
+  if (training && cl) {
+    std::vector<double> var;
+    channels_last_stats(x, count, C, mean, var);
+    for (int64_t c = 0; c < C; ++c) invstd[c] = 1.0 / std::sqrt(var[c] + eps);
+    update_running_stats(running_mean, running_var, mean, var, count, momentum);
+  } else if (training) {
     std::vector<double> var(static_cast<size_t>(C));
 #pragma omp parallel for schedule(static) if (input.numel() >= kParallelGrain)
     for (int64_t c = 0; c < C; ++c) {
@@ -115,18 +203,7 @@ void batch_norm_forward_typed(const Tensor& out, const Tensor& save_mean, const 
       var[c] = count > 0 ? sq / static_cast<double>(count) : 0.0;
       invstd[c] = 1.0 / std::sqrt(var[c] + eps);
     }
-    if (running_mean.defined()) {
-      std::vector<double> rm = to_doubles(running_mean, C, 0.0);
-      for (int64_t c = 0; c < C; ++c) rm[c] = (1 - momentum) * rm[c] + momentum * mean[c];
-      store_doubles(running_mean, rm);
-    }
-    if (running_var.defined()) {
-      std::vector<double> rv = to_doubles(running_var, C, 1.0);
-      const double unbias = count > 1 ? static_cast<double>(count) / static_cast<double>(count - 1)
-                                      : std::numeric_limits<double>::quiet_NaN();
-      for (int64_t c = 0; c < C; ++c) rv[c] = (1 - momentum) * rv[c] + momentum * var[c] * unbias;
-      store_doubles(running_var, rv);
-    }
+    update_running_stats(running_mean, running_var, mean, var, count, momentum);
   } else {
     mean = to_doubles(running_mean, C, 0.0);
     const std::vector<double> rv = to_doubles(running_var, C, 1.0);
@@ -135,6 +212,15 @@ void batch_norm_forward_typed(const Tensor& out, const Tensor& save_mean, const 
   store_doubles(save_mean, mean);
   store_doubles(save_invstd, invstd);
   using A = acc_t<T>;
+  if (cl) {
+    std::vector<A> scale(static_cast<size_t>(C)), shift(static_cast<size_t>(C));
+    for (int64_t c = 0; c < C; ++c) {
+      scale[c] = static_cast<A>(w[c] * invstd[c]);
+      shift[c] = static_cast<A>(b[c] - mean[c] * w[c] * invstd[c]);
+    }
+    channels_last_affine(y, x, count, C, scale, shift);
+    return;
+  }
 #pragma omp parallel for collapse(2) schedule(static) if (input.numel() >= kParallelGrain)
   for (int64_t n = 0; n < N; ++n) {
     for (int64_t c = 0; c < C; ++c) {
@@ -151,7 +237,7 @@ void batch_norm_forward_cpu(const Tensor& out, const Tensor& save_mean, const Te
                             const Tensor& input, const Tensor& weight, const Tensor& bias,
                             const Tensor& running_mean, const Tensor& running_var, bool training,
                             double momentum, double eps) {
-  EMBER_ASSERT(input.is_contiguous() && out.is_contiguous() && input.dim() >= 2);
+  EMBER_ASSERT(input.dim() >= 2 && same_layout(input, input) && same_layout(input, out));
   dispatch_floating(input.dtype(), "batch_norm", [&](auto tag) {
     batch_norm_forward_typed<typename decltype(tag)::type>(out, save_mean, save_invstd, input,
                                                            weight, bias, running_mean, running_var,
@@ -173,8 +259,25 @@ void batch_norm_backward_typed(const Tensor& grad_input, const Tensor& grad_weig
   const std::vector<double> invstd = to_doubles(save_invstd, C, 1.0);
   // Per channel: sum(gy) and sum(gy * xhat).
   std::vector<double> sum_gy(static_cast<size_t>(C)), sum_gy_xhat(static_cast<size_t>(C));
-#pragma omp parallel for schedule(static) if (input.numel() >= kParallelGrain)
-  for (int64_t c = 0; c < C; ++c) {
+  const bool cl = is_channels_last_rows(input);
+  const int64_t rows = N * S;
+  if (cl) {
+    const std::vector<double> sums = column_sums(rows, 2 * C, [&](int64_t r, double* acc) {
+      const T* p = x + r * C;
+      const T* g = gy + r * C;
+      for (int64_t c = 0; c < C; ++c) {
+        const double g0 = static_cast<double>(g[c]);
+        acc[c] += g0;
+        acc[C + c] += g0 * (static_cast<double>(p[c]) - mean[c]);
+      }
+    });
+    for (int64_t c = 0; c < C; ++c) {
+      sum_gy[c] = sums[c];
+      sum_gy_xhat[c] = sums[C + c] * invstd[c];
+    }
+  }
+#pragma omp parallel for schedule(static) if (!cl && input.numel() >= kParallelGrain)
+  for (int64_t c = 0; c < (cl ? 0 : C); ++c) {
     double s = 0, sx = 0;
     for (int64_t n = 0; n < N; ++n) {
       lane_sum_grad(gy + (n * C + c) * S, x + (n * C + c) * S, S, mean[c], s, sx);
@@ -188,6 +291,28 @@ void batch_norm_backward_typed(const Tensor& grad_input, const Tensor& grad_weig
   T* gx = grad_input.data_ptr<T>();
   const double count = static_cast<double>(N * S);
   using A = acc_t<T>;
+  if (cl) {
+    // gx = a * gy + bx * x + d per channel, as below; eval mode leaves bx = d = 0.
+    std::vector<A> a(static_cast<size_t>(C)), bx(static_cast<size_t>(C)), d(static_cast<size_t>(C));
+    for (int64_t c = 0; c < C; ++c) {
+      const double k = w[c] * invstd[c];
+      const double mg = sum_gy[c] / count, mgx = sum_gy_xhat[c] / count;
+      const double kb = training ? -k * mgx * invstd[c] : 0.0;
+      a[c] = static_cast<A>(k);
+      bx[c] = static_cast<A>(kb);
+      d[c] = static_cast<A>(training ? -k * mg - kb * mean[c] : 0.0);
+    }
+#pragma omp parallel for schedule(static) if (input.numel() >= kParallelGrain)
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* p = x + r * C;
+      const T* g = gy + r * C;
+      T* q = gx + r * C;
+      for (int64_t c = 0; c < C; ++c) {
+        q[c] = static_cast<T>(a[c] * static_cast<A>(g[c]) + bx[c] * static_cast<A>(p[c]) + d[c]);
+      }
+    }
+    return;
+  }
 #pragma omp parallel for collapse(2) schedule(static) if (input.numel() >= kParallelGrain)
   for (int64_t n = 0; n < N; ++n) {
     for (int64_t c = 0; c < C; ++c) {
@@ -217,7 +342,8 @@ void batch_norm_backward_cpu(const Tensor& grad_input, const Tensor& grad_weight
                              const Tensor& grad_bias, const Tensor& grad_out, const Tensor& input,
                              const Tensor& weight, const Tensor& save_mean,
                              const Tensor& save_invstd, bool training) {
-  EMBER_ASSERT(input.is_contiguous() && grad_out.is_contiguous() && input.dim() >= 2);
+  EMBER_ASSERT(input.dim() >= 2 && same_layout(input, input) && same_layout(input, grad_out) &&
+               same_layout(input, grad_input));
   dispatch_floating(input.dtype(), "batch_norm_backward", [&](auto tag) {
     batch_norm_backward_typed<typename decltype(tag)::type>(grad_input, grad_weight, grad_bias,
                                                             grad_out, input, weight, save_mean,

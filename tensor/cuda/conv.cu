@@ -32,7 +32,7 @@ struct AlgoChoice {
   cudnnMathType_t math = CUDNN_DEFAULT_MATH;
 };
 
-using AlgoKey = std::array<int64_t, 20>;
+using AlgoKey = std::array<int64_t, 21>;
 
 struct AlgoCache {
   std::mutex mutex;
@@ -65,9 +65,10 @@ struct ConvSetup {
   ConvSetup(const Tensor& x, const Tensor& w, const Tensor& y, const Conv2dParams& p)
       : dtype(x.dtype()), device(x.device().index), allow_tf32(cudnn_allow_tf32()) {
     const cudnnDataType_t type = cudnn_data_type(dtype, kOp);
-    x_desc.set(type, x.size(0), x.size(1), x.size(2), x.size(3), kOp);
-    y_desc.set(type, y.size(0), y.size(1), y.size(2), y.size(3), kOp);
-    w_desc.set(type, w.size(0), w.size(1), w.size(2), w.size(3), kOp);
+    const bool cl = p.channels_last;  // NHWC descriptors: cuDNN's tensor-core layout
+    x_desc.set(type, x.size(0), x.size(1), x.size(2), x.size(3), kOp, cl);
+    y_desc.set(type, y.size(0), y.size(1), y.size(2), y.size(3), kOp, cl);
+    w_desc.set(type, w.size(0), w.size(1), w.size(2), w.size(3), kOp, cl);
     EMBER_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(
         conv_desc.get(), cudnn_int(p.padding[0], kOp), cudnn_int(p.padding[1], kOp),
         cudnn_int(p.stride[0], kOp), cudnn_int(p.stride[1], kOp), cudnn_int(p.dilation[0], kOp),
@@ -94,7 +95,8 @@ struct ConvSetup {
            p.groups,
            std::min({alignment(x.data_ptr()), alignment(w.data_ptr()), alignment(y.data_ptr())}),
            dtype == kF32 && allow_tf32,
-           0};
+           0,
+           cl};
   }
 
   // f32 without TF32 stays on FMA kernels whatever the benchmark reported (with TF32, as
@@ -255,12 +257,23 @@ __global__ void bias_grad_kernel(T* grad_bias, const T* grad_out, int64_t n, int
   }
 }
 
-// y [N, O, P] += bias [O] on `stream`.
-void add_bias(const Tensor& out, const Tensor& bias, cudaStream_t stream) {
+// The [N, O, P] geometry the bias kernels walk: NCHW, or channels-last rows as [N * P, O, 1].
+struct BiasGeometry {
+  int64_t n, channels, plane;
+};
+BiasGeometry bias_geometry(const Tensor& y, bool channels_last) {
+  const int64_t plane = y.size(2) * y.size(3);
+  return channels_last ? BiasGeometry{y.size(0) * plane, y.size(1), 1}
+                       : BiasGeometry{y.size(0), y.size(1), plane};
+}
+
+// y += bias [O] on `stream`.
+void add_bias(const Tensor& out, const Tensor& bias, bool channels_last, cudaStream_t stream) {
+  const BiasGeometry g = bias_geometry(out, channels_last);
   dispatch_floating(out.dtype(), kOp, [&](auto tag) {
     using T = typename decltype(tag)::type;
     add_bias_kernel<T><<<grid_for(out.numel()), kBlockSize, 0, stream>>>(
-        out.data_ptr<T>(), bias.data_ptr<T>(), out.numel(), out.size(1), out.size(2) * out.size(3));
+        out.data_ptr<T>(), bias.data_ptr<T>(), out.numel(), g.channels, g.plane);
     EMBER_CUDA_CHECK_LAUNCH();
   });
 }
@@ -273,12 +286,15 @@ void zero(const Tensor& t, cudaStream_t stream) {
 
 void conv2d_forward_cuda(const Tensor& out, const Tensor& input, const Tensor& weight,
                          const Tensor& bias, const Conv2dParams& params) {
-  EMBER_ASSERT(input.is_contiguous() && weight.is_contiguous() && out.is_contiguous());
+  const MemoryFormat format =
+      params.channels_last ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous;
+  EMBER_ASSERT(input.is_contiguous(format) && weight.is_contiguous(format) &&
+               out.is_contiguous(format));
   if (out.numel() == 0) return;
   if (input.numel() == 0 || weight.numel() == 0) {  // no input channels: only the bias
     const KernelContext ctx(out);
     zero(out, ctx.stream);
-    if (bias.defined()) add_bias(out, bias, ctx.stream);
+    if (bias.defined()) add_bias(out, bias, params.channels_last, ctx.stream);
     return;
   }
   ConvSetup s(input, weight, out, params);
@@ -292,22 +308,25 @@ void conv2d_forward_cuda(const Tensor& out, const Tensor& input, const Tensor& w
                                             static_cast<cudnnConvolutionFwdAlgo_t>(c.algo),
                                             ws.defined() ? ws.data_ptr() : nullptr, c.workspace,
                                             scale.zero(), s.y_desc.get(), out.data_ptr()));
-  if (bias.defined()) add_bias(out, bias, h.stream());
+  if (bias.defined()) add_bias(out, bias, params.channels_last, h.stream());
 }
 
 void conv2d_backward_cuda(const Tensor& grad_input, const Tensor& grad_weight,
                           const Tensor& grad_bias, const Tensor& grad_out, const Tensor& input,
                           const Tensor& weight, const Conv2dParams& params) {
-  EMBER_ASSERT(grad_out.is_contiguous() && input.is_contiguous() && weight.is_contiguous());
+  const MemoryFormat format =
+      params.channels_last ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous;
+  EMBER_ASSERT(grad_out.is_contiguous(format) && input.is_contiguous(format) &&
+               weight.is_contiguous(format));
   const KernelContext ctx(input);
   if (grad_bias.defined() && grad_bias.numel() > 0) {
     const int64_t channels = grad_bias.numel();
+    const BiasGeometry g = bias_geometry(grad_out, params.channels_last);
     dispatch_floating(grad_bias.dtype(), kOp, [&](auto tag) {
       using T = typename decltype(tag)::type;
       bias_grad_kernel<T>
           <<<static_cast<unsigned>(std::min<int64_t>(channels, kMaxGridBlocks)), kBlockSize, 0,
-             ctx.stream>>>(grad_bias.data_ptr<T>(), grad_out.data_ptr<T>(), grad_out.size(0),
-                           channels, grad_out.size(2) * grad_out.size(3));
+             ctx.stream>>>(grad_bias.data_ptr<T>(), grad_out.data_ptr<T>(), g.n, channels, g.plane);
       EMBER_CUDA_CHECK_LAUNCH();
     });
   }

@@ -64,22 +64,22 @@ TensorDescriptor::TensorDescriptor() { EMBER_CUDNN_CHECK(cudnnCreateTensorDescri
 TensorDescriptor::~TensorDescriptor() { cudnnDestroyTensorDescriptor(desc_); }
 
 void TensorDescriptor::set(cudnnDataType_t type, int64_t n, int64_t c, int64_t h, int64_t w,
-                           const char* op) {
+                           const char* op, bool channels_last) {
   cudnn_int(n * c * h * w, op);  // cuDNN's strides are ints
-  EMBER_CUDNN_CHECK(cudnnSetTensor4dDescriptor(desc_, CUDNN_TENSOR_NCHW, type, cudnn_int(n, op),
-                                               cudnn_int(c, op), cudnn_int(h, op),
-                                               cudnn_int(w, op)));
+  const cudnnTensorFormat_t format = channels_last ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
+  EMBER_CUDNN_CHECK(cudnnSetTensor4dDescriptor(
+      desc_, format, type, cudnn_int(n, op), cudnn_int(c, op), cudnn_int(h, op), cudnn_int(w, op)));
 }
 
 FilterDescriptor::FilterDescriptor() { EMBER_CUDNN_CHECK(cudnnCreateFilterDescriptor(&desc_)); }
 FilterDescriptor::~FilterDescriptor() { cudnnDestroyFilterDescriptor(desc_); }
 
 void FilterDescriptor::set(cudnnDataType_t type, int64_t o, int64_t c, int64_t h, int64_t w,
-                           const char* op) {
+                           const char* op, bool channels_last) {
   cudnn_int(o * c * h * w, op);
-  EMBER_CUDNN_CHECK(cudnnSetFilter4dDescriptor(desc_, type, CUDNN_TENSOR_NCHW, cudnn_int(o, op),
-                                               cudnn_int(c, op), cudnn_int(h, op),
-                                               cudnn_int(w, op)));
+  const cudnnTensorFormat_t format = channels_last ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
+  EMBER_CUDNN_CHECK(cudnnSetFilter4dDescriptor(
+      desc_, type, format, cudnn_int(o, op), cudnn_int(c, op), cudnn_int(h, op), cudnn_int(w, op)));
 }
 
 ConvolutionDescriptor::ConvolutionDescriptor() {

@@ -53,8 +53,9 @@ class TensorDescriptor {
   ~TensorDescriptor();
   TensorDescriptor(const TensorDescriptor&) = delete;
   TensorDescriptor& operator=(const TensorDescriptor&) = delete;
-  // Packed NCHW.
-  void set(cudnnDataType_t type, int64_t n, int64_t c, int64_t h, int64_t w, const char* op);
+  // Packed NCHW, or packed NHWC (CUDNN_TENSOR_NHWC) for a channels-last tensor.
+  void set(cudnnDataType_t type, int64_t n, int64_t c, int64_t h, int64_t w, const char* op,
+           bool channels_last = false);
   cudnnTensorDescriptor_t get() const { return desc_; }
 
  private:
@@ -67,7 +68,9 @@ class FilterDescriptor {
   ~FilterDescriptor();
   FilterDescriptor(const FilterDescriptor&) = delete;
   FilterDescriptor& operator=(const FilterDescriptor&) = delete;
-  void set(cudnnDataType_t type, int64_t o, int64_t c, int64_t h, int64_t w, const char* op);
+  // Weights [O, C, kH, kW] packed as OIHW, or as OHWI (CUDNN_TENSOR_NHWC) when channels-last.
+  void set(cudnnDataType_t type, int64_t o, int64_t c, int64_t h, int64_t w, const char* op,
+           bool channels_last = false);
   cudnnFilterDescriptor_t get() const { return desc_; }
 
  private:

@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "../detail/dispatch.h"
+#include "../detail/op_utils.h"
 #include "../ops.h"
 #include "block_sum.cuh"
 #include "cuda_kernels.h"
@@ -28,7 +29,8 @@ __device__ __forceinline__ bool is_nan(A x) {
 }
 
 // ---------------------------------------------------------------------------------------
-// Batch norm over [N, C, S], viewed by cuDNN as NCHW with H = S, W = 1.
+// Batch norm over [N, C, S], viewed by cuDNN as NCHW with H = S, W = 1 (channels-last
+// inputs: see rows_of).
 
 const KernelTable& cuda_table() { return kernel_table(DeviceType::kCUDA); }
 
@@ -65,9 +67,17 @@ void finish(const Tensor& dst, const Staged& s) {
 DType bn_data_type(DType dtype) { return dtype == kBF16 ? kF32 : dtype; }
 DType bn_param_type(DType dtype) { return dtype == kF64 ? kF64 : kF32; }
 
+// NOTE: a channels-last input reaches the kernels below as its rows [N * S, C, 1] (a view,
+// contiguous); cuDNN sees those rows through an NHWC descriptor of the same bytes, the layout
+// its channels-last batch-norm kernels take.
+Tensor rows_of(const Tensor& t) {
+  if (!is_channels_last_rows(t)) return t;
+  return t.detach().transpose(1, 2).view({t.size(0) * t.size(2), t.size(1), 1});
+}
+
 struct BnDescriptors {
-  BnDescriptors(DType data, int64_t n, int64_t c, int64_t s) {
-    x.set(cudnn_data_type(data, "batch_norm"), n, c, s, 1, "batch_norm");
+  BnDescriptors(DType data, int64_t n, int64_t c, int64_t s, bool channels_last) {
+    x.set(cudnn_data_type(data, "batch_norm"), n, c, s, 1, "batch_norm", channels_last);
     EMBER_CUDNN_CHECK(cudnnDeriveBNTensorDescriptor(param.get(), x.get(), CUDNN_BATCHNORM_SPATIAL));
   }
   TensorDescriptor x, param;
@@ -83,10 +93,13 @@ __global__ void bn_eval_stats_kernel(P* mean, P* invstd, const P* running_mean,
   }
 }
 
-void batch_norm_forward_cuda(const Tensor& out, const Tensor& save_mean, const Tensor& save_invstd,
-                             const Tensor& input, const Tensor& weight, const Tensor& bias,
-                             const Tensor& running_mean, const Tensor& running_var, bool training,
-                             double momentum, double eps) {
+void batch_norm_forward_cuda(const Tensor& out_in, const Tensor& save_mean,
+                             const Tensor& save_invstd, const Tensor& input_in,
+                             const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
+                             const Tensor& running_var, bool training, double momentum,
+                             double eps) {
+  const bool cl = is_channels_last_rows(input_in);
+  const Tensor input = rows_of(input_in), out = rows_of(out_in);
   EMBER_ASSERT(input.is_contiguous() && out.is_contiguous() && input.dim() >= 2);
   if (input.numel() == 0) return;
   const int64_t n = input.size(0), c = input.size(1), s = input.numel() / (n * c);
@@ -96,7 +109,7 @@ void batch_norm_forward_cuda(const Tensor& out, const Tensor& save_mean, const T
   const Staged y = output_buffer(out, data, out.sizes(), device);
   const Staged w = stage(weight, param, {c}, device, 1.0);
   const Staged b = stage(bias, param, {c}, device, 0.0);
-  BnDescriptors d(data, n, c, s);
+  BnDescriptors d(data, n, c, s, cl);
   const CudnnScale scale(data);
   if (training) {
     const Staged rm =
@@ -212,10 +225,13 @@ void batch_norm_eval_backward(const Tensor& grad_input, const Tensor& grad_weigh
 // epsilon only to recompute them, so this value (the table passes no eps) is never applied.
 constexpr double kBackwardEpsilon = 1e-5;
 
-void batch_norm_backward_cuda(const Tensor& grad_input, const Tensor& grad_weight,
-                              const Tensor& grad_bias, const Tensor& grad_out, const Tensor& input,
-                              const Tensor& weight, const Tensor& save_mean,
+void batch_norm_backward_cuda(const Tensor& grad_input_in, const Tensor& grad_weight,
+                              const Tensor& grad_bias, const Tensor& grad_out_in,
+                              const Tensor& input_in, const Tensor& weight, const Tensor& save_mean,
                               const Tensor& save_invstd, bool training) {
+  const bool cl = is_channels_last_rows(input_in);
+  const Tensor input = rows_of(input_in), grad_out = rows_of(grad_out_in),
+               grad_input = rows_of(grad_input_in);
   EMBER_ASSERT(input.is_contiguous() && grad_out.is_contiguous() && input.dim() >= 2);
   if (input.numel() == 0) return;
   if (!training) {
@@ -232,7 +248,7 @@ void batch_norm_backward_cuda(const Tensor& grad_input, const Tensor& grad_weigh
   const Staged w = stage(weight, param, {c}, device, 1.0);
   const Staged dw = output_buffer(grad_weight, param, {c}, device);
   const Staged db = output_buffer(grad_bias, param, {c}, device);
-  BnDescriptors d(data, n, c, s);
+  BnDescriptors d(data, n, c, s, cl);
   const CudnnScale scale(data);
   {
     CudnnHandle h(device.index);

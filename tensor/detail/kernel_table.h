@@ -83,6 +83,9 @@ struct Conv2dParams {
   int64_t padding[2] = {0, 0};
   int64_t dilation[2] = {1, 1};
   int64_t groups = 1;
+  // Input, weight, output and their gradients are all dense NHWC (else all NCHW); a tensor
+  // with size-1 dims may carry either set of strides, its bytes being the same.
+  bool channels_last = false;
 };
 
 struct Pool2dParams {

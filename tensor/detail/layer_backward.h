@@ -12,6 +12,10 @@ namespace ember::detail {
 // grad where the relu's output is positive, else 0, in one pass.
 Tensor relu_backward(const Tensor& grad, const Tensor& output);
 
+// t [N, C, ...] as the [N, C, S] view the batch-norm kernels take, dense in `format`: NCHW
+// rows, or (channels_last) strides {S * C, 1, C}, which the kernels walk as N * S rows of C.
+Tensor batch_norm_rows(const Tensor& t, MemoryFormat format);
+
 // Gradients for input, weight and bias (undefined where not needed).
 std::array<Tensor, 3> conv2d_backward(const Tensor& grad_out, const Tensor& input,
                                       const Tensor& weight, const Conv2dParams& params,

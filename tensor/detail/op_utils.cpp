@@ -15,6 +15,38 @@ Shape contiguous_strides(const Shape& sizes) {
   return strides;
 }
 
+void check_channels_last(const Shape& sizes, const char* op) {
+  EMBER_CHECK(sizes.size() == 4, op, "channels_last needs a 4-d tensor [N, C, H, W], got shape ",
+              shape_str(sizes));
+}
+
+Shape channels_last_strides(const Shape& sizes, const char* op) {
+  check_channels_last(sizes, op);
+  const int64_t c = std::max<int64_t>(sizes[1], 1), h = std::max<int64_t>(sizes[2], 1),
+                w = std::max<int64_t>(sizes[3], 1);
+  return {h * w * c, 1, w * c, c};
+}
+
+Shape format_strides(const Shape& sizes, MemoryFormat format, const char* op) {
+  EMBER_ASSERT(format != MemoryFormat::Preserve, op);
+  return format == MemoryFormat::ChannelsLast ? channels_last_strides(sizes, op)
+                                              : contiguous_strides(sizes);
+}
+
+MemoryFormat result_memory_format(std::initializer_list<const Tensor*> operands,
+                                  const Shape& result) {
+  if (result.size() != 4) return MemoryFormat::Contiguous;
+  for (const Tensor* t : operands) {
+    if (t != nullptr && t->defined() && t->sizes() == result) return t->suggest_memory_format();
+  }
+  return MemoryFormat::Contiguous;
+}
+
+bool is_channels_last_rows(const Tensor& t) {
+  return t.defined() && t.dim() == 3 && !t.is_contiguous() && t.stride(1) == 1 &&
+         t.stride(2) == t.size(1) && (t.size(0) == 1 || t.stride(0) == t.size(1) * t.size(2));
+}
+
 int64_t wrap_dim(int64_t dim, int64_t ndim, const char* op) {
   const int64_t n = std::max<int64_t>(ndim, 1);
   EMBER_CHECK(dim >= -n && dim < n, op, "dim ", dim, " is out of range for a tensor with ", ndim,

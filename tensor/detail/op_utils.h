@@ -12,6 +12,21 @@ namespace ember::detail {
 
 // Row-major strides for `sizes` (size-0 and size-1 dims count as 1).
 Shape contiguous_strides(const Shape& sizes);
+// ember::Error naming `op` and the shape unless sizes are 4-d, as channels_last needs.
+void check_channels_last(const Shape& sizes, const char* op);
+// NHWC strides {H*W*C, 1, W*C, C} for 4-d sizes [N, C, H, W] (checked as above).
+Shape channels_last_strides(const Shape& sizes, const char* op);
+// The strides of `format` (Contiguous or ChannelsLast) for sizes.
+Shape format_strides(const Shape& sizes, MemoryFormat format, const char* op);
+// The format a result computed from `operands` takes (PyTorch's TensorIterator rule, reduced
+// to the two formats ember computes in): that of the first operand whose shape is the
+// result's, when it suggests ChannelsLast; Contiguous otherwise.
+MemoryFormat result_memory_format(std::initializer_list<const Tensor*> operands,
+                                  const Shape& result);
+
+// True for the channels-last [N, C, S] view batch norm's kernels take (strides
+// {S * C, 1, C}, not also row-major): N * S rows of C channels.
+bool is_channels_last_rows(const Tensor& t);
 
 // Turns a possibly negative dim into [0, ndim); ember::Error naming `op` when out of range.
 // A 0-d tensor accepts dims 0 and -1, as in PyTorch.

@@ -1,5 +1,7 @@
 #include "tensor_iter.h"
 
+#include <array>
+
 namespace ember::detail {
 
 StridedIter make_iter(std::initializer_list<const Tensor*> operands) {
@@ -16,8 +18,15 @@ StridedIter make_iter(std::initializer_list<const Tensor*> operands) {
   }
   // Drop size-1 dims, then merge neighbours d-1, d whenever every operand steps through
   // them as one run (stride[d-1] == stride[d] * size[d]).
+  // NOTE: a channels-last output is walked in its memory order (N, H, W, C), so that operands
+  // of its layout coalesce into one flat run, as TensorIterator reorders dims by stride.
+  // Every user of the iterator (fill, copy, unary, binary, where) is order-independent.
+  constexpr std::array<int64_t, 4> cl_order{0, 2, 3, 1};
+  const bool cl =
+      out.dim() == 4 && !out.is_contiguous() && out.is_contiguous(MemoryFormat::ChannelsLast);
   int ndim = 0;
-  for (int64_t d = 0; d < out.dim(); ++d) {
+  for (int64_t k = 0; k < out.dim(); ++k) {
+    const int64_t d = cl ? cl_order[static_cast<size_t>(k)] : k;
     if (out.sizes()[d] == 1) continue;
     op = 0;
     bool mergeable = ndim > 0;
