@@ -1,6 +1,7 @@
 // SyncBatchNorm against BatchNorm over the concatenation of every rank's batch, with unequal
 // (even empty) per-rank batches; its communication pattern; convert_sync_batchnorm.
 #include <ember/dist/sync_batch_norm.h>
+#include <ember/tensor/autocast.h>
 
 #include "dist_test_util.h"
 
@@ -58,6 +59,35 @@ TEST(SyncBatchNorm, MatchesBatchNormOverTheGlobalBatchWithUnequalShares) {
   expect_close(sync.running_mean, reference.running_mean, 1e-5, 1e-6);
   expect_close(sync.running_var, reference.running_var, 1e-5, 1e-6);
   EXPECT_EQ(sync.num_batches_tracked.item<int64_t>(), 1);
+}
+
+// Under bf16 autocast SyncBatchNorm takes the 16-bit activations of the convolutions before it,
+// keeps its statistics (and their exchange) in f32 and its parameters and their gradients in
+// f32, and returns the input's dtype, as BatchNorm does under autocast.
+TEST(SyncBatchNorm, UnderAutocastKeepsItsStatisticsInF32) {
+  auto pg = world();
+  const int64_t global = first_row(pg->size());
+  Generator gen(4);
+  const Tensor x_all = (randn({global, 3, 2, 2}, kF32, &gen) * 2.0 + 1.0).to(kBF16);
+  nn::BatchNorm2d reference(3);
+  Tensor y_ref = reference(x_all.to(kF32));  // the same values, in f32 throughout
+
+  SyncBatchNorm sync(3, pg);
+  const int64_t begin = first_row(pg->rank()), rows = rows_of(pg->rank());
+  Tensor y;
+  {
+    AutocastGuard autocast(kCPU, kBF16);
+    y = sync(x_all.narrow(0, begin, rows).clone());
+  }
+  EXPECT_EQ(y.dtype(), kBF16);
+  EXPECT_EQ(sync.running_mean.dtype(), kF32);
+  expect_close(sync.running_mean, reference.running_mean, 1e-5, 1e-6);
+  expect_close(sync.running_var, reference.running_var, 1e-5, 1e-6);
+  // One bf16 rounding of the normalised output (2^-8 relative).
+  expect_close(y.to(kF32), y_ref.narrow(0, begin, rows), 1e-2, 1e-2);
+  y.to(kF32).sum().backward();
+  ASSERT_TRUE(sync.weight.grad().defined());
+  EXPECT_EQ(sync.weight.grad().dtype(), kF32);
 }
 
 TEST(SyncBatchNorm, OneCollectiveEachWayAndNoneInEval) {
