@@ -23,7 +23,7 @@ Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, doubl
   for (const Tensor& p : params) {
     if (!p.defined() || !p.grad().defined()) continue;
     const Tensor& g = p.grad();
-    const bool multi = foreach.value_or(g.device().is_cuda()) && g.is_contiguous();
+    const bool multi = foreach.value_or(g.device().is_cuda()) && is_flat(g);
     if (!multi) {
       single.push_back(g);
       continue;

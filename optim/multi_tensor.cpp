@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include <ember/tensor/multi_tensor.h>
+
 namespace ember::optim::detail {
 
 MultiTensorMode multi_tensor_mode(const char* optimizer, std::optional<bool> foreach, bool fused) {
@@ -14,16 +16,18 @@ MultiTensorMode multi_tensor_mode(const char* optimizer, std::optional<bool> for
 
 namespace {
 
+// The pass walks memory flat: the parameter contiguous or channels_last, and its gradient
+// (copied into the parameter's layout when it differs) and state of its dtype and device, the
+// state laid out like it.
 bool takes_multi_tensor(const Tensor& p, const ParamState& state,
                         std::initializer_list<const char*> buffers) {
   const Tensor& g = p.grad();
-  if (!p.is_contiguous() || g.dtype() != p.dtype() || g.device() != p.device() ||
-      g.sizes() != p.sizes())
+  if (!is_flat(p) || g.dtype() != p.dtype() || g.device() != p.device() || g.sizes() != p.sizes())
     return false;
   return std::all_of(buffers.begin(), buffers.end(), [&](const char* name) {
     const auto it = state.buffers.find(name);
     return it == state.buffers.end() ||
-           (it->second.is_contiguous() && it->second.dtype() == p.dtype() &&
+           (same_flat_order(it->second, p) && it->second.dtype() == p.dtype() &&
             it->second.device() == p.device());
   });
 }

@@ -38,8 +38,8 @@ struct ParamSplit {
 };
 
 // The group's parameters that have a gradient, split between the two paths. `buffers` names
-// the state buffers the update reads (those present must be contiguous for the multi-tensor
-// path).
+// the state buffers the update reads (those present must be laid out like their parameter,
+// contiguous or channels_last, for the multi-tensor path).
 ParamSplit split_params(const ParamGroup& group, const std::vector<ParamState>& state,
                         MultiTensorMode mode, std::initializer_list<const char*> buffers);
 

@@ -14,10 +14,11 @@
 namespace ember {
 namespace {
 
-// Checks that `list` (named `what`) runs parallel to params: contiguous tensors of the
-// parameters' shapes, device and dtype. An empty list is allowed when `optional`.
+// Checks that `list` (named `what`) runs parallel to params: tensors of the parameters'
+// shapes, device, dtype and (unless `any_layout`) flat order. An empty list is allowed when
+// `optional`.
 void check_list(const char* op, const char* what, std::span<const Tensor> params,
-                std::span<const Tensor> list, bool optional, bool need_contiguous = true) {
+                std::span<const Tensor> list, bool optional, bool any_layout = false) {
   if (optional && list.empty()) return;
   EMBER_CHECK(list.size() == params.size(), op, what, " has ", list.size(), " tensors for ",
               params.size(), " parameters");
@@ -31,7 +32,8 @@ void check_list(const char* op, const char* what, std::span<const Tensor> params
                 " but its parameter has dtype ", p.dtype());
     EMBER_CHECK(t.device() == p.device(), op, what, "[", i, "] is on ", t.device(),
                 " but its parameter is on ", p.device());
-    EMBER_CHECK(!need_contiguous || t.is_contiguous(), op, what, "[", i, "] is not contiguous");
+    EMBER_CHECK(any_layout || same_flat_order(t, p), op, what, "[", i,
+                "] is not laid out like its parameter (contiguous or channels_last, alike)");
   }
 }
 
@@ -45,15 +47,21 @@ void check_params(const char* op, std::span<const Tensor> params) {
                 " but params[0] is on ", params[0].device(), " (one device per call)");
     EMBER_CHECK(p.dtype() == params[0].dtype(), op, "params[", i, "] has dtype ", p.dtype(),
                 " but params[0] has dtype ", params[0].dtype(), " (one dtype per call)");
-    EMBER_CHECK(p.is_contiguous(), op, "params[", i, "] is not contiguous");
+    EMBER_CHECK(is_flat(p), op, "params[", i, "] is neither contiguous nor channels_last");
   }
 }
 
-// The gradients, contiguous (copied only where needed).
-std::vector<Tensor> contiguous_grads(std::span<const Tensor> grads) {
+// The gradients laid out like their parameters (copied only where needed).
+std::vector<Tensor> grads_like_params(std::span<const Tensor> params,
+                                      std::span<const Tensor> grads) {
   std::vector<Tensor> out;
   out.reserve(grads.size());
-  for (const Tensor& g : grads) out.push_back(g.contiguous());
+  for (size_t i = 0; i < grads.size(); ++i) {
+    const Tensor& g = grads[i];
+    const MemoryFormat layout =
+        params[i].is_contiguous() ? MemoryFormat::Contiguous : MemoryFormat::ChannelsLast;
+    out.push_back(same_flat_order(g, params[i]) ? g : g.contiguous(layout));
+  }
   return out;
 }
 
@@ -63,13 +71,24 @@ std::vector<Tensor> contiguous_grads(std::span<const Tensor> grads) {
 
 }  // namespace
 
+bool is_flat(const Tensor& t) {
+  return t.is_contiguous() || t.is_contiguous(MemoryFormat::ChannelsLast);
+}
+
+bool same_flat_order(const Tensor& a, const Tensor& b) {
+  // A tensor both contiguous and channels_last (size-1 dims) has one order either way.
+  return a.sizes() == b.sizes() && ((a.is_contiguous() && b.is_contiguous()) ||
+                                    (a.is_contiguous(MemoryFormat::ChannelsLast) &&
+                                     b.is_contiguous(MemoryFormat::ChannelsLast)));
+}
+
 void multi_tensor_sgd_(std::span<const Tensor> params, std::span<const Tensor> grads,
                        std::span<const Tensor> momentum_buffers,
                        std::span<const uint8_t> new_buffer, const SGDUpdate& update) {
   constexpr const char* op = "multi_tensor_sgd_";
   if (params.empty()) return;
   check_params(op, params);
-  check_list(op, "grads", params, grads, false, false);
+  check_list(op, "grads", params, grads, false, true);
   const bool momentum = update.momentum != 0.0;
   EMBER_CHECK(
       !momentum || (momentum_buffers.size() == params.size() && new_buffer.size() == params.size()),
@@ -81,7 +100,7 @@ void multi_tensor_sgd_(std::span<const Tensor> params, std::span<const Tensor> g
   EMBER_CHECK(!update.nesterov || (momentum && update.dampening == 0.0), op,
               "Nesterov momentum requires momentum > 0 and dampening == 0 (momentum ",
               update.momentum, ", dampening ", update.dampening, ")");
-  const std::vector<Tensor> g = contiguous_grads(grads);
+  const std::vector<Tensor> g = grads_like_params(params, grads);
   const std::span<const Tensor> buffers = momentum ? momentum_buffers : std::span<const Tensor>{};
   const std::span<const uint8_t> fresh = momentum ? new_buffer : std::span<const uint8_t>{};
   if (params[0].device().is_cpu()) {
@@ -102,7 +121,7 @@ void multi_tensor_adam_(std::span<const Tensor> params, std::span<const Tensor> 
   constexpr const char* op = "multi_tensor_adam_";
   if (params.empty()) return;
   check_params(op, params);
-  check_list(op, "grads", params, grads, false, false);
+  check_list(op, "grads", params, grads, false, true);
   check_list(op, "exp_avgs", params, exp_avgs, false);
   check_list(op, "exp_avg_sqs", params, exp_avg_sqs, false);
   EMBER_CHECK(update.amsgrad == (max_exp_avg_sqs.size() == params.size()), op, "amsgrad is ",
@@ -113,7 +132,7 @@ void multi_tensor_adam_(std::span<const Tensor> params, std::span<const Tensor> 
               params.size(), " parameters");
   for (size_t i = 0; i < steps.size(); ++i)
     EMBER_CHECK(steps[i] >= 1, op, "steps[", i, "] is ", steps[i], " (must be >= 1)");
-  const std::vector<Tensor> g = contiguous_grads(grads);
+  const std::vector<Tensor> g = grads_like_params(params, grads);
   if (params[0].device().is_cpu()) {
     detail::cpu_multi_tensor_adam(params, g, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, update);
   } else {
@@ -128,7 +147,7 @@ void multi_tensor_adam_(std::span<const Tensor> params, std::span<const Tensor> 
 
 namespace {
 
-// All tensors defined, contiguous, floating, on one device and of one dtype.
+// All tensors defined, flat, floating, on one device and of one dtype.
 void check_same_kind(const char* op, std::span<const Tensor> tensors) {
   for (size_t i = 0; i < tensors.size(); ++i) {
     const Tensor& t = tensors[i];
@@ -139,7 +158,7 @@ void check_same_kind(const char* op, std::span<const Tensor> tensors) {
                 "tensors[", i, "] is ", t.dtype(), " on ", t.device(), " but tensors[0] is ",
                 tensors[0].dtype(), " on ", tensors[0].device(),
                 " (one device and dtype per call)");
-    EMBER_CHECK(t.is_contiguous(), op, "tensors[", i, "] is not contiguous");
+    EMBER_CHECK(is_flat(t), op, "tensors[", i, "] is neither contiguous nor channels_last");
   }
 }
 

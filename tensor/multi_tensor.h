@@ -10,9 +10,11 @@
 // after every op (as PyTorch's fused kernels do), so they are slightly more accurate than the
 // per-parameter path.
 //
-// Every list runs parallel to `params`: same count, each tensor shaped like its parameter,
-// all contiguous, on one device and of one floating dtype. Inputs that break this throw
-// ember::Error naming the function, the list and the index.
+// Every list runs parallel to `params`: same count, each tensor shaped like its parameter and
+// laid out like it (same_flat_order), on one device and of one floating dtype. The passes walk
+// each tensor's memory as one flat run, so a parameter may be contiguous or channels_last
+// (is_flat). Inputs that break this throw ember::Error naming the function, the list and the
+// index.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +23,12 @@
 #include "tensor.h"
 
 namespace ember {
+
+// True when t's elements fill numel() consecutive slots from data_ptr(): contiguous, or
+// channels_last (as conv weights are under model->to(MemoryFormat::ChannelsLast)).
+bool is_flat(const Tensor& t);
+// True when a and b have one shape, are flat, and element i of a's run is element i of b's.
+bool same_flat_order(const Tensor& a, const Tensor& b);
 
 struct SGDUpdate {
   double lr = 0.0;

@@ -9,6 +9,7 @@
 
 #include <ember/optim/adam.h>
 #include <ember/optim/clip_grad.h>
+#include <ember/optim/multi_tensor.h>
 #include <ember/optim/sgd.h>
 #include <ember/tensor/multi_tensor.h>
 
@@ -351,6 +352,34 @@ TEST(MultiTensorOptimizer, NonContiguousParameterFallsBack) {
   SGD fused(pb, {.lr = 0.1, .momentum = 0.9, .foreach = true});
   run_steps(reference, pa, fused, pb, 0, 4);
   expect_bit_identical(pa, pb);
+}
+
+// Conv weights in channels_last (model->to(MemoryFormat::ChannelsLast), ember-train's default on
+// CUDA) take the multi-tensor pass too, with their NCHW gradients brought into their layout,
+// and end bit for bit where the per-parameter path does.
+TEST(MultiTensorOptimizer, ChannelsLastParametersTakeThePass) {
+  for (const Case& c : all_cases()) {
+    SCOPED_TRACE(c.name);
+    std::vector<Tensor> pa = make_params({{16, 3, 3, 3}, {8, 16, 1, 1}, {5, 7}}, kF32, kCPU, 12);
+    std::vector<Tensor> pb;
+    for (const Tensor& p : pa) {
+      Tensor q = p.dim() == 4 ? p.detach().clone(MemoryFormat::ChannelsLast) : p.detach().clone();
+      pb.push_back(q.requires_grad_());
+    }
+    ASSERT_TRUE(pb[0].is_contiguous(MemoryFormat::ChannelsLast) && !pb[0].is_contiguous());
+    auto a = c.make(two_groups(pa), false);
+    auto b = c.make(two_groups(pb), true);
+    run_steps(*a, pa, *b, pb, 1, 8);
+    expect_bit_identical(pa, pb);
+    EXPECT_TRUE(pb[0].is_contiguous(MemoryFormat::ChannelsLast));
+    set_grads(pa, pb, 1);
+    const ParamGroup& first = b->param_groups()[0];
+    std::vector<ParamState> state;
+    for (size_t i = 0; i < first.params.size(); ++i) state.push_back(b->state(0, i));
+    const auto split = detail::split_params(first, state, detail::MultiTensorMode::kOn,
+                                            {"momentum_buffer", "exp_avg", "exp_avg_sq"});
+    EXPECT_TRUE(split.single.empty()) << "a channels_last parameter left the pass";
+  }
 }
 
 // The state layout is the same: a checkpoint of either path resumes on the other.
