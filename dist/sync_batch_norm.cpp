@@ -26,6 +26,11 @@ Tensor SyncBatchNorm::forward(const Tensor& input) {
   const Shape per_channel{1, channels, 1};
   ProcessGroup& pg = *group_;
   const bool input_grad = input.requires_grad();
+  // A channels_last input gives a channels_last output (and input gradient), as BatchNorm does.
+  const MemoryFormat layout =
+      input.dim() == 4 && !input.is_contiguous() && input.is_contiguous(MemoryFormat::ChannelsLast)
+          ? MemoryFormat::ChannelsLast
+          : MemoryFormat::Contiguous;
   Tensor w = weight, b = bias;
   // Under a Join each collective is announced first, for the ranks that joined to shadow.
   std::shared_ptr<detail::JoinChannel> join = join_ && join_->announcing() ? join_ : nullptr;
@@ -71,11 +76,11 @@ Tensor SyncBatchNorm::forward(const Tensor& input) {
     Tensor y = *xhat;
     if (w.defined()) y = y * w.to(stat).view(per_channel);
     if (b.defined()) y = y + b.to(stat).view(per_channel);
-    return {y.to(input.dtype()).reshape(input.sizes())};
+    return {y.to(input.dtype()).reshape(input.sizes()).contiguous(layout)};
   };
 
   auto backward_fn = [xhat, invstd, total, w, b, input_grad, group = group_, join, n, channels,
-                      spatial, stat, per_channel, in_sizes = input.sizes(),
+                      spatial, stat, per_channel, layout, in_sizes = input.sizes(),
                       in_dtype = input.dtype()](const std::vector<Tensor>& grads) {
     std::vector<Tensor> out(3);
     if (!grads[0].defined()) return out;
@@ -97,7 +102,7 @@ Tensor SyncBatchNorm::forward(const Tensor& input) {
       if (w.defined()) scale = scale * w.to(stat);
       const Tensor dx = (dy - mean_dy.view(per_channel) - *xhat * mean_dy_xhat.view(per_channel)) *
                         scale.view(per_channel);
-      out[0] = dx.to(in_dtype).reshape(in_sizes);
+      out[0] = dx.to(in_dtype).reshape(in_sizes).contiguous(layout);
     }
     return out;
   };

@@ -90,6 +90,25 @@ TEST(SyncBatchNorm, UnderAutocastKeepsItsStatisticsInF32) {
   EXPECT_EQ(sync.weight.grad().dtype(), kF32);
 }
 
+// A channels_last activation (model->to(MemoryFormat::ChannelsLast)) stays channels_last
+// through SyncBatchNorm, forward and backward, with the NCHW values.
+TEST(SyncBatchNorm, KeepsChannelsLast) {
+  auto pg = world();
+  Generator gen(8 + static_cast<uint64_t>(pg->rank()));
+  const Tensor x = randn({2, 3, 4, 5}, kF32, &gen);
+  SyncBatchNorm nchw(3, pg), nhwc(3, pg);
+  Tensor a = x.clone().requires_grad_();
+  Tensor b = x.clone(MemoryFormat::ChannelsLast).requires_grad_();
+  Tensor ya = nchw(a), yb = nhwc(b);
+  EXPECT_TRUE(yb.is_contiguous(MemoryFormat::ChannelsLast) && !yb.is_contiguous());
+  expect_close(yb, ya, 1e-6, 1e-6);
+  const Tensor dy = randn({2, 3, 4, 5}, kF32, &gen);
+  (ya * dy).sum().backward();
+  (yb * dy).sum().backward();
+  EXPECT_TRUE(b.grad().is_contiguous(MemoryFormat::ChannelsLast));
+  expect_close(b.grad(), a.grad(), 1e-5, 1e-6);
+}
+
 TEST(SyncBatchNorm, OneCollectiveEachWayAndNoneInEval) {
   auto counting = std::make_shared<CountingGroup>(world());
   const int expected = counting->size() > 1 ? 1 : 0;
