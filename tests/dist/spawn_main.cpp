@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
@@ -17,6 +18,7 @@
 
 #include <ember/dist/detail/supervisor.h>
 #include <ember/dist/dist.h>
+#include <ember/tensor/cuda.h>
 #include <ember/tensor/ops.h>
 
 namespace ember::dist {
@@ -60,6 +62,30 @@ void expect_gathered(int n) {
 
 TEST(Spawn, GathersResultsFromTwoRanks) { expect_gathered(2); }
 TEST(Spawn, GathersResultsFromThreeRanks) { expect_gathered(3); }
+
+// On a GPU node, as mp.spawn is used there: each worker is bound to GPU LOCAL_RANK and meets
+// the others over NCCL (the backend init picks for CUDA). As many workers as GPUs, up to 2:
+// NCCL wants a GPU of its own per rank, so one GPU runs a world of one.
+TEST(Spawn, OneGpuPerWorkerOverNccl) {
+  if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device visible";
+  const int n = std::min(cuda::device_count(), 2);
+  const auto results = spawn(n, [](int rank) {
+    InitOptions init;
+    init.timeout = std::chrono::seconds(60);
+    init_process_group(init);
+    const int device = cuda::current_device();
+    Tensor t = full({4}, static_cast<double>(rank + 1), TensorOptions(kF32, cuda_device(device)));
+    all_reduce(t);
+    const std::vector<double> out = {get_backend() == "nccl" ? 1.0 : 0.0,
+                                     static_cast<double>(device), t.cpu().sum().item<double>()};
+    destroy_process_group();
+    return out;
+  });
+  ASSERT_EQ(results.size(), static_cast<size_t>(n));
+  const double sum = 4.0 * n * (n + 1) / 2.0;
+  for (int r = 0; r < n; ++r)
+    EXPECT_EQ(results[r], (std::vector<double>{1.0, static_cast<double>(r), sum})) << "rank " << r;
+}
 
 TEST(Spawn, ReturnsStringsAndRunsVoidFunctions) {
   const std::string greeting = "hello from rank ";  // computed before spawn: rebuilt in workers
