@@ -5,10 +5,12 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <fstream>
+#include <limits>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -232,6 +234,18 @@ StoreAddress file_rendezvous(const InitMethod& method, const LaunchEnv& self,
   }
 }
 
+// A number one launcher stored for the others, checked: without a job secret anybody who
+// reaches the launchers' store can write its keys.
+int64_t stored_number(const std::string& key, const std::string& text, int64_t lo, int64_t hi) {
+  int64_t value = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  EMBER_CHECK(
+      error == std::errc() && end == text.data() + text.size() && value >= lo && value <= hi,
+      "ember-run", "the launchers' store holds \"", text.substr(0, 40), "\" at ", key,
+      ", not a number from ", lo, " to ", hi);
+  return value;
+}
+
 }  // namespace
 
 InitMethod parse_init_method(const std::string& url) {
@@ -380,7 +394,8 @@ int LauncherRendezvous::begin_round(int round) {
     store_->set(key(round, "port"), std::to_string(port));
     return port;
   }
-  return std::stoi(store_->get(key(round, "port")));
+  const std::string port_key = key(round, "port");
+  return static_cast<int>(stored_number(port_key, store_->get(port_key), 1, 65535));
 }
 
 void LauncherRendezvous::report_failure(int round, int64_t wall_ns, const std::string& what,
@@ -410,14 +425,16 @@ std::string LauncherRendezvous::settle_failure(int round) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  // Every launcher records its failure before it settles: all are in now.
-  const int64_t n = store_->add(key(round, "failures"), 0);
+  // Every launcher records its failure (one at most a round) before it settles: all are in now.
+  const int64_t n = std::min<int64_t>(store_->add(key(round, "failures"), 0), nnodes_);
   std::pair<int64_t, std::string> first{INT64_MAX, "a failure nobody recorded"};
   for (int64_t i = 1; i <= n; ++i) {
-    const std::string record = store_->get(key(round, "failure/" + std::to_string(i)));
-    const size_t space = record.find(' ');
-    const int64_t when = std::stoll(record.substr(0, space));
-    if (when < first.first) first = {when, record.substr(space + 1)};
+    const std::string record_key = key(round, "failure/" + std::to_string(i));
+    const std::string record = store_->get(record_key);
+    const size_t space = std::min(record.find(' '), record.size());
+    const int64_t when =
+        stored_number(record_key, record.substr(0, space), 0, std::numeric_limits<int64_t>::max());
+    if (when < first.first) first = {when, record.substr(std::min(space + 1, record.size()))};
   }
   return first.second + missing;
 }

@@ -14,6 +14,8 @@
 #include <vector>
 
 #include <ember/dist/detail/auth.h>
+#include <ember/dist/detail/rendezvous.h>
+#include <ember/dist/detail/supervisor.h>
 #include <ember/dist/tcp_process_group.h>
 #include <ember/dist/tcp_store.h>
 #include <ember/tensor/ops.h>
@@ -548,6 +550,19 @@ TEST(TcpMesh, AStrangerAtAListenerIsDroppedAndTheRankItWaitsForStillJoins) {
             std::string::npos)
       << log;
   EXPECT_NE(log.find("sent an unexpected greeting"), std::string::npos) << log;
+}
+
+// Without a job secret anybody who reaches ember-run's store can write its keys: a forged
+// failure count and record end in an ember::Error naming the key, never a crash or a wait on
+// records that do not exist.
+TEST(LauncherRendezvous, ForgedRecordsAreRefusedByName) {
+  const int port = detail::pick_free_port("127.0.0.1");
+  detail::LauncherRendezvous launchers("127.0.0.1", port, 1, 0, 1, 10s, "");
+  TcpStore stranger("127.0.0.1", port, 1, false, 5s, TcpStoreOptions{.secret = ""});
+  stranger.add("ember-run/round/0/failures", 1000000);
+  stranger.set("ember-run/round/0/failure/1", "soon it broke");
+  EXPECT_EMBER_ERROR(launchers.settle_failure(0),
+                     "the launchers' store holds \"soon\" at ember-run/round/0/failure/1");
 }
 
 }  // namespace
