@@ -6,7 +6,7 @@
 //     return *out;
 //
 // When autocast is on for the inputs' device type, the floating inputs are cast as the op's
-// rule says (the one table, kAutocastRules in tensor/autocast.cpp) and the op runs again on
+// rule says (the one table, kRules in tensor/autocast.cpp) and the op runs again on
 // them with autocast suspended, as PyTorch re-dispatches below its autocast key: what the op
 // does inside (helpers, composite parts) is not cast a second time. Otherwise it returns
 // nullopt at the cost of one thread-local read and the op goes on as usual.
