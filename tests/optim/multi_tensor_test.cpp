@@ -428,6 +428,30 @@ TEST(MultiTensorOptimizer, RejectsForeachWithFused) {
   EXPECT_EQ(fused.state(0, 0).step, 1);
 }
 
+// What the passes take: tensors that are flat (contiguous or channels_last), with every list
+// laid out like its parameter; a state buffer in another layout is refused by name.
+TEST(MultiTensorOptimizer, FlatLayouts) {
+  const Tensor nchw = zeros({2, 3, 4, 5});
+  const Tensor nhwc = nchw.contiguous(MemoryFormat::ChannelsLast);
+  const Tensor both = zeros({2, 3, 1, 1});  // contiguous and channels_last at once
+  EXPECT_TRUE(is_flat(nchw) && is_flat(nhwc) && is_flat(both));
+  EXPECT_FALSE(is_flat(zeros({4, 5}).t()));
+  EXPECT_TRUE(same_flat_order(nhwc, nhwc.clone(MemoryFormat::ChannelsLast)));
+  EXPECT_FALSE(same_flat_order(nchw, nhwc));
+  EXPECT_TRUE(same_flat_order(both, both.contiguous(MemoryFormat::ChannelsLast)));
+  EXPECT_FALSE(same_flat_order(nchw, zeros({2, 3, 5, 4})));
+
+  std::vector<Tensor> params = {nhwc.clone(MemoryFormat::ChannelsLast)};
+  const std::vector<Tensor> grads = {ones({2, 3, 4, 5})};  // NCHW: brought into the layout
+  const std::vector<Tensor> buffers = {zeros({2, 3, 4, 5})};
+  const std::vector<uint8_t> old = {0};
+  EXPECT_EMBER_ERROR(multi_tensor_sgd_(params, grads, buffers, old, {.lr = 0.1, .momentum = 0.9}),
+                     "multi_tensor_sgd_: momentum_buffers[0] is not laid out like its parameter");
+  multi_tensor_sgd_(params, grads, {}, {}, {.lr = 0.5});
+  EXPECT_TRUE(params[0].is_contiguous(MemoryFormat::ChannelsLast));
+  EXPECT_EQ(params[0].to_vector<float>(), full({2, 3, 4, 5}, -0.5).to_vector<float>());
+}
+
 TEST(MultiTensorOptimizer, MultiTensorCallsRejectMismatchedLists) {
   std::vector<Tensor> params = make_params({{3}, {2, 2}}, kF32, kCPU, 2);
   std::vector<Tensor> grads = {zeros({3}), zeros({2, 2})};
