@@ -1,4 +1,4 @@
-// ember-train --dataset folder: a generated folder of PNG and JPEG images in two classes
+// ember-train --dataset folder: a generated folder of PNG and BMP images in two classes
 // trains for a few steps, with the normalisation measured on the training split or given.
 #include <gtest/gtest.h>
 #include <unistd.h>

@@ -1,5 +1,5 @@
 // What the ember-train tests share: a generated image folder (two classes of small PNG and
-// JPEG images) and running the program, its output captured.
+// BMP images) and running the program, its output captured.
 #pragma once
 
 #include <sys/wait.h>
@@ -11,28 +11,29 @@
 #include <string>
 #include <vector>
 
-#define STB_IMAGE_WRITE_STATIC
-#define STB_IMAGE_WRITE_IMPLEMENTATION
-#include <stb/stb_image_write.h>
+#include "data/formats.h"
 
 namespace ember::apps::testing {
 
 // class 0 reddish, class 1 bluish, with noise; sizes vary so resizing is exercised.
 inline bool write_image(const std::filesystem::path& path, int label, int width, int height,
                         std::mt19937& rng) {
-  std::vector<unsigned char> pixels(static_cast<size_t>(width * height * 3));
+  data::testing::Bytes pixels(static_cast<size_t>(width * height * 3));
   std::uniform_int_distribution<int> noise(0, 60);
   for (size_t i = 0; i < pixels.size(); i += 3) {
     pixels[i] = static_cast<unsigned char>((label == 0 ? 180 : 30) + noise(rng));
     pixels[i + 1] = static_cast<unsigned char>(80 + noise(rng));
     pixels[i + 2] = static_cast<unsigned char>((label == 0 ? 30 : 180) + noise(rng));
   }
-  return path.extension() == ".png"
-             ? stbi_write_png(path.c_str(), width, height, 3, pixels.data(), width * 3) != 0
-             : stbi_write_jpg(path.c_str(), width, height, 3, pixels.data(), 90) != 0;
+  const data::testing::Bytes file = path.extension() == ".png"
+                                        ? data::testing::png(width, height, 3, pixels)
+                                        : data::testing::bmp(width, height, pixels);
+  std::ofstream out(path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(file.data()), static_cast<std::streamsize>(file.size()));
+  return static_cast<bool>(out);
 }
 
-// root/train/{cat,dog}/imgN.png|jpg (train_per_class each) and root/val/... (val_per_class).
+// root/train/{cat,dog}/imgN.png|bmp (train_per_class each) and root/val/... (val_per_class).
 // False when an image could not be written.
 inline bool make_image_folder(const std::filesystem::path& root, int train_per_class,
                               int val_per_class) {
@@ -43,7 +44,7 @@ inline bool make_image_folder(const std::filesystem::path& root, int train_per_c
       const std::filesystem::path dir = root / split / (label == 0 ? "cat" : "dog");
       std::filesystem::create_directories(dir);
       for (int i = 0; i < per_class; ++i) {
-        const char* ext = i % 2 == 0 ? ".png" : ".jpg";
+        const char* ext = i % 2 == 0 ? ".png" : ".bmp";
         if (!write_image(dir / ("img" + std::to_string(i) + ext), label, 20 + i % 5, 18 + i % 3,
                          rng))
           return false;
