@@ -6,7 +6,6 @@
 // a chunk of the batch, one OpenBLAS GEMM per group for the whole chunk (so OpenBLAS's threads see
 // large products), col2im for grad_input. Channels-last convolutions run on oneDNN's nhwc
 // kernels in place; im2col (f64, builds without oneDNN) converts them to NCHW and back.
-#include <cblas.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -21,6 +20,7 @@
 
 #include "../detail/dispatch.h"
 #include "../ops.h"
+#include "blas.h"
 #include "cpu_kernels.h"
 #include "onednn.h"
 
@@ -145,26 +145,6 @@ void col2im(T* grad_input, const T* col, const ConvShape& s, int64_t n0, int64_t
   }
 }
 
-template <typename T>
-void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b,
-          int64_t ldb, T beta, T* c, int64_t ldc) {
-  if (k == 0) {  // an empty sum: C = beta * C, C not read when beta is 0
-    for (int64_t i = 0; i < m; ++i) {
-      for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == T(0) ? T(0) : c[i * ldc + j];
-    }
-    return;
-  }
-  const auto opa = ta ? CblasTrans : CblasNoTrans, opb = tb ? CblasTrans : CblasNoTrans;
-  const auto bi = [](int64_t v) { return static_cast<blasint>(v); };
-  if constexpr (std::is_same_v<T, float>) {
-    cblas_sgemm(CblasRowMajor, opa, opb, bi(m), bi(n), bi(k), 1.0f, a, bi(lda), b, bi(ldb), beta, c,
-                bi(ldc));
-  } else {
-    cblas_dgemm(CblasRowMajor, opa, opb, bi(m), bi(n), bi(k), 1.0, a, bi(lda), b, bi(ldb), beta, c,
-                bi(ldc));
-  }
-}
-
 // Chunk samples [n0, n0 + nc) of x [N, C, P] as [C, nc * P] (channel-major), or back.
 template <typename T>
 void to_channel_major(T* dst, const T* x, int64_t C, int64_t P, int64_t n0, int64_t nc) {
@@ -196,8 +176,8 @@ void conv_forward_typed(const Tensor& out, const Tensor& input, const Tensor& we
       im2col(col.data(), x, s, n0, nc);
     }
     for (int64_t g = 0; g < s.groups; ++g) {
-      gemm<T>(false, false, s.og(), ld, K, wt + g * s.og() * K, K, col.data() + g * K * ld, ld,
-              T(0), res.data() + g * s.og() * ld, ld);
+      blas_gemm<T>(false, false, s.og(), ld, K, T(1), wt + g * s.og() * K, K,
+                   col.data() + g * K * ld, ld, T(0), res.data() + g * s.og() * ld, ld);
     }
     // res [O, nc * P] -> y [nc, O, P] with the bias.
 #pragma omp parallel for collapse(2) schedule(static) if (s.o * ld >= kParallelGrain)
@@ -250,15 +230,15 @@ void conv_backward_typed(const Tensor& grad_input, const Tensor& grad_weight,
       }
       // grad_weight_g [Og, K] += gy_g [Og, ld] @ col_g^T [ld, K]
       for (int64_t g = 0; g < s.groups; ++g) {
-        gemm<T>(false, true, s.og(), K, ld, gy_cm.data() + g * s.og() * ld, ld,
-                col.data() + g * K * ld, ld, n0 == 0 ? T(0) : T(1), gw + g * s.og() * K, K);
+        blas_gemm<T>(false, true, s.og(), K, ld, T(1), gy_cm.data() + g * s.og() * ld, ld,
+                     col.data() + g * K * ld, ld, n0 == 0 ? T(0) : T(1), gw + g * s.og() * K, K);
       }
     }
     if (gx) {
       // col_g [K, ld] = W_g^T [K, Og] @ gy_g [Og, ld], then scattered back to the input.
       for (int64_t g = 0; g < s.groups; ++g) {
-        gemm<T>(true, false, K, ld, s.og(), wt + g * s.og() * K, K, gy_cm.data() + g * s.og() * ld,
-                ld, T(0), col.data() + g * K * ld, ld);
+        blas_gemm<T>(true, false, K, ld, s.og(), T(1), wt + g * s.og() * K, K,
+                     gy_cm.data() + g * s.og() * ld, ld, T(0), col.data() + g * K * ld, ld);
       }
       if (pointwise) {
 #pragma omp parallel for collapse(2) schedule(static) if (s.c * ld >= kParallelGrain)
