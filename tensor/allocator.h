@@ -26,6 +26,16 @@ inline constexpr size_t kCpuAlignment = 64;
 // Host memory aligned to kCpuAlignment bytes. Freed blocks are cached (up to 1 GiB) and
 // reused for requests of the same rounded size.
 Allocator& cpu_allocator();
+// cpu_allocator()'s bytes in live blocks (each block at the size it rounds to; freed blocks
+// it keeps cached do not count) and their peak since start or reset_cpu_peak_memory_stats():
+// the host counterpart of cuda::memory_stats() for checking what an op allocates.
+struct CpuMemoryStats {
+  size_t allocated_bytes = 0;
+  size_t peak_allocated_bytes = 0;
+};
+CpuMemoryStats cpu_memory_stats();
+// Sets the peak to the bytes allocated now.
+void reset_cpu_peak_memory_stats();
 // Page-locked host memory for fast, asynchronous host<->GPU copies. Needs a CUDA device;
 // throws ember::Error otherwise. Freed blocks are cached (up to 1 GiB) by power-of-two size.
 Allocator& pinned_allocator();

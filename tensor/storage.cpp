@@ -1,6 +1,7 @@
 #include "storage.h"
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cstdlib>
 #include <mutex>
@@ -35,8 +36,20 @@ class CpuAllocator final : public Allocator {
     void* ptr = take_cached(size);
     if (ptr == nullptr) ptr = std::aligned_alloc(kCpuAlignment, size);
     EMBER_CHECK(ptr != nullptr, "cpu allocator", "out of memory allocating ", nbytes, " bytes");
-    return DataPtr(ptr, [this, size](void* p) { give_back(p, size); });
+    const size_t now = allocated_.fetch_add(size, std::memory_order_relaxed) + size;
+    size_t peak = peak_.load(std::memory_order_relaxed);
+    while (now > peak && !peak_.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+    }
+    return DataPtr(ptr, [this, size](void* p) {
+      allocated_.fetch_sub(size, std::memory_order_relaxed);
+      give_back(p, size);
+    });
   }
+
+  CpuMemoryStats stats() const {
+    return {allocated_.load(std::memory_order_relaxed), peak_.load(std::memory_order_relaxed)};
+  }
+  void reset_peak() { peak_.store(allocated_.load(std::memory_order_relaxed)); }
 
  private:
   // Small blocks round to the alignment; large ones to 64 KiB, so near sizes share blocks.
@@ -70,6 +83,7 @@ class CpuAllocator final : public Allocator {
   std::mutex mutex_;
   std::unordered_map<size_t, std::vector<void*>> free_;
   size_t cached_bytes_ = 0;
+  std::atomic<size_t> allocated_{0}, peak_{0};
 };
 
 #if EMBER_WITH_CUDA
@@ -222,12 +236,16 @@ PinnedAllocator& pinned() {
   return *allocator;
 }
 
-}  // namespace
-
-Allocator& cpu_allocator() {
+CpuAllocator& cpu() {
   static CpuAllocator* const allocator = new CpuAllocator;
   return *allocator;
 }
+
+}  // namespace
+
+Allocator& cpu_allocator() { return cpu(); }
+CpuMemoryStats cpu_memory_stats() { return cpu().stats(); }
+void reset_cpu_peak_memory_stats() { cpu().reset_peak(); }
 
 Allocator& pinned_allocator() { return pinned(); }
 
