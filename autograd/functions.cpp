@@ -3,6 +3,7 @@
 #include <cmath>
 #include <limits>
 
+#include <ember/tensor/detail/attention.h>
 #include <ember/tensor/detail/autograd_hooks.h>
 #include <ember/tensor/detail/layer_backward.h>
 #include <ember/tensor/detail/op_utils.h>
@@ -123,6 +124,9 @@ const char* op_name(OpId op) {
       return "DropoutBackward";
     case OpId::kCrossEntropy:
       return "CrossEntropyBackward";
+    // attention
+    case OpId::kScaledDotProductAttention:
+      return "ScaledDotProductAttentionBackward";
   }
   return "UnknownBackward";
 }
@@ -159,6 +163,9 @@ SavePlan save_plan(OpId op) {
       return {{0, 1}, false};
     case OpId::kCrossEntropy:
       return {{0}, false};
+    // attention: q, k, v and the output (with the logsumexp in extra)
+    case OpId::kScaledDotProductAttention:
+      return {{0, 1, 2}, true};
     case OpId::kExp:
     case OpId::kSqrt:
     case OpId::kRsqrt:
@@ -474,6 +481,13 @@ class OpNode final : public Node {
       case OpId::kCrossEntropy:
         return {detail::cross_entropy_backward(g, in(0), a.extra.at(0), a.extra.at(1), a.dim, a.a),
                 Tensor()};
+      // attention
+      case OpId::kScaledDotProductAttention: {
+        const auto grads3 = detail::scaled_dot_product_attention_backward(
+            g, in(0), in(1), in(2), out(), a.extra.at(0), a.attention,
+            {needs(0), needs(1), needs(2)});
+        return {grads3[0], grads3[1], grads3[2]};
+      }
       default:
         break;
     }

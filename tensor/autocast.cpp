@@ -58,6 +58,8 @@ constexpr AutocastRule kRules[] = {
     {AutocastOp::kCat, "cat", kPromote},
     {AutocastOp::kStack, "stack", kPromote},
     {AutocastOp::kScatterAdd, "scatter_add", kPromote},
+    // Attention: low precision, as on PyTorch's CUDA list (its kernels accumulate in f32).
+    {AutocastOp::kScaledDotProductAttention, "scaled_dot_product_attention", kLowerPrecision},
 };
 
 constexpr bool rules_in_order() {

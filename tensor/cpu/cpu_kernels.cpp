@@ -10,6 +10,8 @@ void register_cpu_kernels(KernelTable& table) {
   register_cpu_conv_kernels(table);
   register_cpu_layer_kernels(table);
   register_cpu_amp_kernels(table);
+  // scaled-dot-product attention
+  register_cpu_attention_kernels(table);
 }
 
 }  // namespace ember::detail

@@ -13,6 +13,8 @@ void register_cpu_index_kernels(KernelTable& table);   // index_select, gather, 
 void register_cpu_conv_kernels(KernelTable& table);    // conv2d_forward, conv2d_backward
 void register_cpu_layer_kernels(KernelTable& table);   // batch norm, pooling, cross-entropy
 void register_cpu_amp_kernels(KernelTable& table);     // amp_non_finite_check_and_unscale
+// scaled-dot-product attention
+void register_cpu_attention_kernels(KernelTable& table);  // attention_forward, attention_backward
 
 // Splits [0, n) across OpenMP threads when n elements are worth it (a grain of work each).
 inline constexpr int64_t kParallelGrain = 32768;

@@ -14,5 +14,7 @@ void register_cuda_memory_kernels(KernelTable& table);       // allocator, trans
 void register_cuda_conv_kernels(KernelTable& table);         // conv2d (cuDNN)
 void register_cuda_layer_kernels(KernelTable& table);        // batch norm, pooling, cross-entropy
 void register_cuda_amp_kernels(KernelTable& table);          // amp_non_finite_check_and_unscale
+// scaled-dot-product attention
+void register_cuda_attention_kernels(KernelTable& table);  // attention_forward, attention_backward
 
 }  // namespace ember::detail

@@ -13,6 +13,8 @@ void register_cuda_kernels(KernelTable& table) {
   register_cuda_conv_kernels(table);
   register_cuda_layer_kernels(table);
   register_cuda_amp_kernels(table);
+  // scaled-dot-product attention
+  register_cuda_attention_kernels(table);
 }
 
 }  // namespace ember::detail

@@ -75,6 +75,8 @@ enum class OpId : uint16_t {
   kAdaptiveAvgPool2d,
   kDropout,
   kCrossEntropy,
+  // attention
+  kScaledDotProductAttention,
 };
 
 // The non-tensor arguments a backward formula needs; each op documents the fields it uses.
@@ -88,6 +90,8 @@ struct OpArgs {
   Conv2dParams conv;
   Pool2dParams pool;
   std::vector<Tensor> extra;  // index tensors, masks, saved statistics
+  // scaled-dot-product attention
+  AttentionParams attention;
 };
 
 struct AutogradHooks {

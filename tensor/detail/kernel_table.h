@@ -96,6 +96,15 @@ struct Pool2dParams {
   bool count_include_pad = true;  // average pooling: divide by the window including padding
 };
 
+// Scaled-dot-product attention (attention.h): scores q_i . k_j * scale, keys j > i masked out
+// when causal, and (dropout_p > 0) the dropout mask of draw (seed, offset) on the weights.
+struct AttentionParams {
+  double scale = 1.0;
+  bool causal = false;
+  double dropout_p = 0.0;
+  uint64_t seed = 0, offset = 0;
+};
+
 struct KernelTable {
   // Memory for tensors on this device type (the index picks the CUDA device).
   Allocator* (*allocator)(int device_index) = nullptr;
@@ -190,6 +199,17 @@ struct KernelTable {
   void (*amp_non_finite_check_and_unscale)(const std::vector<Tensor>& tensors,
                                            const Tensor& found_inf,
                                            const Tensor& inv_scale) = nullptr;
+  // --- scaled-dot-product attention: q [BH, Lq, E], k [BH, Lk, E], v [BH, Lk, Ev],
+  // out [BH, Lq, Ev], one dtype, all contiguous; lse [BH, Lq] (f64 for f64 inputs, else f32)
+  // receives each query row's logsumexp of its (masked, scaled) scores.
+  void (*attention_forward)(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
+                            const Tensor& v, const AttentionParams& params) = nullptr;
+  // Fills grad_q, grad_k, grad_v (shaped as q, k, v) from grad_out and the forward's saved
+  // out and lse, recomputing the weights block by block.
+  void (*attention_backward)(const Tensor& grad_q, const Tensor& grad_k, const Tensor& grad_v,
+                             const Tensor& grad_out, const Tensor& q, const Tensor& k,
+                             const Tensor& v, const Tensor& out, const Tensor& lse,
+                             const AttentionParams& params) = nullptr;
 };
 
 // The table for a device type; entries a build lacks are null (no CUDA build: all null).

@@ -114,6 +114,11 @@ std::map<std::string, std::function<Tensor(DType, Device)>> op_calls() {
     return scatter_add(in({2, 4}, 38, t, d), 1, from_vector<int64_t>({0, 1, 2, 3}, {1, 4}).to(d),
                        in({1, 4}, 39, kF32, d));
   };
+  // attention
+  calls["scaled_dot_product_attention"] = [=](DType t, Device d) {
+    return scaled_dot_product_attention(in({2, 3, 4}, 45, t, d), in({2, 5, 4}, 46, kF32, d),
+                                        in({2, 5, 3}, 47, kF32, d));
+  };
   return calls;
 }
 
@@ -128,6 +133,8 @@ const std::map<std::string, CastPolicy>& pytorch_cuda_lists() {
           "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", "binary_cross_entropy_with_logits"})
       m[op] = CastPolicy::kFloat32;
     for (const char* op : {"cat", "stack", "scatter_add"}) m[op] = CastPolicy::kPromote;
+    // attention (torch 2's CUDA list; the op is newer than 1.13)
+    m["scaled_dot_product_attention"] = CastPolicy::kLowerPrecision;
     return m;
   }();
   return lists;

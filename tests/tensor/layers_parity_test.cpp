@@ -425,5 +425,46 @@ TEST(LayersParity, CrossEntropySmoothingAndIgnoreIndex) {
   }
 }
 
+// ---------------------------------------------------------------------------------------
+// scaled-dot-product attention
+
+// Tile-crossing lengths, causal or not, Lq != Lk and E != Ev, and dropout (the same Philox
+// mask on both devices, so the results still agree).
+TEST(LayersParity, ScaledDotProductAttention) {
+  EMBER_REQUIRE_CUDA();
+  struct Case {
+    Shape q, k, v;
+    bool causal;
+    double dropout;
+  };
+  const Case cases[] = {
+      {{2, 3, 7, 8}, {2, 3, 7, 8}, {2, 3, 7, 8}, false, 0.0},
+      {{2, 3, 65, 16}, {2, 3, 65, 16}, {2, 3, 65, 16}, true, 0.0},
+      {{1, 2, 130, 64}, {1, 2, 130, 64}, {1, 2, 130, 64}, true, 0.0},
+      {{2, 40, 8}, {2, 33, 8}, {2, 33, 12}, false, 0.0},
+      {{1, 2, 70, 32}, {1, 2, 70, 32}, {1, 2, 70, 32}, true, 0.2},
+  };
+  uint64_t seed = 1000;
+  for (DType dtype : kFloatTypes) {
+    for (const Case& c : cases) {
+      SCOPED_TRACE(::testing::Message()
+                   << dtype << " q " << shape_str(c.q) << " k " << shape_str(c.k)
+                   << (c.causal ? " causal" : "") << " dropout " << c.dropout);
+      const Inputs inputs = {make_input(c.q, dtype, seed++, -1.0, 1.0),
+                             make_input(c.k, dtype, seed++, -1.0, 1.0),
+                             make_input(c.v, dtype, seed++)};
+      const Tolerance tol = layer_tolerance(dtype);
+      expect_layer_parity(
+          inputs, {true, true, true},
+          [&](const Inputs& in) {
+            Generator gen(77);
+            return scaled_dot_product_attention(in[0], in[1], in[2], c.causal, c.dropout,
+                                                std::nullopt, &gen);
+          },
+          tol, tol, seed++);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace ember
