@@ -1,6 +1,8 @@
 // The nn module: layers, losses, initialisers and models.
 #pragma once
 
+#include "attention.h"
+#include "functional.h"
 #include "init.h"
 #include "layers.h"
 #include "loss.h"
