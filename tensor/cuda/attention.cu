@@ -112,7 +112,7 @@ Dropout<A> dropout_of(const AttentionParams& p) {
 template <typename T, typename A>
 __global__ void forward_kernel(T* out, A* lse, const T* q, const T* k, const T* v, Geometry g,
                                A scale, bool causal, Dropout<A> drop) {
-  extern __shared__ unsigned char shared_bytes[];
+  extern __shared__ __align__(16) unsigned char shared_bytes[];
   const int warp = static_cast<int>(threadIdx.x / kWarp),
             lane = static_cast<int>(threadIdx.x % kWarp);
   A* qs = reinterpret_cast<A*>(shared_bytes) + warp * (g.e + g.ev);
@@ -167,7 +167,7 @@ __global__ void row_dot_kernel(A* dsum, const T* go, const T* o, int64_t rows, i
 template <typename T, typename A>
 __global__ void grad_q_kernel(T* gq, const T* go, const T* q, const T* k, const T* v, const A* lse,
                               const A* dsum, Geometry g, A scale, bool causal, Dropout<A> drop) {
-  extern __shared__ unsigned char shared_bytes[];
+  extern __shared__ __align__(16) unsigned char shared_bytes[];
   const int warp = static_cast<int>(threadIdx.x / kWarp),
             lane = static_cast<int>(threadIdx.x % kWarp);
   A* qs = reinterpret_cast<A*>(shared_bytes) + warp * (2 * g.e + g.ev);
@@ -204,7 +204,7 @@ template <typename T, typename A>
 __global__ void grad_kv_kernel(T* gk, T* gv, const T* go, const T* q, const T* k, const T* v,
                                const A* lse, const A* dsum, Geometry g, A scale, bool causal,
                                Dropout<A> drop) {
-  extern __shared__ unsigned char shared_bytes[];
+  extern __shared__ __align__(16) unsigned char shared_bytes[];
   const int warp = static_cast<int>(threadIdx.x / kWarp),
             lane = static_cast<int>(threadIdx.x % kWarp);
   A* ks = reinterpret_cast<A*>(shared_bytes) + warp * 2 * (g.e + g.ev);
