@@ -30,6 +30,9 @@ TEST(MultiheadSelfAttention, ParametersCarryMinGptsNames) {
                                           "c_proj.bias"}));
   EXPECT_EQ(attn.c_attn->weight.sizes(), (Shape{36, 12}));
   EXPECT_EQ(attn.c_proj->weight.sizes(), (Shape{12, 12}));
+  EXPECT_EQ(attn.embed_dim(), 12);
+  EXPECT_EQ(attn.num_heads(), 3);
+  EXPECT_TRUE(attn.causal());
   nn::MultiheadSelfAttention no_bias(8, 2, /*bias=*/false);
   EXPECT_EQ(no_bias.named_parameters().size(), 2u);
 }
