@@ -73,4 +73,31 @@ class RandomSampler : public Sampler {
 // shuffle driven by Philox, identical on every platform and standard library.
 std::vector<int64_t> random_permutation(int64_t n, uint64_t seed, uint64_t epoch);
 
+// --- random windows (language-model training) ---------------------------------------------------
+
+// `count` distinct window starts drawn from [0, num_windows), in random order, determined by
+// (seed, epoch): a partial Fisher-Yates shuffle driven by Philox, so the first k starts of a
+// larger count are the k starts of a smaller one. ember::Error when count > num_windows.
+std::vector<int64_t> random_window_starts(int64_t num_windows, int64_t count, uint64_t seed,
+                                          uint64_t epoch);
+
+// num_samples random windows of a text dataset per epoch (nanoGPT's get_batch draws, made
+// reproducible): random_window_starts(num_windows, num_samples, seed, epoch()). An epoch is
+// then as long as the caller wants, not a pass over every window, and no window repeats
+// within it. dist::DistributedWindowSampler shards the same draws across ranks.
+class RandomWindowSampler : public Sampler {
+ public:
+  // num_windows: the dataset's size() (TextDataset: tokens - block_size).
+  RandomWindowSampler(int64_t num_windows, int64_t num_samples, uint64_t seed = 0);
+  std::vector<int64_t> indices() const override;
+  int64_t size() const override { return num_samples_; }
+  int64_t num_windows() const { return num_windows_; }
+  uint64_t seed() const { return seed_; }
+
+ private:
+  int64_t num_windows_;
+  int64_t num_samples_;
+  uint64_t seed_;
+};
+
 }  // namespace ember::data

@@ -20,3 +20,5 @@
 #include <ember/dist/sync_batch_norm.h>
 #include <ember/dist/tcp_process_group.h>
 #include <ember/dist/tcp_store.h>
+// Random text windows sharded across ranks (GPT training).
+#include <ember/dist/window_sampler.h>

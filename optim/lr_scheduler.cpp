@@ -705,4 +705,39 @@ void ReduceLROnPlateau::restore(const StateDict& dict, int64_t /*epoch*/) {
   cooldown_counter_ = cooldown;
 }
 
+// --- CosineWithWarmupLR --------------------------------------------------------------------
+
+CosineWithWarmupLR::CosineWithWarmupLR(Optimizer& optimizer, int64_t warmup_steps,
+                                       int64_t max_steps, double min_lr)
+    : LRScheduler("CosineWithWarmupLR", optimizer),
+      warmup_steps_(warmup_steps),
+      max_steps_(max_steps),
+      min_lr_(min_lr) {
+  EMBER_CHECK(warmup_steps >= 0, name(), "warmup_steps must be >= 0, got ", warmup_steps);
+  EMBER_CHECK(max_steps > warmup_steps, name(), "max_steps (", max_steps,
+              ") must be larger than warmup_steps (", warmup_steps, ")");
+  EMBER_CHECK(min_lr >= 0, name(), "min_lr must be >= 0, got ", min_lr);
+  for (size_t g = 0; g < base_lrs_.size(); ++g) {
+    EMBER_CHECK(min_lr <= base_lrs_[g], name(), "min_lr ", min_lr, " is larger than the lr ",
+                base_lrs_[g], " of group ", g);
+  }
+  start();
+}
+
+std::vector<double> CosineWithWarmupLR::lr_at(int64_t epoch) const {
+  std::vector<double> lrs;
+  for (double base : base_lrs_) {
+    if (epoch < warmup_steps_) {
+      lrs.push_back(base * static_cast<double>(epoch) / static_cast<double>(warmup_steps_));
+    } else if (epoch > max_steps_) {
+      lrs.push_back(min_lr_);
+    } else {
+      const double ratio = static_cast<double>(epoch - warmup_steps_) /
+                           static_cast<double>(max_steps_ - warmup_steps_);
+      lrs.push_back(min_lr_ + 0.5 * (1.0 + std::cos(std::numbers::pi * ratio)) * (base - min_lr_));
+    }
+  }
+  return lrs;
+}
+
 }  // namespace ember::optim

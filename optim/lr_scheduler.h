@@ -402,4 +402,25 @@ class ReduceLROnPlateau : public LRScheduler {
   int64_t cooldown_counter_ = 0;
 };
 
+// Linear warmup then cosine decay, by steps: nanoGPT's get_lr as first published (later
+// versions warm up as (step + 1) / (warmup_steps + 1)).
+//   step < warmup_steps:               lr = base_lr * step / warmup_steps  (0 at step 0)
+//   warmup_steps <= step <= max_steps: lr = min_lr + (base_lr - min_lr) * (1 + cos(pi * r)) / 2,
+//                                      r = (step - warmup_steps) / (max_steps - warmup_steps)
+//   step > max_steps:                  lr = min_lr
+// min_lr is one absolute lr for every group (nanoGPT: about base_lr / 10), at most each base
+// lr. LinearWarmup + CosineAnnealingLR differ from this (their warmup cannot start at 0 and
+// the cosine rises again past its t_max), hence a schedule of its own.
+class CosineWithWarmupLR : public LRScheduler {
+ public:
+  CosineWithWarmupLR(Optimizer& optimizer, int64_t warmup_steps, int64_t max_steps,
+                     double min_lr = 0.0);
+  std::vector<double> lr_at(int64_t epoch) const override;
+
+ private:
+  int64_t warmup_steps_;
+  int64_t max_steps_;
+  double min_lr_;
+};
+
 }  // namespace ember::optim

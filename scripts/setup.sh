@@ -53,6 +53,7 @@ packages=(
   iproute2
   slurmd slurmctld slurm-client munge libpmix-dev
   dpkg-dev file lintian
+  fortunes  # ember's default text corpus (/usr/share/games/fortunes) for the GPT data tests
 )
 
 missing=()

@@ -16,5 +16,7 @@ inline uint64_t mix64(uint64_t x) {
 // Salts that keep the sampler's and the transforms' Philox streams apart for one seed.
 inline constexpr uint64_t kSamplerSalt = 0x73616d706c657221ull;
 inline constexpr uint64_t kTransformSalt = 0x7472616e73666f72ull;
+// The random-window draws (random_window_starts).
+inline constexpr uint64_t kWindowSalt = 0x77696e646f777321ull;
 
 }  // namespace ember::data::detail

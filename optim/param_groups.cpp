@@ -1,0 +1,62 @@
+#include "param_groups.h"
+
+#include <algorithm>
+#include <utility>
+
+#include <ember/tensor/error.h>
+
+namespace ember::optim {
+
+const std::vector<std::string>& default_no_decay_modules() {
+  static const std::vector<std::string> kModules = {"LayerNorm",     "BatchNorm1d", "BatchNorm2d",
+                                                    "SyncBatchNorm", "GroupNorm",   "Embedding"};
+  return kModules;
+}
+
+WeightDecaySplit split_weight_decay(nn::Module& model,
+                                    const std::vector<std::string>& no_decay_modules) {
+  struct Entry {
+    std::string name;
+    Tensor param;
+    bool decays;
+  };
+  std::vector<Entry> entries;
+  for (const auto& [prefix, module] : model.named_modules()) {
+    const bool excluded_module = std::find(no_decay_modules.begin(), no_decay_modules.end(),
+                                           module->name()) != no_decay_modules.end();
+    for (const auto& [name, param] : module->named_parameters(/*recurse=*/false)) {
+      if (!param.requires_grad()) continue;
+      const bool decays = !excluded_module && name != "bias" && param.dim() >= 2;
+      const auto same = std::find_if(entries.begin(), entries.end(),
+                                     [&](const Entry& e) { return e.param.is_same(param); });
+      if (same != entries.end()) {
+        same->decays = same->decays && decays;
+        continue;
+      }
+      entries.push_back({prefix.empty() ? name : prefix + "." + name, param, decays});
+    }
+  }
+  WeightDecaySplit split;
+  for (auto& e : entries) (e.decays ? split.decay : split.no_decay).emplace_back(e.name, e.param);
+  return split;
+}
+
+std::vector<ParamGroup> weight_decay_groups(nn::Module& model, double weight_decay,
+                                            const std::vector<std::string>& no_decay_modules) {
+  EMBER_CHECK(weight_decay >= 0, "weight_decay_groups", "weight_decay must be >= 0, got ",
+              weight_decay);
+  const WeightDecaySplit split = split_weight_decay(model, no_decay_modules);
+  const auto tensors = [](const nn::NamedTensors& named) {
+    std::vector<Tensor> out;
+    for (const auto& [name, t] : named) out.push_back(t);
+    return out;
+  };
+  std::vector<ParamGroup> groups;
+  if (!split.decay.empty())
+    groups.emplace_back(tensors(split.decay), Options{{"weight_decay", weight_decay}});
+  if (!split.no_decay.empty())
+    groups.emplace_back(tensors(split.no_decay), Options{{"weight_decay", 0.0}});
+  return groups;
+}
+
+}  // namespace ember::optim
