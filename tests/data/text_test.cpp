@@ -165,7 +165,7 @@ TEST(TextDataset, InvalidUtf8IsRefusedWithItsOffset) {
   };
   int k = 0;
   for (const auto& c : cases) {
-    const std::string path = dir.write("bad" + std::to_string(k++) + ".txt", c.bytes);
+    const std::string path = dir.write(std::to_string(k++) + ".bad.txt", c.bytes);
     EXPECT_EMBER_ERROR(CharDataset(path, 1),
                        "CharDataset: '" + path + "' is not valid UTF-8 " + c.where);
     EXPECT_EQ(ByteDataset(path, 1).num_tokens(), static_cast<int64_t>(c.bytes.size()));
@@ -233,7 +233,7 @@ TEST(TextVocabulary, DamagedFilesAreRefusedByName) {
   };
   int k = 0;
   for (const auto& c : cases) {
-    const std::string path = dir.write("v" + std::to_string(k++), bytes_of(c.content));
+    const std::string path = dir.write(std::to_string(k++) + ".vocab", bytes_of(c.content));
     EXPECT_EMBER_ERROR(TextVocabulary::load(path), "'" + path + "' " + c.message);
   }
   EXPECT_EMBER_ERROR(TextVocabulary::load(dir.path()), "is a directory, not a regular file");
