@@ -14,5 +14,7 @@ void register_cuda_memory_kernels(KernelTable& table);       // allocator, trans
 void register_cuda_conv_kernels(KernelTable& table);         // conv2d (cuDNN)
 void register_cuda_layer_kernels(KernelTable& table);        // batch norm, pooling, cross-entropy
 void register_cuda_amp_kernels(KernelTable& table);          // amp_non_finite_check_and_unscale
+// GPT layers
+void register_cuda_layer_norm_kernels(KernelTable& table);  // layer_norm_forward/backward
 
 }  // namespace ember::detail

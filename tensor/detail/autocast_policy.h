@@ -53,6 +53,8 @@ enum class AutocastOp : uint8_t {
   kCat,
   kStack,
   kScatterAdd,
+  // GPT layers
+  kLayerNorm,
 };
 
 struct AutocastRule {

@@ -114,6 +114,10 @@ std::map<std::string, std::function<Tensor(DType, Device)>> op_calls() {
     return scatter_add(in({2, 4}, 38, t, d), 1, from_vector<int64_t>({0, 1, 2, 3}, {1, 4}).to(d),
                        in({1, 4}, 39, kF32, d));
   };
+  // GPT layers: a low-precision input with f32 parameters runs in f32.
+  calls["layer_norm"] = [=](DType t, Device d) {
+    return layer_norm(in({3, 4}, 40, t, d), {4}, in({4}, 41, kF32, d), in({4}, 42, kF32, d));
+  };
   return calls;
 }
 
@@ -128,6 +132,7 @@ const std::map<std::string, CastPolicy>& pytorch_cuda_lists() {
           "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", "binary_cross_entropy_with_logits"})
       m[op] = CastPolicy::kFloat32;
     for (const char* op : {"cat", "stack", "scatter_add"}) m[op] = CastPolicy::kPromote;
+    m["layer_norm"] = CastPolicy::kFloat32;  // GPT layers
     return m;
   }();
   return lists;
