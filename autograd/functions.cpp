@@ -127,6 +127,13 @@ const char* op_name(OpId op) {
     // attention
     case OpId::kScaledDotProductAttention:
       return "ScaledDotProductAttentionBackward";
+    // GPT layers
+    case OpId::kGelu:
+      return "GeluBackward";
+    case OpId::kLayerNorm:
+      return "LayerNormBackward";
+    case OpId::kEmbedding:
+      return "EmbeddingBackward";
   }
   return "UnknownBackward";
 }
@@ -179,6 +186,11 @@ SavePlan save_plan(OpId op) {
     case OpId::kMinAll:
     case OpId::kNorm:
       return {{0}, true};
+    // GPT layers
+    case OpId::kGelu:
+      return {{0}, false};
+    case OpId::kLayerNorm:
+      return {{0, 1}, false};
     default:
       return {{}, false};
   }
@@ -488,6 +500,16 @@ class OpNode final : public Node {
             {needs(0), needs(1), needs(2)});
         return {grads3[0], grads3[1], grads3[2]};
       }
+      // GPT layers
+      case OpId::kGelu:
+        return {detail::gelu_backward(g, in(0), a.a != 0.0)};
+      case OpId::kLayerNorm: {
+        const auto grads3 = detail::layer_norm_backward(
+            g, in(0), in(1), a.extra.at(0), a.extra.at(1), a.dims, {needs(0), needs(1), needs(2)});
+        return {grads3[0], grads3[1], grads3[2]};
+      }
+      case OpId::kEmbedding:
+        return {Tensor(), detail::embedding_backward(g, a.extra.at(0), shape(1)[0], a.start)};
       default:
         break;
     }

@@ -127,4 +127,46 @@ Tensor Sequential::forward(const Tensor& input) {
   return x;
 }
 
+// ---- GPT layers ------------------------------------------------------------------------
+
+LayerNorm::LayerNorm(Shape normalized_shape, LayerNormOptions options)
+    : normalized_shape_(std::move(normalized_shape)), eps_(options.eps) {
+  EMBER_CHECK(!normalized_shape_.empty(), "LayerNorm", "normalized_shape must have a dim");
+  for (int64_t s : normalized_shape_)
+    EMBER_CHECK(s > 0, "LayerNorm", "normalized_shape must be positive, got ",
+                shape_str(normalized_shape_));
+  if (options.elementwise_affine) {
+    weight = register_parameter("weight", ones(normalized_shape_));
+    if (options.bias) bias = register_parameter("bias", zeros(normalized_shape_));
+  }
+}
+
+Tensor LayerNorm::forward(const Tensor& input) {
+  check_input_matches(input, "weight", weight);
+  return layer_norm(input, normalized_shape_, weight, bias, eps_);
+}
+
+Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim,
+                     std::optional<int64_t> padding_idx) {
+  EMBER_CHECK(num_embeddings > 0 && embedding_dim > 0, "Embedding",
+              "num_embeddings and embedding_dim must be positive, got ", num_embeddings, " and ",
+              embedding_dim);
+  if (padding_idx) {
+    EMBER_CHECK(*padding_idx >= -num_embeddings && *padding_idx < num_embeddings, "Embedding",
+                "padding_idx ", *padding_idx, " is out of range for num_embeddings ",
+                num_embeddings);
+    padding_idx_ = *padding_idx < 0 ? *padding_idx + num_embeddings : *padding_idx;
+  }
+  Tensor w = empty({num_embeddings, embedding_dim});
+  init::normal_(w, 0.0, 1.0);
+  if (padding_idx_) w.select(0, *padding_idx_).zero_();
+  weight = register_parameter("weight", w);
+}
+
+Tensor Embedding::forward(const Tensor& indices) {
+  EMBER_CHECK(indices.device() == weight.device(), name(), "indices are on ",
+              indices.device().str(), " but the weight is on ", weight.device().str());
+  return embedding(indices, weight, padding_idx_);
+}
+
 }  // namespace ember::nn

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <initializer_list>
+#include <optional>
 
 #include <ember/tensor/layer_ops.h>
 
@@ -169,6 +170,62 @@ class Sequential : public Module {
   Tensor forward(const Tensor& input) override;
   std::string name() const override { return "Sequential"; }
   size_t size() const { return named_children().size(); }
+};
+
+// ---- GPT layers ------------------------------------------------------------------------
+
+// gelu(x), exact (erf) or with PyTorch's tanh approximation (nn.GELU(approximate="tanh")).
+class GELU : public Module {
+ public:
+  explicit GELU(GeluApproximate approximate = GeluApproximate::kNone) : approximate_(approximate) {}
+  Tensor forward(const Tensor& input) override { return gelu(input, approximate_); }
+  std::string name() const override { return "GELU"; }
+
+ private:
+  GeluApproximate approximate_;
+};
+
+struct LayerNormOptions {
+  double eps = 1e-5;
+  bool elementwise_affine = true;  // learnable weight (ones) and, with `bias`, bias (zeros)
+  bool bias = true;
+};
+
+// Layer normalisation over the trailing dims normalized_shape, as nn.LayerNorm.
+class LayerNorm : public Module {
+ public:
+  explicit LayerNorm(Shape normalized_shape, LayerNormOptions options = {});
+  explicit LayerNorm(int64_t normalized_size, LayerNormOptions options = {})
+      : LayerNorm(Shape{normalized_size}, options) {}
+  Tensor forward(const Tensor& input) override;
+  std::string name() const override { return "LayerNorm"; }
+  Tensor weight, bias;  // undefined without elementwise_affine (bias: or without bias)
+  const Shape& normalized_shape() const { return normalized_shape_; }
+
+ private:
+  Shape normalized_shape_;
+  double eps_;
+};
+
+// A lookup table of num_embeddings vectors of embedding_dim, as nn.Embedding: weight N(0, 1)
+// with the padding_idx row zeroed; that row gets no gradient.
+//
+// Weight tying (a GPT's token embedding and its output head) shares one tensor between the
+// modules, registered under both names as in PyTorch; named_parameters() and parameters()
+// list it once, so optimizers and DDP update and reduce it once:
+//   head->weight = head->parameter("weight") = embedding->weight;
+class Embedding : public Module {
+ public:
+  Embedding(int64_t num_embeddings, int64_t embedding_dim,
+            std::optional<int64_t> padding_idx = std::nullopt);
+  Tensor forward(const Tensor& indices) override;
+  std::string name() const override { return "Embedding"; }
+  Tensor weight;
+  // The padding row (wrapped to [0, num_embeddings)), if any.
+  std::optional<int64_t> padding_idx() const { return padding_idx_; }
+
+ private:
+  std::optional<int64_t> padding_idx_;
 };
 
 }  // namespace ember::nn

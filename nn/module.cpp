@@ -120,8 +120,15 @@ void Module::collect(const std::string& prefix, bool recurse, bool parameters,
 }
 
 NamedTensors Module::named_parameters(bool recurse) const {
+  NamedTensors all;
+  collect("", recurse, true, all);
+  // A tensor registered under several names (tied weights) is listed once, under its first.
   NamedTensors out;
-  collect("", recurse, true, out);
+  for (auto& [n, t] : all) {
+    const bool seen = std::any_of(out.begin(), out.end(),
+                                  [&](const auto& kept) { return kept.second.is_same(t); });
+    if (!seen) out.emplace_back(std::move(n), std::move(t));
+  }
   return out;
 }
 
@@ -151,7 +158,8 @@ std::vector<std::pair<std::string, Module*>> Module::named_modules() {
 }
 
 NamedTensors Module::state_dict() const {
-  NamedTensors out = named_parameters();
+  NamedTensors out;  // every name, tied weights under each of theirs (as PyTorch)
+  collect("", true, true, out);
   NamedTensors buffers = named_buffers();
   out.insert(out.end(), buffers.begin(), buffers.end());
   return out;

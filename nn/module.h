@@ -46,6 +46,8 @@ class Module {
   // The type name used in printing and errors ("Conv2d", "ResNet", ...).
   virtual std::string name() const = 0;
 
+  // A tensor registered under several names (weights tied across modules) is listed once,
+  // under the first name, as PyTorch's named_parameters() does; state_dict() keeps every name.
   std::vector<Tensor> parameters(bool recurse = true) const;
   NamedTensors named_parameters(bool recurse = true) const;
   NamedTensors named_buffers(bool recurse = true) const;

@@ -16,9 +16,9 @@ using enum CastPolicy;
 
 // THE AUTOCAST OP LISTS. One row per autocast-aware op; the op's front end calls
 // detail::autocast() with its AutocastOp first thing. Ops not listed run in whatever dtype
-// their inputs have (relu, pooling, mean, max, dropout, view ops, ...), and elementwise ops
-// with mixed inputs (add, mul, where, ...) promote to the widest by ember's ordinary type
-// promotion, as they do in PyTorch.
+// their inputs have (relu, gelu, embedding, pooling, mean, max, dropout, view ops, ...), and
+// elementwise ops with mixed inputs (add, mul, where, ...) promote to the widest by ember's
+// ordinary type promotion, as they do in PyTorch.
 //
 // The lists are PyTorch's CUDA lists (torch.amp docs, aten/src/ATen/autocast_mode.cpp),
 // applied to the CPU as well. PyTorch's own CPU lists are shorter: on the CPU it keeps
@@ -60,6 +60,8 @@ constexpr AutocastRule kRules[] = {
     {AutocastOp::kScatterAdd, "scatter_add", kPromote},
     // Attention: low precision, as on PyTorch's CUDA list (its kernels accumulate in f32).
     {AutocastOp::kScaledDotProductAttention, "scaled_dot_product_attention", kLowerPrecision},
+    // GPT layers: layer_norm in f32 (PyTorch's CUDA list; gelu and embedding are on none).
+    {AutocastOp::kLayerNorm, "layer_norm", kFloat32},
 };
 
 constexpr bool rules_in_order() {

@@ -7,6 +7,7 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 
 #include "random.h"
 #include "tensor.h"
@@ -36,11 +37,43 @@ Tensor avg_pool2d(const Tensor& input, Pair kernel, Pair stride = {0, 0}, Pair p
 Tensor adaptive_avg_pool2d(const Tensor& input, Pair output_size);
 
 // Zeroes elements with probability p and scales the rest by 1 / (1 - p); identity when
-// not training.
+// not training. The gradient is grad * mask / (1 - p) with the forward's mask.
+//
+// Reproducibility: the mask is drawn in f32 from `gen` (the default generator when null) as
+// one Philox draw, so element i's keep/drop is a pure function of (seed, draw offset, i): the
+// same seed and the same sequence of draws give the same mask on the CPU and on CUDA, for
+// every dtype and thread count; each call advances the generator by one draw. Data-parallel
+// ranks seeded with seed + rank draw different masks; ranks seeded alike draw equal ones.
 Tensor dropout(const Tensor& input, double p, bool training, Generator* gen = nullptr);
 
 // input [..., in], weight [out, in], bias [out] (or undefined): input @ weight^T + bias.
 Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias = {});
+
+// ---- GPT layers ------------------------------------------------------------------------
+// As torch.nn.functional's gelu, layer_norm and embedding. Gradients are first-order (as
+// conv2d's and batch_norm's): a create_graph backward through them records no history.
+
+// GELU's form: exact x * Phi(x) (erf), or PyTorch's tanh approximation
+// 0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3))) (approximate="tanh").
+enum class GeluApproximate { kNone, kTanh };
+
+// Elementwise, in the input's dtype (16-bit inputs compute in f32 per element); on no
+// autocast list, as in PyTorch.
+Tensor gelu(const Tensor& input, GeluApproximate approximate = GeluApproximate::kNone);
+
+// Normalises over the trailing dims `normalized_shape` (input [*, normalized_shape]):
+// (x - mean) / sqrt(biased var + eps) * weight + bias, with weight and bias of shape
+// normalized_shape (either may be undefined) and of the input's dtype. Statistics are computed
+// in f32 or wider (f64 for f64 inputs). Under autocast it runs in f32, as on PyTorch's CUDA list.
+Tensor layer_norm(const Tensor& input, const Shape& normalized_shape, const Tensor& weight = {},
+                  const Tensor& bias = {}, double eps = 1e-5);
+
+// Rows of weight [num_embeddings, dim] picked by indices (i64 or i32, any shape): the result is
+// [*indices.shape, dim]. An index outside [0, num_embeddings) is an ember::Error naming it.
+// weight's gradient is dense (the picked rows' gradients summed); the row padding_idx (negative
+// counts from the end, as in PyTorch) gets none.
+Tensor embedding(const Tensor& indices, const Tensor& weight,
+                 std::optional<int64_t> padding_idx = std::nullopt);
 
 // ---- losses ---------------------------------------------------------------------------
 // As torch.nn.functional: each takes an options struct written like PyTorch's keyword

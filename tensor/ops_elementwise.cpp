@@ -9,6 +9,7 @@
 #include "detail/kernel_table.h"
 #include "detail/layer_backward.h"
 #include "detail/op_utils.h"
+#include "layer_ops.h"
 #include "ops.h"
 
 namespace ember {
@@ -302,6 +303,9 @@ OpId grad_op(UnaryOp op) {
       return OpId::kPowScalar;
     case UnaryOp::kClamp:
       return OpId::kClamp;
+    case UnaryOp::kGelu:
+    case UnaryOp::kGeluTanh:
+      return OpId::kGelu;
   }
   return OpId::kNeg;
 }
@@ -510,6 +514,14 @@ Tensor sigmoid(const Tensor& t) {
 }
 Tensor tanh(const Tensor& t) { return unary(UnaryOp::kTanh, "tanh", t, UnaryKind::kFloatResult); }
 
+Tensor gelu(const Tensor& input, GeluApproximate approximate) {
+  detail::check_defined(input, "gelu");
+  EMBER_CHECK(input.is_floating_point(), "gelu", "expected a floating input, got ", input.dtype());
+  const bool tanh_form = approximate == GeluApproximate::kTanh;
+  return unary(tanh_form ? UnaryOp::kGeluTanh : UnaryOp::kGelu, "gelu", input, UnaryKind::kSameType,
+               tanh_form ? 1.0 : 0.0);
+}
+
 namespace {
 Tensor clamp_impl(const Tensor& t, std::optional<Scalar> min, std::optional<Scalar> max,
                   Tensor* inplace) {
@@ -588,6 +600,11 @@ Tensor relu_backward(const Tensor& grad, const Tensor& output) {
   // Recording (create_graph) takes the composite form, which has a backward of its own.
   if (grad_needed({&grad, &output})) return grad * gt(output, 0).to(grad.dtype());
   return binary(BinaryOp::kReluBackward, "relu_backward", grad, output);
+}
+
+Tensor gelu_backward(const Tensor& grad, const Tensor& input, bool tanh_form) {
+  return binary(tanh_form ? BinaryOp::kGeluTanhBackward : BinaryOp::kGeluBackward, "gelu_backward",
+                grad, input);
 }
 
 }  // namespace detail

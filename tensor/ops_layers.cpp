@@ -273,8 +273,10 @@ Tensor dropout(const Tensor& input, double p, bool training, Generator* gen) {
   EMBER_CHECK(p >= 0.0 && p <= 1.0, "dropout", "probability must be in [0, 1], got ", p);
   if (!training || p == 0.0) return input;
   if (p == 1.0) return input * 0.0;
-  const Tensor keep = bernoulli(input.sizes(), 1.0 - p, input.options(), gen);
-  return input * (keep / (1.0 - p));
+  // The draw is f32 whatever the input's dtype, so masks agree across dtypes (a 16-bit draw
+  // would also round uniforms up to 1 and skew the keep probability).
+  const Tensor keep = bernoulli(input.sizes(), 1.0 - p, TensorOptions(kF32, input.device()), gen);
+  return input * (keep.to(input.dtype()) / (1.0 - p));
 }
 
 Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias) {

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "../detail/dispatch.h"
+#include "../detail/gelu_math.h"
 #include "../detail/philox.h"
 #include "../detail/tensor_iter.h"
 #include "cpu_kernels.h"
@@ -157,6 +158,10 @@ void unary_typed(UnaryOp op, const StridedIter& it, double p0, double p1) {
         const A lo = static_cast<A>(p0), hi = static_cast<A>(p1);
         return run([lo, hi](A x) { return std::isnan(x) ? x : x < lo ? lo : (x > hi ? hi : x); });
       }
+      case UnaryOp::kGelu:
+        return run([](A x) { return gelu_forward(x, false); });
+      case UnaryOp::kGeluTanh:
+        return run([](A x) { return gelu_forward(x, true); });
     }
   } else if constexpr (!std::is_same_v<T, bool>) {
     switch (op) {
@@ -243,6 +248,12 @@ void binary_typed(BinaryOp op, const StridedIter& it, Scalar alpha_scalar) {
         return run([](A a, A b) { return static_cast<A>(a * b); });
       case BinaryOp::kReluBackward:
         return run([](A a, A b) { return b > A(0) ? a : A(0); });
+      case BinaryOp::kGeluBackward:
+        if constexpr (kIsFloat<T>) return run([](A a, A b) { return gelu_backward(a, b, false); });
+        break;
+      case BinaryOp::kGeluTanhBackward:
+        if constexpr (kIsFloat<T>) return run([](A a, A b) { return gelu_backward(a, b, true); });
+        break;
       case BinaryOp::kDiv:
         if constexpr (kIsFloat<T>) return run([](A a, A b) { return a / b; });
         break;

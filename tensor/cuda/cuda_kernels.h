@@ -16,5 +16,7 @@ void register_cuda_layer_kernels(KernelTable& table);        // batch norm, pool
 void register_cuda_amp_kernels(KernelTable& table);          // amp_non_finite_check_and_unscale
 // scaled-dot-product attention
 void register_cuda_attention_kernels(KernelTable& table);  // attention_forward, attention_backward
+// GPT layers
+void register_cuda_layer_norm_kernels(KernelTable& table);  // layer_norm_forward/backward
 
 }  // namespace ember::detail

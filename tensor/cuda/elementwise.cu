@@ -1,5 +1,6 @@
 // Elementwise CUDA kernels: fill, copy (any dtype to any dtype), unary, binary and where.
 #include "../detail/dispatch.h"
+#include "../detail/gelu_math.h"
 #include "cuda_kernels.h"
 #include "launch.cuh"
 
@@ -64,6 +65,10 @@ __device__ __forceinline__ C apply_unary(UnaryOp op, C x, C a, C b) {
         return math_pow(x, a);
       case UnaryOp::kClamp:
         return x != x ? x : (x < a ? a : (x > b ? b : x));
+      case UnaryOp::kGelu:
+        return gelu_forward(x, false);
+      case UnaryOp::kGeluTanh:
+        return gelu_forward(x, true);
     }
     return x;
   } else {
@@ -104,6 +109,10 @@ __device__ __forceinline__ C apply_binary(BinaryOp op, C x, C y, C alpha) {
         return x * y;
       case BinaryOp::kReluBackward:
         return y > C(0) ? x : C(0);
+      case BinaryOp::kGeluBackward:
+        return gelu_backward(x, y, false);
+      case BinaryOp::kGeluTanhBackward:
+        return gelu_backward(x, y, true);
       case BinaryOp::kDiv:
         return x / y;
       case BinaryOp::kPow:

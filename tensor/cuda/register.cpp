@@ -15,6 +15,7 @@ void register_cuda_kernels(KernelTable& table) {
   register_cuda_amp_kernels(table);
   // scaled-dot-product attention
   register_cuda_attention_kernels(table);
+  register_cuda_layer_norm_kernels(table);  // GPT layers
 }
 
 }  // namespace ember::detail

@@ -55,6 +55,8 @@ enum class AutocastOp : uint8_t {
   kScatterAdd,
   // attention
   kScaledDotProductAttention,
+  // GPT layers
+  kLayerNorm,
 };
 
 struct AutocastRule {

@@ -77,6 +77,10 @@ enum class OpId : uint16_t {
   kCrossEntropy,
   // attention
   kScaledDotProductAttention,
+  // GPT layers
+  kGelu,  // OpArgs::a: 1 for the tanh approximation
+  kLayerNorm,
+  kEmbedding,  // OpArgs::extra: the flat i64 indices; start: padding_idx (-1: none)
 };
 
 // The non-tensor arguments a backward formula needs; each op documents the fields it uses.

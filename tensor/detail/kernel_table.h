@@ -27,6 +27,9 @@ enum class UnaryOp : uint8_t {
   kTanh,
   kPowScalar,  // x ** a, a rounded to the dtype first (as PyTorch does for f16/bf16)
   kClamp,      // min(max(x, a), b)
+  // GPT layers: GELU, exact x * Phi(x) (erf) and its tanh approximation (PyTorch's formulas).
+  kGelu,
+  kGeluTanh,
 };
 
 enum class BinaryOp : uint8_t {
@@ -38,6 +41,9 @@ enum class BinaryOp : uint8_t {
   kMaximum,
   kMinimum,
   kReluBackward,  // b > 0 ? a : 0 (a: gradient, b: the relu's output)
+  // GPT layers: a * gelu'(b) (a: gradient, b: the gelu's input), exact and tanh forms.
+  kGeluBackward,
+  kGeluTanhBackward,
   kEq,
   kNe,
   kLt,
@@ -210,6 +216,21 @@ struct KernelTable {
                              const Tensor& grad_out, const Tensor& q, const Tensor& k,
                              const Tensor& v, const Tensor& out, const Tensor& lse,
                              const AttentionParams& params) = nullptr;
+  // --- GPT layers.
+  // Layer norm over the rows of input [rows, n] (contiguous): out = (x - mean) * rstd *
+  // weight + bias, weight/bias [n] of input's dtype (either may be undefined: 1 and 0).
+  // mean and rstd = 1 / sqrt(biased variance + eps) go to [rows] (f32 for 16-bit inputs, else
+  // the input's dtype); statistics accumulate in at least f32.
+  void (*layer_norm_forward)(const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                             const Tensor& input, const Tensor& weight, const Tensor& bias,
+                             double eps) = nullptr;
+  // Gradients of that forward from its saved mean/rstd: grad_input [rows, n], grad_weight and
+  // grad_bias [n] (weight's dtype, or input's when there is no weight), each skipped when
+  // undefined. Column sums combine in a fixed order, so results do not depend on timing.
+  void (*layer_norm_backward)(const Tensor& grad_input, const Tensor& grad_weight,
+                              const Tensor& grad_bias, const Tensor& grad_out, const Tensor& input,
+                              const Tensor& weight, const Tensor& mean,
+                              const Tensor& rstd) = nullptr;
 };
 
 // The table for a device type; entries a build lacks are null (no CUDA build: all null).

@@ -32,4 +32,17 @@ Tensor adaptive_avg_pool2d_backward(const Tensor& grad_out, const Shape& input_s
 Tensor cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits, const Tensor& lse,
                               const Tensor& target, int64_t ignore_index, double smoothing);
 
+// --- GPT layers.
+// grad * gelu'(input), in one pass (first-order: the result records no history).
+Tensor gelu_backward(const Tensor& grad, const Tensor& input, bool tanh_form);
+// Gradients for input, weight and bias of layer_norm from its saved mean and rstd.
+std::array<Tensor, 3> layer_norm_backward(const Tensor& grad_out, const Tensor& input,
+                                          const Tensor& weight, const Tensor& mean,
+                                          const Tensor& rstd, const Shape& normalized_shape,
+                                          std::array<bool, 3> needs);
+// The dense gradient of embedding's weight [num_embeddings, dim]: grad rows summed into the
+// rows `indices` (flat i64) picked, except those equal to padding_idx (-1: none).
+Tensor embedding_backward(const Tensor& grad_out, const Tensor& indices, int64_t num_embeddings,
+                          int64_t padding_idx);
+
 }  // namespace ember::detail

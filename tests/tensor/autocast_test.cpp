@@ -119,6 +119,10 @@ std::map<std::string, std::function<Tensor(DType, Device)>> op_calls() {
     return scaled_dot_product_attention(in({2, 3, 4}, 45, t, d), in({2, 5, 4}, 46, kF32, d),
                                         in({2, 5, 3}, 47, kF32, d));
   };
+  // GPT layers: a low-precision input with f32 parameters runs in f32.
+  calls["layer_norm"] = [=](DType t, Device d) {
+    return layer_norm(in({3, 4}, 40, t, d), {4}, in({4}, 41, kF32, d), in({4}, 42, kF32, d));
+  };
   return calls;
 }
 
@@ -135,6 +139,7 @@ const std::map<std::string, CastPolicy>& pytorch_cuda_lists() {
     for (const char* op : {"cat", "stack", "scatter_add"}) m[op] = CastPolicy::kPromote;
     // attention (torch 2's CUDA list; the op is newer than 1.13)
     m["scaled_dot_product_attention"] = CastPolicy::kLowerPrecision;
+    m["layer_norm"] = CastPolicy::kFloat32;  // GPT layers
     return m;
   }();
   return lists;

@@ -466,5 +466,80 @@ TEST(LayersParity, ScaledDotProductAttention) {
   }
 }
 
+// ---------------------------------------------------------------------------------------
+// GPT layers: gelu, layer_norm, embedding, dropout
+
+TEST(LayersParity, GeluExactAndTanh) {
+  EMBER_REQUIRE_CUDA();
+  uint64_t seed = 1200;
+  for (DType dtype : kFloatTypes) {
+    for (GeluApproximate approximate : {GeluApproximate::kNone, GeluApproximate::kTanh}) {
+      SCOPED_TRACE(::testing::Message()
+                   << dtype << " tanh " << (approximate == GeluApproximate::kTanh));
+      const Tolerance tol = dtype == kF32   ? Tolerance{1e-5, 1e-6}
+                            : dtype == kF64 ? Tolerance{1e-12, 1e-14}
+                                            : layer_tolerance(dtype);
+      expect_layer_parity(
+          {make_input({3, 129}, dtype, seed++, -6.0, 6.0)}, {true},
+          [&](const Inputs& in) { return gelu(in[0], approximate); }, tol, tol, seed++);
+    }
+  }
+}
+
+TEST(LayersParity, LayerNormForwardAndBackward) {
+  EMBER_REQUIRE_CUDA();
+  uint64_t seed = 1300;
+  struct Case {
+    Shape x, normalized;
+    bool weight, bias;
+  };
+  const Case cases[] = {{{4, 7, 768}, {768}, true, true},
+                        {{33, 40}, {40}, true, false},
+                        {{2, 3, 5, 6}, {5, 6}, false, false},
+                        {{300, 16}, {16}, true, true},  // several chunks of rows for the sums
+                        {{2, 2049}, {2049}, true, true}};
+  for (DType dtype : kFloatTypes) {
+    for (const Case& k : cases) {
+      SCOPED_TRACE(::testing::Message() << dtype << " x " << shape_str(k.x));
+      const Inputs inputs = {make_input(k.x, dtype, seed++, 1.0, 5.0),
+                             k.weight ? make_input(k.normalized, dtype, seed++) : Tensor(),
+                             k.bias ? make_input(k.normalized, dtype, seed++) : Tensor()};
+      const Tolerance tol = layer_tolerance(dtype);
+      expect_layer_parity(
+          inputs, {true, k.weight, k.bias},
+          [&](const Inputs& in) { return layer_norm(in[0], k.normalized, in[1], in[2]); }, tol, tol,
+          seed++);
+    }
+  }
+}
+
+TEST(LayersParity, EmbeddingWithPadding) {
+  EMBER_REQUIRE_CUDA();
+  uint64_t seed = 1400;
+  for (DType dtype : {kF32, kF64}) {
+    for (std::optional<int64_t> padding : {std::optional<int64_t>(), std::optional<int64_t>(2)}) {
+      SCOPED_TRACE(::testing::Message() << dtype << " padding " << padding.value_or(-1));
+      Generator gen(seed++);
+      const Tensor indices = randint(0, 50, {4, 33}, kI64, &gen);
+      const Tolerance tol = dtype == kF32 ? Tolerance{1e-5, 1e-5} : Tolerance{1e-12, 1e-12};
+      expect_layer_parity(
+          {indices, make_input({50, 24}, dtype, seed++)}, {false, true},
+          [&](const Inputs& in) { return embedding(in[0], in[1], padding); }, tol, tol, seed++);
+    }
+  }
+}
+
+TEST(LayersParity, DropoutMaskMatchesTheCpu) {
+  EMBER_REQUIRE_CUDA();
+  for (DType dtype : kFloatTypes) {
+    SCOPED_TRACE(::testing::Message() << dtype);
+    const Tensor x = ones({5, 301}, dtype);
+    Generator cpu_gen(42), cuda_gen(42);
+    const Tensor expected = dropout(x, 0.3, true, &cpu_gen);
+    const Tensor actual = dropout(x.to(cuda_device()), 0.3, true, &cuda_gen);
+    expect_close(actual, expected, 0.0, 0.0);
+  }
+}
+
 }  // namespace
 }  // namespace ember

@@ -1,0 +1,316 @@
+// The GPT layer ops (layer_ops.h): gelu (exact and tanh), layer_norm and embedding against
+// PyTorch 1.13 (golden/gpt_layers_golden.json, written by golden/make_gpt_layers_golden.py),
+// finite-difference gradients in f64, bf16 and autocast behaviour, the errors bad arguments
+// raise, and dropout's reproducibility rule.
+#include <cmath>
+#include <fstream>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "test_util.h"
+
+namespace ember {
+namespace {
+
+using nlohmann::json;
+using testing::expect_close;
+
+const json& golden_cases() {
+  static const json data = [] {
+    std::ifstream in(EMBER_GPT_LAYERS_GOLDEN);
+    EXPECT_TRUE(in.good()) << "cannot open " << EMBER_GPT_LAYERS_GOLDEN;
+    return json::parse(in);
+  }();
+  return data.at("cases");
+}
+
+DType golden_dtype(const std::string& name) {
+  return name == "f64" ? kF64 : name == "bf16" ? kBF16 : kF32;
+}
+
+// A golden {"shape", "values"} entry as a tensor of `dtype` (the values are exact in it).
+Tensor golden_tensor(const json& entry, DType dtype) {
+  const Shape shape = entry.at("shape").get<Shape>();
+  const auto values = entry.at("values").get<std::vector<double>>();
+  if (dtype == kI64)
+    return from_vector(std::vector<int64_t>(values.begin(), values.end())).view(shape);
+  return from_vector(values).view(shape).to(dtype);
+}
+
+Tensor golden_leaf(const json& c, const char* name, DType dtype) {
+  if (!c.contains(name)) return {};
+  Tensor t = golden_tensor(c.at(name), dtype);
+  t.requires_grad_();
+  return t;
+}
+
+// Forward output and gradients within these bounds of PyTorch's.
+struct Bounds {
+  double rtol, atol;
+};
+Bounds golden_bounds(DType dtype) {
+  if (dtype == kF64) return {1e-10, 1e-12};
+  if (dtype == kBF16) return {1.6e-2, 1.6e-2};  // two bf16 ulps: float math rounded once
+  return {2e-5, 2e-6};
+}
+
+void expect_golden(const Tensor& actual, const json& c, const char* name, DType dtype) {
+  SCOPED_TRACE(name);
+  ASSERT_TRUE(actual.defined());
+  const Bounds b = golden_bounds(dtype);
+  expect_close(actual, golden_tensor(c.at(name), dtype), b.rtol, b.atol);
+}
+
+int count_cases(const char* op) {
+  int n = 0;
+  for (const json& c : golden_cases()) n += c.at("op") == op;
+  return n;
+}
+
+TEST(GptLayersGolden, GeluMatchesPyTorch) {
+  ASSERT_GT(count_cases("gelu"), 0);
+  for (const json& c : golden_cases()) {
+    if (c.at("op") != "gelu") continue;
+    const DType dtype = golden_dtype(c.at("dtype"));
+    const bool tanh_form = c.at("approximate") == "tanh";
+    SCOPED_TRACE(::testing::Message() << c.at("dtype") << " " << c.at("approximate") << " "
+                                      << c.at("input").at("shape"));
+    const Tensor x = golden_leaf(c, "input", dtype);
+    const Tensor y = gelu(x, tanh_form ? GeluApproximate::kTanh : GeluApproximate::kNone);
+    y.backward(golden_tensor(c.at("grad_output"), dtype));
+    expect_golden(y, c, "output", dtype);
+    expect_golden(x.grad(), c, "grad_input", dtype);
+  }
+}
+
+TEST(GptLayersGolden, LayerNormMatchesPyTorch) {
+  ASSERT_GT(count_cases("layer_norm"), 0);
+  for (const json& c : golden_cases()) {
+    if (c.at("op") != "layer_norm") continue;
+    const DType dtype = golden_dtype(c.at("dtype"));
+    const Shape normalized = c.at("normalized_shape").get<Shape>();
+    SCOPED_TRACE(::testing::Message()
+                 << c.at("dtype") << " input " << c.at("input").at("shape") << " normalized "
+                 << shape_str(normalized) << " eps " << c.at("eps") << " weight "
+                 << c.contains("weight") << " bias " << c.contains("bias"));
+    const Tensor x = golden_leaf(c, "input", dtype), w = golden_leaf(c, "weight", dtype),
+                 b = golden_leaf(c, "bias", dtype);
+    const Tensor y = layer_norm(x, normalized, w, b, c.at("eps").get<double>());
+    y.backward(golden_tensor(c.at("grad_output"), dtype));
+    expect_golden(y, c, "output", dtype);
+    expect_golden(x.grad(), c, "grad_input", dtype);
+    if (w.defined()) expect_golden(w.grad(), c, "grad_weight", dtype);
+    if (b.defined()) expect_golden(b.grad(), c, "grad_bias", dtype);
+  }
+}
+
+TEST(GptLayersGolden, EmbeddingMatchesPyTorch) {
+  ASSERT_GT(count_cases("embedding"), 0);
+  for (const json& c : golden_cases()) {
+    if (c.at("op") != "embedding") continue;
+    const DType dtype = golden_dtype(c.at("dtype"));
+    std::optional<int64_t> padding;
+    if (!c.at("padding_idx").is_null()) padding = c.at("padding_idx").get<int64_t>();
+    SCOPED_TRACE(::testing::Message() << c.at("dtype") << " indices " << c.at("indices").at("shape")
+                                      << " padding_idx " << c.at("padding_idx"));
+    const Tensor indices = golden_tensor(c.at("indices"), kI64);
+    const Tensor w = golden_leaf(c, "weight", dtype);
+    const Tensor y = embedding(indices, w, padding);
+    y.backward(golden_tensor(c.at("grad_output"), dtype));
+    expect_golden(y, c, "output", dtype);
+    expect_golden(w.grad(), c, "grad_weight", dtype);
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Finite differences (f64).
+
+Tensor leaf(const Shape& shape, uint64_t seed, double lo = -2.0, double hi = 2.0) {
+  Generator g(seed);
+  Tensor t = uniform(shape, lo, hi, kF64, &g);
+  t.requires_grad_();
+  return t;
+}
+
+void expect_gradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& f,
+                      const std::vector<Tensor>& inputs) {
+  const auto result = autograd::gradcheck(f, inputs);
+  EXPECT_TRUE(result.ok) << result.message;
+}
+
+TEST(GptLayersGradcheck, GeluExactAndTanh) {
+  const Tensor x = leaf({4, 5}, 1, -4.0, 4.0);
+  expect_gradcheck([](const auto& v) { return gelu(v[0]); }, {x});
+  expect_gradcheck([](const auto& v) { return gelu(v[0], GeluApproximate::kTanh); }, {x});
+}
+
+TEST(GptLayersGradcheck, LayerNormInputWeightBias) {
+  expect_gradcheck([](const auto& v) { return layer_norm(v[0], {6}, v[1], v[2]); },
+                   {leaf({3, 6}, 2), leaf({6}, 3), leaf({6}, 4)});
+  expect_gradcheck(
+      [](const auto& v) {
+        return layer_norm(v[0], {3, 4}, v[1], v[2], 1e-3);
+      },
+      {leaf({2, 3, 4}, 5), leaf({3, 4}, 6), leaf({3, 4}, 7)});
+  expect_gradcheck([](const auto& v) { return layer_norm(v[0], {5}); }, {leaf({2, 2, 5}, 8)});
+  expect_gradcheck([](const auto& v) { return layer_norm(v[0], {5}, {}, v[1]); },
+                   {leaf({4, 5}, 9), leaf({5}, 10)});
+}
+
+TEST(GptLayersGradcheck, EmbeddingWeight) {
+  const Tensor indices = from_vector<int64_t>({0, 3, 3, 1, 4, 0}, {2, 3});
+  expect_gradcheck([&](const auto& v) { return embedding(indices, v[0]); }, {leaf({5, 4}, 11)});
+  // The padding row's gradient is 0 by definition (not the finite difference): a padding_idx
+  // that is not looked up leaves the other rows' gradients exact.
+  const Tensor no_padding_row = from_vector<int64_t>({0, 2, 2, 1, 4, 0}, {2, 3});
+  expect_gradcheck([&](const auto& v) { return embedding(no_padding_row, v[0], 3); },
+                   {leaf({5, 4}, 12)});
+}
+
+// ---------------------------------------------------------------------------------------
+// Behaviour beyond the golden cases.
+
+TEST(GptLayers, EmbeddingPaddingRowGetsNoGradient) {
+  Tensor w = ones({4, 3});
+  w.requires_grad_();
+  const Tensor y = embedding(from_vector<int64_t>({1, 1, 2, 0}, {2, 2}), w, 1);
+  ASSERT_EQ(y.sizes(), (Shape{2, 2, 3}));
+  y.sum().backward();
+  EXPECT_EQ(w.grad().to_vector<float>(), (std::vector<float>{1, 1, 1, 0, 0, 0, 1, 1, 1, 0, 0, 0}));
+  // Negative padding_idx counts from the end, as in PyTorch.
+  Tensor v = ones({4, 3});
+  v.requires_grad_();
+  embedding(from_vector<int64_t>({3, 0}), v, -1).sum().backward();
+  EXPECT_EQ(v.grad().to_vector<float>(), (std::vector<float>{1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0}));
+}
+
+TEST(GptLayers, EmbeddingTakesI32IndicesAndZeroDimIndices) {
+  const Tensor w = arange(0, 12, 1, kF32).view({4, 3});
+  expect_close(embedding(from_vector<int32_t>({2, 0}), w),
+               from_vector<float>({6, 7, 8, 0, 1, 2}, {2, 3}));
+  const Tensor scalar_index = from_vector<int64_t>({3}).view({});
+  expect_close(embedding(scalar_index, w), from_vector<float>({9, 10, 11}, {3}));
+}
+
+TEST(GptLayers, LayerNormBf16KeepsItsStatisticsInF32) {
+  // 1024 + 8k is exact in bf16, whose spacing there is 8: in bf16 the row's sum (about 9216,
+  // spacing 64) and so its mean and variance would round; in f32 they are exact.
+  std::vector<float> values;
+  for (int k = -4; k <= 4; ++k) values.push_back(1024.0f + 8.0f * static_cast<float>(k));
+  const Tensor x32 = from_vector(values, {1, 9});
+  const Tensor y = layer_norm(x32.to(kBF16), {9});
+  EXPECT_EQ(y.dtype(), kBF16);
+  const Tensor reference = layer_norm(x32, {9}).to(kBF16);
+  expect_close(y, reference, 0.0, 0.0);
+  EXPECT_NEAR(y.to_vector<double>()[8], 4.0 / std::sqrt(60.0 / 9.0), 1e-2);
+
+  // The gradients of a bf16 layer_norm are bf16, computed from f32 statistics.
+  Tensor xb = x32.to(kBF16);
+  xb.requires_grad_();
+  Tensor wb = ones({9}, kBF16);
+  wb.requires_grad_();
+  layer_norm(xb, {9}, wb).backward(ones({1, 9}, kBF16));
+  EXPECT_EQ(xb.grad().dtype(), kBF16);
+  EXPECT_EQ(wb.grad().dtype(), kBF16);
+  for (double g : xb.grad().to_vector<double>()) EXPECT_NEAR(g, 0.0, 1e-3);
+  expect_close(wb.grad(), reference.view({9}), 0.0, 0.0);
+}
+
+TEST(GptLayers, AutocastRunsLayerNormInF32AndGeluInItsInputDtype) {
+  const Tensor x = uniform({2, 8}, -1.0, 1.0).to(kBF16);
+  const Tensor w = ones({8}), b = zeros({8});
+  AutocastGuard guard(kCPU, kBF16);
+  const Tensor y = layer_norm(x, {8}, w, b);
+  EXPECT_EQ(y.dtype(), kF32);
+  EXPECT_EQ(gelu(x).dtype(), kBF16);
+  EXPECT_EQ(gelu(x.to(kF32)).dtype(), kF32);
+  EXPECT_EQ(embedding(from_vector<int64_t>({1}), ones({2, 8})).dtype(), kF32);
+}
+
+TEST(GptLayers, ErrorsNameTheOpAndTheValues) {
+  const Tensor x = zeros({2, 3, 4});
+  EXPECT_EMBER_ERROR(layer_norm(x, {3}), "layer_norm: normalized_shape [3] does not match");
+  EXPECT_EMBER_ERROR(layer_norm(x, {4}, ones({3})), "weight of shape [3] does not match");
+  EXPECT_EMBER_ERROR(layer_norm(x, {4}, ones({4}, kF64)), "weight has dtype f64");
+  EXPECT_EMBER_ERROR(layer_norm(x, {}), "normalized_shape must have at least one dim");
+  EXPECT_EMBER_ERROR(layer_norm(zeros({2, 4}, kI64), {4}), "expected a floating input");
+  EXPECT_EMBER_ERROR(gelu(zeros({2}, kI64)), "gelu: expected a floating input");
+  const Tensor w = zeros({10, 4});
+  EXPECT_EMBER_ERROR(embedding(from_vector<int64_t>({1, 10}), w),
+                     "embedding: index 10 is out of range for num_embeddings 10");
+  EXPECT_EMBER_ERROR(embedding(from_vector<int64_t>({-1, 2}), w), "index -1 is out of range");
+  EXPECT_EMBER_ERROR(embedding(from_vector<float>({1.0f}), w), "indices must be i64 or i32");
+  EXPECT_EMBER_ERROR(embedding(from_vector<int64_t>({1}), zeros({10})), "expected a 2-d weight");
+  EXPECT_EMBER_ERROR(embedding(from_vector<int64_t>({1}), w, 10),
+                     "padding_idx 10 is out of range for num_embeddings 10");
+}
+
+// ---------------------------------------------------------------------------------------
+// Dropout's reproducibility rule (layer_ops.h).
+
+Tensor mask_of(const Tensor& dropped) { return ne(dropped, 0.0); }
+
+TEST(Dropout, SameSeedSameMaskOtherSeedOtherMask) {
+  const Tensor x = ones({64, 64});
+  Generator a(7), b(7), c(8);
+  const Tensor ya = dropout(x, 0.25, true, &a), yb = dropout(x, 0.25, true, &b);
+  const Tensor yc = dropout(x, 0.25, true, &c);
+  EXPECT_TRUE(equal(ya, yb));
+  EXPECT_FALSE(equal(mask_of(ya), mask_of(yc)));
+  // Each call advances the generator: the next mask differs from the first.
+  EXPECT_FALSE(equal(mask_of(dropout(x, 0.25, true, &a)), mask_of(ya)));
+  EXPECT_EQ(a.offset(), 2u);
+  // Ranks seeded with seed + rank draw different masks; the default generator obeys the seed.
+  manual_seed(100 + 0);
+  const Tensor rank0 = dropout(x, 0.25, true);
+  manual_seed(100 + 1);
+  const Tensor rank1 = dropout(x, 0.25, true);
+  manual_seed(100 + 0);
+  EXPECT_TRUE(equal(dropout(x, 0.25, true), rank0));
+  EXPECT_FALSE(equal(rank0, rank1));
+}
+
+TEST(Dropout, MaskIsTheSameForEveryDtype) {
+  const Tensor x = ones({32, 33});
+  Generator g32(5), g64(5), gb(5);
+  const Tensor m32 = mask_of(dropout(x, 0.4, true, &g32));
+  EXPECT_TRUE(equal(mask_of(dropout(x.to(kF64), 0.4, true, &g64)), m32));
+  EXPECT_TRUE(equal(mask_of(dropout(x.to(kBF16), 0.4, true, &gb)), m32));
+}
+
+TEST(Dropout, ScalesKeptValuesAndDropsAboutP) {
+  const Tensor x = uniform({200, 100}, 1.0, 2.0);
+  Generator g(3);
+  const double p = 0.3;
+  const Tensor y = dropout(x, p, true, &g);
+  const Tensor keep = mask_of(y);
+  const double kept = sum(keep.to(kF64)).item<double>() / static_cast<double>(x.numel());
+  EXPECT_NEAR(kept, 1.0 - p, 0.02);
+  expect_close(y, where(keep, x / (1.0 - p), 0.0), 1e-6, 0.0);
+}
+
+TEST(Dropout, BackwardUsesTheForwardMask) {
+  Tensor x = uniform({50, 40}, 1.0, 2.0);
+  x.requires_grad_();
+  Generator g(11);
+  const double p = 0.5;
+  const Tensor y = dropout(x, p, true, &g);
+  y.backward(ones_like(y));
+  expect_close(x.grad(), mask_of(y).to(kF32) * (1.0 / (1.0 - p)), 0.0, 0.0);
+}
+
+TEST(Dropout, EvalAndZeroProbabilityAreIdentity) {
+  const Tensor x = uniform({4, 5}, -1.0, 1.0);
+  Generator g(1);
+  EXPECT_TRUE(dropout(x, 0.5, false, &g).is_same(x));
+  EXPECT_TRUE(dropout(x, 0.0, true, &g).is_same(x));
+  EXPECT_EQ(g.offset(), 0u);  // nothing drawn
+  EXPECT_TRUE(equal(dropout(x, 1.0, true, &g), zeros_like(x)));
+  EXPECT_EMBER_ERROR(dropout(x, 1.5, true), "dropout: probability must be in [0, 1]");
+}
+
+}  // namespace
+}  // namespace ember
