@@ -10,6 +10,7 @@ void register_cpu_kernels(KernelTable& table) {
   register_cpu_conv_kernels(table);
   register_cpu_layer_kernels(table);
   register_cpu_amp_kernels(table);
+  register_cpu_pooling_kernels(table);
 }
 
 }  // namespace ember::detail

@@ -12,7 +12,9 @@ void register_cuda_random_kernels(KernelTable& table);       // random
 void register_cuda_blas_kernels(KernelTable& table);         // gemm
 void register_cuda_memory_kernels(KernelTable& table);       // allocator, transfer
 void register_cuda_conv_kernels(KernelTable& table);         // conv2d (cuDNN)
-void register_cuda_layer_kernels(KernelTable& table);        // batch norm, pooling, cross-entropy
+void register_cuda_layer_kernels(KernelTable& table);        // batch norm, cross-entropy
 void register_cuda_amp_kernels(KernelTable& table);          // amp_non_finite_check_and_unscale
+// Pooling (max, average, adaptive average; NCHW and channels_last).
+void register_cuda_pooling_kernels(KernelTable& table);
 
 }  // namespace ember::detail

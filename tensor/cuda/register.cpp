@@ -13,6 +13,7 @@ void register_cuda_kernels(KernelTable& table) {
   register_cuda_conv_kernels(table);
   register_cuda_layer_kernels(table);
   register_cuda_amp_kernels(table);
+  register_cuda_pooling_kernels(table);
 }
 
 }  // namespace ember::detail
