@@ -102,15 +102,23 @@ void max_pool_forward_typed(const Tensor& out, const Tensor& indices, const Tens
           int64_t* best = idx + r * g.c;
           std::fill(best, best + g.c, int64_t{-1});
           std::fill(best_value.begin(), best_value.end(), -std::numeric_limits<A>::infinity());
+          bool first = true;
           for_each_tap(p, g, oh, ow, [&](int64_t ih, int64_t iw) {
             const T* px = x + ((n * g.h + ih) * g.w + iw) * g.c;
+            const int64_t at = ih * g.w + iw;
+            A* bv = best_value.data();
+            if (first) {  // the first tap inside the input starts the search, -inf included
+              for (int64_t c = 0; c < g.c; ++c) bv[c] = static_cast<A>(px[c]);
+              std::fill(best, best + g.c, at);
+              first = false;
+              return true;
+            }
+            // Branch-free, so the channel loop vectorises: a larger value, or the first NaN.
             for (int64_t c = 0; c < g.c; ++c) {
               const auto v = static_cast<A>(px[c]);
-              A& bv = best_value[static_cast<size_t>(c)];
-              if (best[c] < 0 || v > bv || (std::isnan(v) && !std::isnan(bv))) {
-                best[c] = ih * g.w + iw;
-                bv = v;
-              }
+              const bool take = v > bv[c] || (v != v && bv[c] == bv[c]);
+              bv[c] = take ? v : bv[c];
+              best[c] = take ? at : best[c];
             }
             return true;
           });

@@ -1,7 +1,9 @@
 // channels_last (NHWC) against NCHW through conv2d, batch_norm, relu, add and pooling, forward
 // and backward, and a whole ResNet-20 step: the same values, with outputs and gradients that
 // keep channels_last strides. CUDA variants run where a GPU is visible.
+#include <cmath>
 #include <functional>
+#include <limits>
 #include <string>
 
 #include "test_util.h"
@@ -222,6 +224,28 @@ TEST(ChannelsLast, Pooling) {
       },
       {randn({2, 5, 1, 1})},
       0);  // a 1x1 plane (dense in both layouts) to a channels_last 2x3 output
+}
+
+TEST(ChannelsLast, MaxPoolNanAndInfinityPickTheSameTaps) {
+  // NaN wins (the first in the window), -inf windows keep their first tap: the same outputs,
+  // and gradients routed to the same positions, in both layouts.
+  std::vector<float> v = randn({2, 3, 6, 6}).to_vector<float>();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (int i : {3, 14, 15, 40, 77}) v[static_cast<size_t>(i)] = nan;
+  for (int i = 36; i < 48; ++i) v[static_cast<size_t>(i)] = -std::numeric_limits<float>::infinity();
+  const Tensor a = from_vector(v, {2, 3, 6, 6}).requires_grad_();
+  const Tensor b = a.detach().to(kCL).requires_grad_();
+  const Tensor ya = max_pool2d(a, {3, 3}, {2, 2}, {1, 1}),
+               yb = max_pool2d(b, {3, 3}, {2, 2}, {1, 1});
+  EXPECT_TRUE(is_cl(yb));
+  const auto va = ya.to_vector<float>(), vb = yb.contiguous().to_vector<float>();
+  for (size_t i = 0; i < va.size(); ++i) {
+    EXPECT_TRUE(va[i] == vb[i] || (std::isnan(va[i]) && std::isnan(vb[i]))) << "output " << i;
+  }
+  const Tensor probe = randn(ya.sizes());
+  ya.backward(probe);
+  yb.backward(probe.to(kCL));
+  EXPECT_TRUE(equal(a.grad(), b.grad().contiguous()));
 }
 
 TEST(ChannelsLast, PoolingRecordsItsLayoutForTheGradient) {
