@@ -48,12 +48,16 @@ void Progress::update(int64_t step, int64_t images, double loss) {
                 "##############################", kWidth - filled, "", static_cast<long>(step),
                 static_cast<long>(steps_), rate, loss, format_duration(eta).c_str());
     std::fflush(stdout);
-  } else if (step % log_interval_ == 0 || step == steps_) {
+  } else if (prints_line(step)) {
     std::printf("epoch %ld/%ld step %ld/%ld | %.0f img/s | loss %.4f | ETA %s\n",
                 static_cast<long>(epoch_ + 1), static_cast<long>(epochs_), static_cast<long>(step),
                 static_cast<long>(steps_), rate, loss, format_duration(eta).c_str());
     std::fflush(stdout);
   }
+}
+
+bool Progress::prints_line(int64_t step) const {
+  return enabled_ && !terminal_ && (step % log_interval_ == 0 || step == steps_);
 }
 
 void Progress::finish_epoch() {

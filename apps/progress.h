@@ -14,6 +14,10 @@ class Progress {
   void start_epoch(int64_t epoch, int64_t epochs, int64_t steps);
   // After each step: images/s over the epoch so far, the running loss and the ETA.
   void update(int64_t step, int64_t images, double loss);
+  // Whether update() at `step` prints a line of its own (not on a terminal, every
+  // log_interval steps and at the epoch's end): the loss it shows must be current then. A
+  // terminal's bar shows the loss as last read.
+  bool prints_line(int64_t step) const;
   void finish_epoch();
 
  private:

@@ -133,6 +133,10 @@ int parse_train_options(int argc, char** argv, TrainOptions& o) {
       "Train in channels_last (NHWC) memory format (default on CUDA)");
   app.add_flag_callback(
       "--no-channels-last", [&o] { o.channels_last = 0; }, "Train in NCHW (default on the CPU)");
+  app.add_flag("--cuda-graphs", o.cuda_graphs,
+               "Capture one training step (forward, loss, backward) in a CUDA graph after "
+               "warm-up steps and replay it (one process on CUDA; otherwise it says why and "
+               "runs eagerly)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

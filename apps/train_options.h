@@ -49,6 +49,9 @@ struct TrainOptions {
   // in channels_last; -1 (neither given): on for CUDA, where cuDNN's NHWC kernels use the
   // tensor cores, off on the CPU.
   int channels_last = -1;
+  // --cuda-graphs: after warm-up steps, one training step's forward and backward are captured
+  // in a CUDA graph and replayed (see Trainer); one process on CUDA only.
+  bool cuda_graphs = false;
 };
 
 // Whether the model trains in channels_last on a device that is (or is not) CUDA.

@@ -38,39 +38,53 @@ Trainer::Trainer(const TrainOptions& options, nn::Module& model, nn::Module& tra
       group_(group),
       device_(device) {}
 
-BatchResult Trainer::run_batch(const data::Batch& batch) {
-  const int64_t micro_steps = options_.accum_steps, size = batch.data.size(0);
-  EMBER_CHECK(micro_steps >= 1 && size % micro_steps == 0, "Trainer::run_batch", "a batch of ",
-              size, " does not split into ", micro_steps, " equal micro-batches");
-  const int64_t micro = size / micro_steps;
-  auto* ddp = dynamic_cast<dist::DistributedDataParallel*>(&trained_);
-  BatchResult result;
-  optimizer_.zero_grad();
-  // The batch's mean loss is the mean of the micro-batches' mean losses (equal sizes).
-  const double scale = 1.0 / static_cast<double>(micro_steps);
-  auto micro_step = [&](int64_t k) {
-    const Tensor x = batch.data.narrow(0, k * micro, micro).to(device_, true);
-    const Tensor y = batch.target.narrow(0, k * micro, micro).to(device_, true);
-    Tensor logits, loss;
-    {
-      const auto autocast = precision_ != nullptr ? precision_->autocast() : nullptr;
-      logits = trained_.forward(x);
-      loss = cross_entropy(logits, y, {.label_smoothing = options_.label_smoothing});
-    }
-    const Tensor mean_part = micro_steps == 1 ? loss : loss * scale;
-    (precision_ != nullptr ? precision_->scale(mean_part) : mean_part).backward();
-    result.loss += loss.item<double>() * scale;
-    NoGradGuard no_grad;
-    result.correct += sum(eq(argmax(logits, 1), y)).item<double>();
-  };
-  for (int64_t k = 0; k < micro_steps; ++k) {
-    if (ddp != nullptr && k + 1 < micro_steps) {
-      auto no_sync = ddp->no_sync();  // gradients accumulate locally; the last one all-reduces
-      micro_step(k);
-    } else {
-      micro_step(k);
-    }
+std::string cuda_graphs_refusal(const TrainOptions& options, Device device, int world_size,
+                                bool fp16) {
+  if (!device.is_cuda()) return "CUDA graphs need a CUDA device";
+  if (world_size > 1)
+    return "not with " + std::to_string(world_size) +
+           " processes (DDP's all-reduces run from backward hooks and wait on the host)";
+  if (options.accum_steps > 1) return "not with --accum-steps (one micro-batch per step)";
+  if (fp16) return "not with fp16 (GradScaler reads its inf/NaN check back every step)";
+  return "";
+}
+
+void Trainer::forward_backward(const Tensor& x, const Tensor& y, double scale,
+                               BatchResult& result) {
+  Tensor logits, loss;
+  {
+    const auto autocast = precision_ != nullptr ? precision_->autocast() : nullptr;
+    logits = trained_.forward(x);
+    loss = cross_entropy(logits, y, {.label_smoothing = options_.label_smoothing});
   }
+  const Tensor mean_part = scale == 1.0 ? loss : loss * scale;
+  (precision_ != nullptr ? precision_->scale(mean_part) : mean_part).backward();
+  NoGradGuard no_grad;
+  result.loss = result.loss + loss.to(kF64) * scale;
+  result.correct = result.correct + sum(eq(argmax(logits, 1), y)).to(kF64);
+}
+
+// NOTE: on CUDA a batch is copied on a stream of its own, so the copy overlaps the kernels of
+// the step before it that are still running; the compute stream waits for it through an
+// event, and the tensor is marked as used there (record_stream), so the caching allocator
+// gives its block back to the copy stream only once the step is done with it.
+Tensor Trainer::to_device(const Tensor& t) {
+  if (!device_.is_cuda()) return t.to(device_, true);
+  const cuda::Stream compute = cuda::current_stream(device_.index);
+  if (!copy_stream_) copy_stream_ = cuda::Stream::create(device_.index);
+  Tensor out;
+  {
+    cuda::StreamGuard on_copy_stream(*copy_stream_);
+    out = t.to(device_, true);
+  }
+  cuda::Event copied;
+  copied.record(*copy_stream_);
+  copied.wait(compute);
+  cuda::record_stream(out.storage().data(), compute);
+  return out;
+}
+
+void Trainer::finish_step() {
   if (options_.grad_clip > 0) {
     if (precision_ != nullptr) precision_->unscale_(optimizer_);  // clip the true gradients
     optim::clip_grad_norm_(model_.parameters(), options_.grad_clip);
@@ -82,7 +96,101 @@ BatchResult Trainer::run_batch(const data::Batch& batch) {
   }
   if (schedule_ != nullptr) schedule_->step();
   ++step_;
+}
+
+bool Trainer::use_cuda_graph(const data::Batch& batch) {
+  if (graphs_ == Graphs::kUndecided) {
+    graphs_ = Graphs::kOff;
+    if (options_.cuda_graphs) {
+      const bool fp16 = precision_ != nullptr && precision_->precision() == Precision::kFP16;
+      const std::string why = cuda_graphs_refusal(options_, device_, group_.size(), fp16);
+      if (why.empty()) {
+        graphs_ = Graphs::kOn;
+      } else if (group_.rank() == 0) {
+        std::printf("ember-train: --cuda-graphs: %s; running eagerly\n", why.c_str());
+        std::fflush(stdout);
+      }
+    }
+  }
+  if (graphs_ != Graphs::kOn) return false;
+  if (captured_ != nullptr) return batch.data.sizes() == captured_->x.sizes();  // else eager
+  if (graph_warmup_ < kGraphWarmupSteps) {
+    ++graph_warmup_;
+    return false;
+  }
+  return capture_step(batch);
+}
+
+bool Trainer::capture_step(const data::Batch& batch) {
+  auto step = std::make_unique<CapturedStep>();
+  // Static buffers: every later batch is copied into them before a replay.
+  step->x = batch.data.to(device_);
+  step->y = batch.target.to(device_);
+  // No gradients: the capture's backward allocates them from the graph's pool and each
+  // replay rewrites them there.
+  optimizer_.zero_grad();
+  try {
+    cuda::capture(step->graph, [&] {
+      BatchResult r;
+      r.loss = zeros({}, TensorOptions(kF64, device_));
+      r.correct = zeros({}, TensorOptions(kF64, device_));
+      forward_backward(step->x, step->y, 1.0, r);
+      step->loss = r.loss;
+      step->correct = r.correct;
+    });
+  } catch (const Error& e) {
+    graphs_ = Graphs::kOff;
+    optimizer_.zero_grad();
+    if (group_.rank() == 0) {
+      std::printf(
+          "ember-train: --cuda-graphs: the training step could not be captured (%s); "
+          "running eagerly\n",
+          e.what());
+      std::fflush(stdout);
+    }
+    return false;
+  }
+  captured_ = std::move(step);
+  return true;
+}
+
+BatchResult Trainer::run_batch(const data::Batch& batch) {
+  const int64_t micro_steps = options_.accum_steps, size = batch.data.size(0);
+  EMBER_CHECK(micro_steps >= 1 && size % micro_steps == 0, "Trainer::run_batch", "a batch of ",
+              size, " does not split into ", micro_steps, " equal micro-batches");
+  BatchResult result;
   result.count = size;
+  if (use_cuda_graph(batch)) {
+    captured_->x.copy_(batch.data, true);
+    captured_->y.copy_(batch.target, true);
+    captured_->graph.replay();
+    finish_step();
+    result.loss = captured_->loss.clone();  // the next replay rewrites the graph's own
+    result.correct = captured_->correct.clone();
+    return result;
+  }
+  const int64_t micro = size / micro_steps;
+  auto* ddp = dynamic_cast<dist::DistributedDataParallel*>(&trained_);
+  result.loss = zeros({}, TensorOptions(kF64, device_));
+  result.correct = zeros({}, TensorOptions(kF64, device_));
+  // Once a graph holds the gradients, an eager step (a batch of another size) zeroes them in
+  // place, so the graph's replays keep writing where the optimizer reads.
+  optimizer_.zero_grad(captured_ == nullptr);
+  // The batch's mean loss is the mean of the micro-batches' mean losses (equal sizes).
+  const double scale = 1.0 / static_cast<double>(micro_steps);
+  auto micro_step = [&](int64_t k) {
+    forward_backward(to_device(batch.data.narrow(0, k * micro, micro)),
+                     to_device(batch.target.narrow(0, k * micro, micro)), scale, result);
+  };
+  for (int64_t k = 0; k < micro_steps; ++k) {
+    if (ddp != nullptr && k + 1 < micro_steps) {
+      auto no_sync = ddp->no_sync();  // gradients accumulate locally; the last one all-reduces
+      micro_step(k);
+    } else {
+      micro_step(k);
+    }
+  }
+  finish_step();
   return result;
 }
 
@@ -136,19 +244,42 @@ EvalResult Trainer::evaluate() {
   return last_eval_;
 }
 
+void Trainer::read_back() {
+  const auto v = stack({device_sums_.loss_sum, device_sums_.correct, device_sums_.window_loss,
+                        device_sums_.last_loss})
+                     .to_vector<double>();
+  sums_.loss_sum = v[0];
+  sums_.correct = v[1];
+  window_.loss = v[2];
+  last_loss_ = v[3];
+}
+
 void Trainer::record_step(const BatchResult& r, double lr, bool last) {
   const auto per_epoch = static_cast<double>(steps_per_epoch_);
-  window_.loss += r.loss;
+  {
+    NoGradGuard no_grad;
+    device_sums_.loss_sum = device_sums_.loss_sum + r.loss * static_cast<double>(r.count);
+    device_sums_.correct = device_sums_.correct + r.correct;
+    device_sums_.window_loss = device_sums_.window_loss + r.loss;
+    device_sums_.last_loss = r.loss;
+  }
   window_.images += r.count * group_.size();
   ++window_.steps;
-  if (step_ % log_every() == 0 || last) {
+  const bool log_due = step_ % log_every() == 0 || last;
+  const bool eval_due = eval_every() > 0 && step_ % eval_every() == 0 && !last;
+  const bool save_due = snapshots() && options_.save_every_steps > 0 &&
+                        step_ % options_.save_every_steps == 0 && !last;
+  if (log_due || eval_due || save_due || progress_->prints_line(sums_.batches)) read_back();
+  progress_->update(sums_.batches, sums_.seen_images, last_loss_);
+  if (log_due) {
     // Rank 0's loss: the curve is for reading, the epoch record averages across ranks.
     metrics_->step(step_, static_cast<double>(step_) / per_epoch,
                    window_.loss / static_cast<double>(window_.steps), lr,
                    static_cast<double>(window_.images) / seconds_since(window_.start));
     window_ = {};
+    device_sums_.window_loss = zeros({}, TensorOptions(kF64, device_));
   }
-  if (eval_every() > 0 && step_ % eval_every() == 0 && !last) {
+  if (eval_due) {
     const EvalResult e = evaluate();
     metrics_->eval(step_, static_cast<double>(step_) / per_epoch, e.loss, e.accuracy);
     window_.start = std::chrono::steady_clock::now();  // evaluation time is not training
@@ -163,10 +294,13 @@ bool Trainer::run_epoch(int64_t epoch) {
   if (done_before == 0) sums_ = {};
   sums_.batches = done_before;
   sums_.pass_batches = 0;
+  sums_.seen_images = 0;
+  const TensorOptions f64(kF64, device_);
+  device_sums_ = {scalar_tensor(sums_.loss_sum, f64), scalar_tensor(sums_.correct, f64),
+                  zeros({}, f64), zeros({}, f64)};
   progress_->start_epoch(epoch, options_.epochs, per_epoch);
   const auto epoch_start = std::chrono::steady_clock::now();
   window_ = {};
-  int64_t images = 0;
   bool more = true;
   trained_.train();
   for (const data::Batch& batch : *train_loader_) {
@@ -174,11 +308,8 @@ bool Trainer::run_epoch(int64_t epoch) {
     const BatchResult r = run_batch(batch);
     ++sums_.batches;
     ++sums_.pass_batches;
-    sums_.loss_sum += r.loss * static_cast<double>(r.count);
-    sums_.correct += r.correct;
     sums_.seen += static_cast<double>(r.count);
-    images += r.count * group_.size();
-    progress_->update(sums_.batches, images, r.loss);
+    sums_.seen_images += r.count * group_.size();
     const bool stop = options_.max_steps > 0 && step_ >= options_.max_steps;
     const bool last = sums_.batches == per_epoch || stop;
     record_step(r, lr, last);
@@ -192,7 +323,7 @@ bool Trainer::run_epoch(int64_t epoch) {
   }
   progress_->finish_epoch();
   const double epoch_seconds = seconds_since(epoch_start);
-  finish_epoch(epoch, static_cast<double>(images) / epoch_seconds, epoch_seconds);
+  finish_epoch(epoch, static_cast<double>(sums_.seen_images) / epoch_seconds, epoch_seconds);
   return more;
 }
 

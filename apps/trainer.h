@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,7 @@
 #include <ember/nn/module.h>
 #include <ember/optim/lr_scheduler.h>
 #include <ember/optim/optimizer.h>
+#include <ember/tensor/cuda_graph.h>
 
 #include "metrics_log.h"
 #include "precision.h"
@@ -35,17 +37,28 @@ struct EvalResult {
   double loss = 0, accuracy = 0;
 };
 
-// What run_batch saw on this rank.
+// What run_batch saw on this rank. The loss and the count of right answers stay on the
+// training device (0-d f64 tensors), so a step never waits for the GPU; loss_value() and
+// correct_value() read them back (and wait).
 struct BatchResult {
-  double loss = 0;     // the batch's mean loss (over all its micro-batches)
-  double correct = 0;  // samples classified right (argmax of the logits)
-  int64_t count = 0;   // samples
+  Tensor loss;        // the batch's mean loss (over all its micro-batches)
+  Tensor correct;     // samples classified right (argmax of the logits)
+  int64_t count = 0;  // samples
+  double loss_value() const { return loss.item<double>(); }
+  double correct_value() const { return correct.item<double>(); }
 };
 
 // The optimizer's parameter groups. no_decay_norm_bias: the weights of convolutions and
 // linear layers in group 0, and normalisation weights and every bias (the 1-d parameters)
 // in group 1 with weight_decay 0, as timm and most ImageNet recipes do; otherwise one group.
 std::vector<optim::ParamGroup> parameter_groups(const nn::Module& model, bool no_decay_norm_bias);
+
+// Why --cuda-graphs cannot capture this run's steps, or "" when it can: it needs a CUDA
+// device, one process (DDP launches its all-reduces from autograd hooks and waits for them
+// on the host), one micro-batch per step, and no fp16 loss scaling (GradScaler reads its
+// found-inf flag back to the host every step).
+std::string cuda_graphs_refusal(const TrainOptions& options, Device device, int world_size,
+                                bool fp16);
 
 struct SnapshotFile {
   std::string path;
@@ -72,7 +85,19 @@ class Trainer {
   // the first accum_steps - 1 backward passes run inside no_sync(), so gradients are averaged
   // across ranks once); then the gradients' L2 norm is clipped to options.grad_clip (when
   // > 0), the optimizer steps and the schedule steps.
+  //
+  // With options.cuda_graphs (where cuda_graphs_refusal allows; else it says why once and
+  // runs eagerly): after kGraphWarmupSteps eager steps, the next step's forward, loss and
+  // backward are captured in a CUDA graph with static input and label buffers; every later
+  // batch of that size is copied into them and the graph replayed. Gradients live in the
+  // graph's memory and each replay rewrites them. Clipping, the optimizer step and the
+  // schedule run eagerly after the replay: their learning rate and Adam's bias corrections
+  // are host numbers that change every step. A step that cannot be captured prints one
+  // message and the run goes on eagerly.
   BatchResult run_batch(const data::Batch& batch);
+  static constexpr int64_t kGraphWarmupSteps = 3;
+  // Whether steps replay a captured CUDA graph now.
+  bool replaying_cuda_graph() const { return captured_ != nullptr; }
 
   // What run_epoch, evaluate, save_snapshot and train use; the trainer does not own them.
   // checkpoint may be null (no snapshots). Attach before load_snapshot (an epoch's length
@@ -84,6 +109,10 @@ class Trainer {
   EvalResult evaluate();
   // One pass over the training loader: metrics every log_every steps, an evaluation every
   // eval_every_steps, the epoch record at the end. False when max_steps ended the run.
+  // NOTE: the running loss and accuracy sums accumulate on the device and are read back
+  // only where something prints or saves them (a metrics record, a progress line, an
+  // evaluation, a snapshot, the epoch's end), so the GPU runs ahead of the host between
+  // them; the sums add in the same order as on the host, so the figures are the same.
   bool run_epoch(int64_t epoch);
   // The state after the last run_batch of `epoch` as a snapshot in checkpoint_dir: the
   // epoch's, or mid-epoch the step's (all ranks take part). Then rank 0 deletes the oldest
@@ -122,12 +151,27 @@ class Trainer {
     double loss_sum = 0, correct = 0, seen = 0;
     int64_t batches = 0;       // of the epoch, those before a resume included
     int64_t pass_batches = 0;  // of this pass over the loader
+    int64_t seen_images = 0;   // of this pass, over all ranks
   };
   double current_lr() const;
+  // One micro-batch's forward, loss (scaled by `scale`) and backward; its loss and right
+  // answers added to `result` on the device.
+  void forward_backward(const Tensor& x, const Tensor& y, double scale, BatchResult& result);
+  // After the gradients: clipping, the optimizer step, the schedule step.
+  void finish_step();
+  // A batch tensor (pinned on CUDA runs) on the training device, copied without waiting.
+  Tensor to_device(const Tensor& t);
+  // --cuda-graphs: whether this batch runs through the graph (deciding once whether graphs
+  // are allowed), and the capture of a step (false, after saying why, when it failed).
+  bool use_cuda_graph(const data::Batch& batch);
+  bool capture_step(const data::Batch& batch);
   bool snapshots() const { return checkpoint_ != nullptr && !options_.checkpoint_dir.empty(); }
   void delete_old_snapshots() const;
-  // After a step of run_epoch: the metrics record and evaluation that are due.
+  // After a step of run_epoch: adds r to the device sums; the metrics record and evaluation
+  // that are due.
   void record_step(const BatchResult& r, double lr, bool last);
+  // The device sums into sums_, window_.loss and last_loss_ (one read, which waits).
+  void read_back();
   // The epoch's end: evaluation, the epoch record and its line.
   void finish_epoch(int64_t epoch, double images_per_s, double epoch_seconds);
 
@@ -151,6 +195,21 @@ class Trainer {
     int64_t images = 0, steps = 0;
     std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
   } window_;
+  // On the training device, 0-d f64: the epoch's loss * count and right answers, and the
+  // window's loss (each the host sum it mirrors, continued), and the last step's loss.
+  struct DeviceSums {
+    Tensor loss_sum, correct, window_loss, last_loss;
+  } device_sums_;
+  double last_loss_ = 0;  // the last step's loss, as of the last read_back
+  std::optional<cuda::Stream> copy_stream_;  // CUDA: where batches are copied to the device
+  // --cuda-graphs: the captured step, its static buffers and results.
+  struct CapturedStep {
+    cuda::CUDAGraph graph;
+    Tensor x, y, loss, correct;
+  };
+  std::unique_ptr<CapturedStep> captured_;
+  enum class Graphs { kUndecided, kOff, kOn } graphs_ = Graphs::kUndecided;
+  int64_t graph_warmup_ = 0;  // eager steps run since graphs were allowed
   EvalResult last_eval_;
   std::chrono::steady_clock::time_point run_start_ = std::chrono::steady_clock::now();
 };

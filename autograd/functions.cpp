@@ -489,7 +489,7 @@ class OpNode final : public Node {
       case OpId::kAvgPool2d:
         return {detail::avg_pool2d_backward(g, shape(0), a.pool)};
       case OpId::kAdaptiveAvgPool2d:
-        return {detail::adaptive_avg_pool2d_backward(g, shape(0))};
+        return {detail::adaptive_avg_pool2d_backward(g, shape(0), a.pool)};
       case OpId::kCrossEntropy:
         return {detail::cross_entropy_backward(g, in(0), a.extra.at(0), a.extra.at(1), a.dim, a.a),
                 Tensor()};

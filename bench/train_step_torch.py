@@ -59,6 +59,24 @@ CONFIGS = {
 }
 
 
+def forward_flops(model):
+    """Forward FLOPs per 32x32 image, counted as bench/train_step.cpp counts them: 2 per
+    multiply-add of the stem, each block's two 3x3 convolutions, its 1x1 projection where the
+    shape changes, and the classifier."""
+    channels, blocks = CONFIGS[model]
+    size, cin = 32, channels[0]
+    macs = 3 * cin * 9 * size * size
+    for stage, (cout, n) in enumerate(zip(channels, blocks)):
+        for b in range(n):
+            stride = 2 if stage > 0 and b == 0 else 1
+            size //= stride
+            macs += (cin * cout * 9 + cout * cout * 9) * size * size
+            if stride != 1 or cin != cout:
+                macs += cin * cout * size * size
+            cin = cout
+    return 2.0 * (macs + cin * 10)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="resnet20", choices=CONFIGS)
@@ -72,6 +90,9 @@ def main():
     parser.add_argument("--precision", default="fp32", choices=["fp32", "tf32", "bf16", "fp16"],
                         help="as bench/train_step: fp32/tf32 set the TF32 switches, bf16/fp16 autocast "
                              "(fp16 with a GradScaler)")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the model (PyTorch 2)")
+    parser.add_argument("--peak-tflops", type=float, default=0.0,
+                        help="the device's dense peak for this precision, for the MFU field")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -80,6 +101,8 @@ def main():
     memory_format = torch.channels_last if args.channels_last else torch.contiguous_format
     model = model.to(memory_format=memory_format)
     trained = model
+    if args.compile:
+        trained = torch.compile(model)
     if args.ddp:
         rank, world = int(os.environ["OMPI_COMM_WORLD_RANK"]), int(os.environ["OMPI_COMM_WORLD_SIZE"])
         dist.init_process_group("gloo", init_method="tcp://127.0.0.1:29517", rank=rank, world_size=world)
@@ -135,6 +158,10 @@ def main():
                 fn_times.append(time.perf_counter() - start)
         return [statistics.median(t) for t in times]
 
+    if device.type == "cuda":
+        step()  # compiles under --compile before the peak counter starts
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
     extra = {}
     if args.ddp:
         step_s, no_sync_s = median_times([step, local_step])
@@ -144,11 +171,19 @@ def main():
             return
     else:
         (step_s,) = median_times([step])
+    flops = forward_flops(args.model)
+    extra["ms_per_step"] = round(1e3 * step_s, 3)
+    extra["train_gflop_per_image"] = round(3 * flops / 1e9, 4)
+    if device.type == "cuda":
+        extra["peak_gpu_mem_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
+    if args.peak_tflops > 0:
+        extra["peak_tflops"] = args.peak_tflops
+        extra["mfu"] = round(args.batch / step_s * 3 * flops / (args.peak_tflops * 1e12), 4)
     print(json.dumps({
         "framework": "torch-" + torch.__version__, "model": args.model, "batch": args.batch, "device": args.device,
         "precision": args.precision, "matmul_precision": torch.get_float32_matmul_precision(),
         "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
-        "channels_last": args.channels_last, "threads": args.threads, "step_s": round(step_s, 4), "images_per_s": round(args.batch / step_s, 1),
+        "channels_last": args.channels_last, "compile": args.compile, "threads": args.threads, "step_s": round(step_s, 4), "images_per_s": round(args.batch / step_s, 1),
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, 1), **extra,
     }))
 

@@ -109,9 +109,10 @@ gpu_host_bench() (
   exit "$failed"
 )
 
-gpu_host_build() (
+# Configures and builds in EMBER_BUILD_DIR (after gpu_host_env): what build and
+# scripts/gpu_session.sh share.
+gpu_host_compile() (
   set -euo pipefail
-  gpu_host_env "$1"
   local build="${EMBER_BUILD_DIR:-build-gpu}"
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DEMBER_CUDA=ON \
     -DEMBER_CUDA_ARCHITECTURES="${EMBER_CUDA_ARCHITECTURES:-90}" \
@@ -119,6 +120,13 @@ gpu_host_build() (
     -DMPI_CXX_COMPILER="$EMBER_DEB_ROOT/usr/bin/mpicxx" -DMPIEXEC_EXECUTABLE="$EMBER_DEB_ROOT/usr/bin/mpirun" \
     -DPKG_CONFIG_EXECUTABLE="$EMBER_DEB_ROOT/usr/bin/pkg-config"
   cmake --build "$build" -j "${EMBER_JOBS:-$(nproc)}"
+)
+
+gpu_host_build() (
+  set -euo pipefail
+  gpu_host_env "$1"
+  gpu_host_compile
+  local build="${EMBER_BUILD_DIR:-build-gpu}"
   (cd "$build" && ctest -j "${EMBER_JOBS:-$(nproc)}" --timeout 300 --output-on-failure)
 )
 

@@ -1,6 +1,7 @@
 // cuda.h for builds without the CUDA backend: no device is ever available, and everything
 // that would need one throws ember::Error.
 #include "cuda.h"
+#include "cuda_graph.h"
 #include "detail/kernel_table.h"
 #include "error.h"
 
@@ -61,6 +62,17 @@ MemoryStats memory_stats(int /*device*/) { no_cuda("memory_stats"); }
 void reset_peak_stats(int /*device*/) { no_cuda("reset_peak_stats"); }
 void empty_cache() { no_cuda("empty_cache"); }
 bool record_stream(void* /*ptr*/, Stream /*stream*/) { no_cuda("record_stream"); }
+
+struct CUDAGraph::Impl {};
+CUDAGraph::CUDAGraph() : impl_(std::make_unique<Impl>()) {}
+CUDAGraph::~CUDAGraph() = default;
+void CUDAGraph::capture_begin() { no_cuda("CUDAGraph::capture_begin"); }
+void CUDAGraph::capture_end() { no_cuda("CUDAGraph::capture_end"); }
+void CUDAGraph::replay() { no_cuda("CUDAGraph::replay"); }
+void CUDAGraph::reset() {}  // nothing can have been captured
+bool CUDAGraph::captured() const { return false; }
+uint64_t CUDAGraph::pool() const { return 0; }
+void capture(CUDAGraph& /*graph*/, const std::function<void()>& /*work*/) { no_cuda("capture"); }
 
 }  // namespace cuda
 }  // namespace ember

@@ -214,24 +214,33 @@ Shape pooled_shape(const Tensor& input, const Pool2dParams& p, bool ceil_mode, c
   return {input.size(0), input.size(1), ho, wo};
 }
 
+// Pooling computes in its input's layout (channels_last kernels for a channels_last input,
+// no conversion) and records it in `params` for the backward.
+MemoryFormat pool_format(const Tensor& input, Pool2dParams& params) {
+  const MemoryFormat format = input.suggest_memory_format();
+  params.channels_last = format == MemoryFormat::ChannelsLast;
+  return format;
+}
+
 }  // namespace
 
 Tensor max_pool2d(const Tensor& input, Pair kernel, Pair stride, Pair padding, Pair dilation,
                   bool ceil_mode) {
   const char* op = "max_pool2d";
-  const Pool2dParams params = pool_params(input, kernel, stride, padding, dilation, op);
+  Pool2dParams params = pool_params(input, kernel, stride, padding, dilation, op);
   const Shape shape = pooled_shape(input, params, ceil_mode, op);
   AutogradScope scope(OpId::kMaxPool2d, {&input});
-  Tensor out = empty(shape, input.options());
-  Tensor indices = empty(shape, TensorOptions(kI64, input.device()));
+  const MemoryFormat format = pool_format(input, params);
+  Tensor out = empty(shape, input.options(), format);
+  Tensor indices = empty(shape, TensorOptions(kI64, input.device()), format);
   if (out.numel() > 0) {
     detail::require_kernel(detail::kernels_for(input.device(), op).max_pool2d_forward,
-                           input.device(), op)(out, indices, input.contiguous(), params);
+                           input.device(), op)(out, indices, input.contiguous(format), params);
   }
   OpArgs args;
   args.pool = params;
   if (scope.recording()) args.extra = {indices};
-  return scope.finish(out.contiguous(input.suggest_memory_format()), std::move(args));
+  return scope.finish(out, std::move(args));
 }
 
 Tensor avg_pool2d(const Tensor& input, Pair kernel, Pair stride, Pair padding, bool ceil_mode,
@@ -241,14 +250,15 @@ Tensor avg_pool2d(const Tensor& input, Pair kernel, Pair stride, Pair padding, b
   params.count_include_pad = count_include_pad;
   const Shape shape = pooled_shape(input, params, ceil_mode, op);
   AutogradScope scope(OpId::kAvgPool2d, {&input});
-  Tensor out = empty(shape, input.options());
+  const MemoryFormat format = pool_format(input, params);
+  Tensor out = empty(shape, input.options(), format);
   if (out.numel() > 0) {
     detail::require_kernel(detail::kernels_for(input.device(), op).avg_pool2d_forward,
-                           input.device(), op)(out, input.contiguous(), params);
+                           input.device(), op)(out, input.contiguous(format), params);
   }
   OpArgs args;
   args.pool = params;
-  return scope.finish(out.contiguous(input.suggest_memory_format()), std::move(args));
+  return scope.finish(out, std::move(args));
 }
 
 Tensor adaptive_avg_pool2d(const Tensor& input, Pair output_size) {
@@ -259,13 +269,17 @@ Tensor adaptive_avg_pool2d(const Tensor& input, Pair output_size) {
   EMBER_CHECK(input.size(2) > 0 && input.size(3) > 0, op, "input of shape ",
               shape_str(input.sizes()), " has an empty plane");
   AutogradScope scope(OpId::kAdaptiveAvgPool2d, {&input});
-  Tensor out =
-      empty({input.size(0), input.size(1), output_size[0], output_size[1]}, input.options());
+  Pool2dParams params;
+  const MemoryFormat format = pool_format(input, params);
+  Tensor out = empty({input.size(0), input.size(1), output_size[0], output_size[1]},
+                     input.options(), format);
   if (out.numel() > 0) {
     detail::require_kernel(detail::kernels_for(input.device(), op).adaptive_avg_pool2d_forward,
-                           input.device(), op)(out, input.contiguous());
+                           input.device(), op)(out, input.contiguous(format));
   }
-  return scope.finish(out.contiguous(input.suggest_memory_format()));
+  OpArgs args;
+  args.pool = params;
+  return scope.finish(out, std::move(args));
 }
 
 Tensor dropout(const Tensor& input, double p, bool training, Generator* gen) {
@@ -348,27 +362,38 @@ std::array<Tensor, 3> batch_norm_backward(const Tensor& grad_out, const Tensor& 
   return {gi4, gw, gb};
 }
 
+namespace {
+MemoryFormat grad_format(const Pool2dParams& params) {
+  return params.channels_last ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous;
+}
+}  // namespace
+
 Tensor max_pool2d_backward(const Tensor& grad_out, const Shape& input_sizes, const Tensor& indices,
                            const Pool2dParams& params) {
-  Tensor gi = empty(input_sizes, grad_out.options());
+  const MemoryFormat format = grad_format(params);
+  Tensor gi = empty(input_sizes, grad_out.options(), format);
   require_kernel(kernels_for(grad_out.device(), "max_pool2d").max_pool2d_backward,
-                 grad_out.device(), "max_pool2d")(gi, grad_out.contiguous(), indices, params);
-  return gi.contiguous(grad_out.suggest_memory_format());
+                 grad_out.device(),
+                 "max_pool2d")(gi, grad_out.contiguous(format), indices.contiguous(format), params);
+  return gi;
 }
 
 Tensor avg_pool2d_backward(const Tensor& grad_out, const Shape& input_sizes,
                            const Pool2dParams& params) {
-  Tensor gi = empty(input_sizes, grad_out.options());
+  const MemoryFormat format = grad_format(params);
+  Tensor gi = empty(input_sizes, grad_out.options(), format);
   require_kernel(kernels_for(grad_out.device(), "avg_pool2d").avg_pool2d_backward,
-                 grad_out.device(), "avg_pool2d")(gi, grad_out.contiguous(), params);
-  return gi.contiguous(grad_out.suggest_memory_format());
+                 grad_out.device(), "avg_pool2d")(gi, grad_out.contiguous(format), params);
+  return gi;
 }
 
-Tensor adaptive_avg_pool2d_backward(const Tensor& grad_out, const Shape& input_sizes) {
-  Tensor gi = empty(input_sizes, grad_out.options());
+Tensor adaptive_avg_pool2d_backward(const Tensor& grad_out, const Shape& input_sizes,
+                                    const Pool2dParams& params) {
+  const MemoryFormat format = grad_format(params);
+  Tensor gi = empty(input_sizes, grad_out.options(), format);
   require_kernel(kernels_for(grad_out.device(), "adaptive_avg_pool2d").adaptive_avg_pool2d_backward,
-                 grad_out.device(), "adaptive_avg_pool2d")(gi, grad_out.contiguous());
-  return gi.contiguous(grad_out.suggest_memory_format());
+                 grad_out.device(), "adaptive_avg_pool2d")(gi, grad_out.contiguous(format));
+  return gi;
 }
 
 Tensor cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits, const Tensor& lse,

@@ -12,6 +12,7 @@ void register_cpu_kernels(KernelTable& table) {
   register_cpu_amp_kernels(table);
   // scaled-dot-product attention
   register_cpu_attention_kernels(table);
+  register_cpu_pooling_kernels(table);
 }
 
 }  // namespace ember::detail

@@ -11,10 +11,12 @@ void register_cpu_reduce_kernels(KernelTable& table);  // reduce, arg_reduce, so
 void register_cpu_linalg_kernels(KernelTable& table);  // gemm
 void register_cpu_index_kernels(KernelTable& table);   // index_select, gather, scatter_add
 void register_cpu_conv_kernels(KernelTable& table);    // conv2d_forward, conv2d_backward
-void register_cpu_layer_kernels(KernelTable& table);   // batch norm, pooling, cross-entropy
+void register_cpu_layer_kernels(KernelTable& table);   // batch norm, cross-entropy
 void register_cpu_amp_kernels(KernelTable& table);     // amp_non_finite_check_and_unscale
 // scaled-dot-product attention
 void register_cpu_attention_kernels(KernelTable& table);  // attention_forward, attention_backward
+// Pooling (max, average, adaptive average; NCHW and channels_last).
+void register_cpu_pooling_kernels(KernelTable& table);
 
 // Splits [0, n) across OpenMP threads when n elements are worth it (a grain of work each).
 inline constexpr int64_t kParallelGrain = 32768;

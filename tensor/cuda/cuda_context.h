@@ -16,6 +16,10 @@ int resolve_cuda_device(int device, const char* op);
 // The calling thread's current stream on `device`.
 cudaStream_t current_cuda_stream(int device);
 
+class CachingAllocator;
+// The caching allocator of `device` (CUDA graphs route their captures' memory through it).
+CachingAllocator& cuda_caching_allocator(int device);
+
 // Guards t's device and yields the stream ops on it run on.
 struct KernelContext {
   explicit KernelContext(const Tensor& t)

@@ -12,11 +12,13 @@ void register_cuda_random_kernels(KernelTable& table);       // random
 void register_cuda_blas_kernels(KernelTable& table);         // gemm
 void register_cuda_memory_kernels(KernelTable& table);       // allocator, transfer
 void register_cuda_conv_kernels(KernelTable& table);         // conv2d (cuDNN)
-void register_cuda_layer_kernels(KernelTable& table);        // batch norm, pooling, cross-entropy
+void register_cuda_layer_kernels(KernelTable& table);        // batch norm, cross-entropy
 void register_cuda_amp_kernels(KernelTable& table);          // amp_non_finite_check_and_unscale
 // scaled-dot-product attention
 void register_cuda_attention_kernels(KernelTable& table);  // attention_forward, attention_backward
 // GPT layers
 void register_cuda_layer_norm_kernels(KernelTable& table);  // layer_norm_forward/backward
+// Pooling (max, average, adaptive average; NCHW and channels_last).
+void register_cuda_pooling_kernels(KernelTable& table);
 
 }  // namespace ember::detail

@@ -19,7 +19,12 @@ class CudaDeviceMemory final : public DeviceMemory {
   void* raw_alloc(size_t nbytes) override {
     cuda::DeviceGuard guard(device_);
     void* ptr = nullptr;
+    // NOTE: a thread capturing a CUDA graph may not call cudaMalloc unless its capture mode
+    // is relaxed for the call (as PyTorch's allocator does); the graph's pool needs memory.
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    EMBER_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
     const cudaError_t status = cudaMalloc(&ptr, nbytes);
+    EMBER_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
     if (status == cudaErrorMemoryAllocation) {
       cudaGetLastError();  // the caching allocator frees its cache and retries
       return nullptr;
@@ -152,6 +157,8 @@ void transfer(const Tensor& dst, const Tensor& src, bool non_blocking) {
 }
 
 }  // namespace
+
+CachingAllocator& cuda_caching_allocator(int device) { return cuda_allocator(device).cache(); }
 
 void register_cuda_memory_kernels(KernelTable& table) {
   table.allocator = allocator_entry;

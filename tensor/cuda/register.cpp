@@ -16,6 +16,7 @@ void register_cuda_kernels(KernelTable& table) {
   // scaled-dot-product attention
   register_cuda_attention_kernels(table);
   register_cuda_layer_norm_kernels(table);  // GPT layers
+  register_cuda_pooling_kernels(table);
 }
 
 }  // namespace ember::detail

@@ -53,6 +53,7 @@ struct Block {
   Block* next = nullptr;
   std::unordered_set<void*> stream_uses;  // other streams that used it (record_stream)
   int pending_events = 0;
+  uint64_t pool = 0;  // 0: the general cache; else the private pool (a CUDA graph's) it is in
 };
 
 // Free blocks ordered by (stream, size, address): lower_bound finds the best fit on a stream.
@@ -69,6 +70,15 @@ using Pool = std::set<Block*, BlockLess>;
 
 }  // namespace
 
+// A CUDA graph's memory: the segments its capture allocated from, kept apart from the general
+// cache while the graph lives.
+struct PrivatePool {
+  Pool small, large;
+  int64_t segments = 0;
+  bool released = false;          // the graph is gone: segments return as they empty
+  void* return_stream = nullptr;  // ... to the general cache, for use on this stream
+};
+
 struct CachingAllocator::State {
   std::unique_ptr<DeviceMemory> memory;
   mutable std::mutex mutex;
@@ -76,9 +86,29 @@ struct CachingAllocator::State {
   Pool large_pool;
   std::unordered_map<void*, Block*> live;         // handed-out blocks by address
   std::vector<std::pair<void*, Block*>> pending;  // (event, block) awaiting completion
+  std::unordered_map<uint64_t, PrivatePool> private_pools;
+  std::unordered_map<void*, uint64_t> capturing;  // stream -> the private pool it allocates from
   cuda::MemoryStats stats;
 
-  Pool& pool_of(const Block* block) { return block->small ? small_pool : large_pool; }
+  Pool& pool_of(const Block* block) {
+    if (block->pool != 0) {
+      PrivatePool& p = private_pools.at(block->pool);
+      return block->small ? p.small : p.large;
+    }
+    return block->small ? small_pool : large_pool;
+  }
+
+  // A whole free segment of a released private pool goes to the general cache.
+  void return_if_released(Block* block) {
+    if (block->pool == 0 || block->prev != nullptr || block->next != nullptr) return;
+    auto it = private_pools.find(block->pool);
+    if (!it->second.released) return;
+    pool_of(block).erase(block);
+    block->pool = 0;
+    block->stream = it->second.return_stream;
+    pool_of(block).insert(block);
+    if (--it->second.segments == 0) private_pools.erase(it);
+  }
 
   void update_peaks() {
     stats.peak_allocated_bytes = std::max(stats.peak_allocated_bytes, stats.allocated_bytes);
@@ -105,6 +135,7 @@ struct CachingAllocator::State {
       delete next;
     }
     pool.insert(block);
+    return_if_released(block);
   }
 
   // Blocks whose last other-stream use has completed go back to their pools.
@@ -146,11 +177,30 @@ struct CachingAllocator::State {
     return block;
   }
 
+  // NOTE: a capture takes whole free segments of the general cache before asking the device,
+  // so a capture after warm-up steps needs no raw allocation. Their earlier work must have
+  // finished: CUDAGraph synchronises the device before it begins a capture.
+  Block* adopt_segment(size_t size, bool small, void* stream, uint64_t pool_id) {
+    Pool& general = small ? small_pool : large_pool;
+    Block* best = nullptr;
+    for (Block* block : general) {
+      if (block->prev != nullptr || block->next != nullptr || block->size < size) continue;
+      if (best == nullptr || block->size < best->size) best = block;
+    }
+    if (best == nullptr) return nullptr;
+    general.erase(best);
+    best->stream = stream;
+    best->pool = pool_id;
+    ++private_pools.at(pool_id).segments;
+    return best;
+  }
+
   Block* new_segment(size_t size, size_t request, void* stream, bool small) {
     const size_t nbytes = segment_size(size);
     void* ptr = memory->raw_alloc(nbytes);
-    if (ptr == nullptr) {
-      // The device is full: give back what the cache holds and try once more.
+    // The device is full: give back what the cache holds and try once more (not during a
+    // capture, when freeing device memory is not allowed).
+    if (ptr == nullptr && capturing.empty()) {
       release_cached_segments();
       ptr = memory->raw_alloc(nbytes);
     }
@@ -179,6 +229,7 @@ struct CachingAllocator::State {
     rest->size = remaining;
     rest->ptr = block->ptr + size;
     rest->small = block->small;
+    rest->pool = block->pool;
     rest->in_use = false;
     rest->prev = block;
     rest->next = block->next;
@@ -205,6 +256,17 @@ CachingAllocator::~CachingAllocator() {
     if (--block->pending_events == 0) s.release_block(block);
   }
   s.pending.clear();
+  for (auto& [id, pool] : s.private_pools) {  // graphs outliving the allocator: process exit
+    pool.released = true;
+    for (Pool* p : {&pool.small, &pool.large}) {
+      for (Block* block : *p) {
+        if (block->prev == nullptr && block->next == nullptr) {
+          s.memory->raw_free(block->ptr);
+        }
+        delete block;
+      }
+    }
+  }
   s.release_cached_segments();
   for (Pool* pool : {&s.small_pool, &s.large_pool}) {
     for (Block* block : *pool) delete block;
@@ -218,8 +280,21 @@ void* CachingAllocator::allocate(size_t nbytes, void* stream) {
   s.process_events();
   const size_t size = round_size(nbytes);
   const bool small = size <= kSmallSize;
-  Block* block = s.take_cached(small ? s.small_pool : s.large_pool, stream, size);
-  if (block == nullptr) block = s.new_segment(size, nbytes, stream, small);
+  const auto capture = s.capturing.find(stream);
+  const uint64_t pool_id = capture == s.capturing.end() ? 0 : capture->second;
+  Block* block = nullptr;
+  if (pool_id == 0) {
+    block = s.take_cached(small ? s.small_pool : s.large_pool, stream, size);
+  } else {
+    PrivatePool& pool = s.private_pools.at(pool_id);
+    block = s.take_cached(small ? pool.small : pool.large, stream, size);
+    if (block == nullptr) block = s.adopt_segment(size, small, stream, pool_id);
+  }
+  if (block == nullptr) {
+    block = s.new_segment(size, nbytes, stream, small);
+    block->pool = pool_id;
+    if (pool_id != 0) ++s.private_pools.at(pool_id).segments;
+  }
   block->in_use = true;
   s.maybe_split(block, size);
   s.live.emplace(block->ptr, block);
@@ -256,6 +331,44 @@ bool CachingAllocator::record_stream(void* ptr, void* stream) {
   if (it == s.live.end()) return false;
   if (stream != it->second->stream) it->second->stream_uses.insert(stream);
   return true;
+}
+
+void CachingAllocator::begin_pool(uint64_t pool, void* stream) {
+  State& s = *state_;
+  std::lock_guard lock(s.mutex);
+  EMBER_ASSERT(pool != 0, "CachingAllocator::begin_pool: pool 0 is the general cache");
+  EMBER_ASSERT(!s.capturing.contains(stream), "CachingAllocator::begin_pool: stream ", stream,
+               " already allocates from pool ", s.capturing.at(stream));
+  const auto it = s.private_pools.try_emplace(pool).first;
+  EMBER_ASSERT(!it->second.released, "CachingAllocator::begin_pool: pool ", pool, " was released");
+  s.capturing.emplace(stream, pool);
+}
+
+void CachingAllocator::end_pool(void* stream) {
+  State& s = *state_;
+  std::lock_guard lock(s.mutex);
+  s.capturing.erase(stream);
+}
+
+void CachingAllocator::release_pool(uint64_t pool, void* stream) {
+  State& s = *state_;
+  std::lock_guard lock(s.mutex);
+  auto it = s.private_pools.find(pool);
+  if (it == s.private_pools.end()) return;
+  std::erase_if(s.capturing, [&](const auto& entry) { return entry.second == pool; });
+  if (it->second.segments == 0) {
+    s.private_pools.erase(it);
+    return;
+  }
+  it->second.released = true;
+  it->second.return_stream = stream;
+  std::vector<Block*> whole;
+  for (Pool* p : {&it->second.small, &it->second.large}) {
+    for (Block* block : *p) {
+      if (block->prev == nullptr && block->next == nullptr) whole.push_back(block);
+    }
+  }
+  for (Block* block : whole) s.return_if_released(block);  // may erase the pool
 }
 
 void CachingAllocator::empty_cache() {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 
 #include "../cuda.h"
@@ -37,6 +38,16 @@ class CachingAllocator {
   void free(void* ptr);
   // False, recording nothing, when `ptr` is not one of its live blocks.
   bool record_stream(void* ptr, void* stream);
+  // Private pools (CUDA graphs, as PyTorch's graph memory pools): from begin_pool until
+  // end_pool, allocations on `stream` come from pool `pool` (an id > 0, created on first use),
+  // served by its own freed blocks, whole free segments taken from the general cache, or new
+  // segments. Its blocks are never handed to allocations outside the pool, even once freed.
+  void begin_pool(uint64_t pool, void* stream);
+  void end_pool(void* stream);
+  // The pool's owner is gone: its free segments return to the general cache for use on
+  // `stream`, and the rest as their blocks are freed. The caller ensures that work which used
+  // them (graph replays) has finished.
+  void release_pool(uint64_t pool, void* stream);
   void empty_cache();
   cuda::MemoryStats stats() const;
   void reset_peak_stats();

@@ -100,6 +100,8 @@ struct Pool2dParams {
   int64_t padding[2] = {0, 0};
   int64_t dilation[2] = {1, 1};
   bool count_include_pad = true;  // average pooling: divide by the window including padding
+  // The layout the op computed in (its input's suggested format), which its gradient takes.
+  bool channels_last = false;
 };
 
 // Scaled-dot-product attention (attention.h): scores q_i . k_j * scale, keys j > i masked out

@@ -24,11 +24,14 @@ std::array<Tensor, 3> batch_norm_backward(const Tensor& grad_out, const Tensor& 
                                           const Tensor& weight, const Tensor& save_mean,
                                           const Tensor& save_invstd, bool training,
                                           std::array<bool, 3> needs);
+// The pooling gradients take the layout the forward computed in (params.channels_last).
 Tensor max_pool2d_backward(const Tensor& grad_out, const Shape& input_sizes, const Tensor& indices,
                            const Pool2dParams& params);
 Tensor avg_pool2d_backward(const Tensor& grad_out, const Shape& input_sizes,
                            const Pool2dParams& params);
-Tensor adaptive_avg_pool2d_backward(const Tensor& grad_out, const Shape& input_sizes);
+// (adaptive pooling reads only params.channels_last).
+Tensor adaptive_avg_pool2d_backward(const Tensor& grad_out, const Shape& input_sizes,
+                                    const Pool2dParams& params = {});
 Tensor cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits, const Tensor& lse,
                               const Tensor& target, int64_t ignore_index, double smoothing);
 

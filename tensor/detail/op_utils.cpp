@@ -47,6 +47,11 @@ bool is_channels_last_rows(const Tensor& t) {
          t.stride(2) == t.size(1) && (t.size(0) == 1 || t.stride(0) == t.size(1) * t.size(2));
 }
 
+bool pooling_channels_last(std::initializer_list<const Tensor*> tensors) {
+  return std::any_of(tensors.begin(), tensors.end(),
+                     [](const Tensor* t) { return !t->is_contiguous(); });
+}
+
 int64_t wrap_dim(int64_t dim, int64_t ndim, const char* op) {
   const int64_t n = std::max<int64_t>(ndim, 1);
   EMBER_CHECK(dim >= -n && dim < n, op, "dim ", dim, " is out of range for a tensor with ", ndim,

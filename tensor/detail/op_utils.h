@@ -27,6 +27,10 @@ MemoryFormat result_memory_format(std::initializer_list<const Tensor*> operands,
 // True for the channels-last [N, C, S] view batch norm's kernels take (strides
 // {S * C, 1, C}, not also row-major): N * S rows of C channels.
 bool is_channels_last_rows(const Tensor& t);
+// Whether the pooling kernels walk `tensors` (all 4-d, dense in one layout) as channels_last:
+// true when any of them is not NCHW-contiguous. A tensor dense in both layouts (C == 1, or
+// H == W == 1) has the same bytes either way, so the others decide.
+bool pooling_channels_last(std::initializer_list<const Tensor*> tensors);
 
 // Turns a possibly negative dim into [0, ndim); ember::Error naming `op` when out of range.
 // A 0-d tensor accepts dims 0 and -1, as in PyTorch.

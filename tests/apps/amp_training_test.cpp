@@ -69,7 +69,8 @@ TrainRun train(Precision precision, const std::vector<data::Batch>& batches) {
   trainer.set_precision(&context);
   TrainRun run;
   run.initial = flat_parameters(*model);
-  for (const data::Batch& batch : batches) run.losses.push_back(trainer.run_batch(batch).loss);
+  for (const data::Batch& batch : batches)
+    run.losses.push_back(trainer.run_batch(batch).loss_value());
   run.loss_scale = context.loss_scale();
   run.skipped = context.skipped_steps();
   for (const Tensor& p : model->parameters()) {

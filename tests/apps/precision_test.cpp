@@ -75,7 +75,7 @@ TEST(Precision, Bf16TrainerStepsKeepF32WeightsAndTrackF32) {
   for (uint64_t step = 0; step < 5; ++step) {
     const data::Batch batch = random_batch(16, 30 + step);
     const BatchResult r = trainer.run_batch(batch), ref = f32.run_batch(batch);
-    EXPECT_NEAR(r.loss, ref.loss, 2e-2 * ref.loss) << "step " << step;
+    EXPECT_NEAR(r.loss_value(), ref.loss_value(), 2e-2 * ref.loss_value()) << "step " << step;
   }
   for (const Tensor& p : model->parameters()) {
     EXPECT_EQ(p.dtype(), kF32);

@@ -2,9 +2,11 @@
 // parameter groups, and the metrics an epoch writes.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include <ember/dist/distributed_sampler.h>
 #include <ember/dist/single_process_group.h>
@@ -39,8 +41,8 @@ TEST(Trainer, AccumulatedMicroBatchesEqualOneBatch) {
   for (uint64_t step = 0; step < 3; ++step) {
     const data::Batch batch = random_batch(16, 100 + step);
     const BatchResult ra = a.run_batch(batch), rb = b.run_batch(batch);
-    EXPECT_NEAR(ra.loss, rb.loss, 1e-5);
-    EXPECT_EQ(ra.correct, rb.correct);
+    EXPECT_NEAR(ra.loss_value(), rb.loss_value(), 1e-5);
+    EXPECT_EQ(ra.correct_value(), rb.correct_value());
     EXPECT_EQ(rb.count, 16);
   }
   EXPECT_EQ(b.step(), 3);
@@ -71,6 +73,36 @@ TEST(Trainer, ClippingIsClipGradNorm) {
   sgd_ref->step();
   expect_close(flat_parameters(*model), flat_parameters(*reference), 0.0f);
   EXPECT_NE(flat_parameters(*model), flat_parameters(*unclipped));
+}
+
+TEST(Trainer, CudaGraphsRefusalSaysWhy) {
+  TrainOptions o;
+  EXPECT_EQ(cuda_graphs_refusal(o, cuda_device(0), 1, false), "");
+  EXPECT_NE(cuda_graphs_refusal(o, kCPU, 1, false).find("CUDA device"), std::string::npos);
+  EXPECT_NE(cuda_graphs_refusal(o, cuda_device(0), 4, false).find("DDP"), std::string::npos);
+  EXPECT_NE(cuda_graphs_refusal(o, cuda_device(0), 1, true).find("fp16"), std::string::npos);
+  o.accum_steps = 2;
+  EXPECT_NE(cuda_graphs_refusal(o, cuda_device(0), 1, false).find("--accum-steps"),
+            std::string::npos);
+}
+
+TEST(Trainer, CudaGraphsOnTheCpuSayWhyOnceAndRunEagerly) {
+  dist::SingleProcessGroup group;
+  TrainOptions graphs, eager;
+  graphs.cuda_graphs = true;
+  auto model_a = small_model(), model_b = small_model();
+  auto sgd_a = make_sgd(*model_a), sgd_b = make_sgd(*model_b);
+  Trainer a(graphs, *model_a, *model_a, *sgd_a, nullptr, group, kCPU);
+  Trainer b(eager, *model_b, *model_b, *sgd_b, nullptr, group, kCPU);
+  ::testing::internal::CaptureStdout();
+  for (uint64_t step = 0; step < Trainer::kGraphWarmupSteps + 2; ++step) {
+    const data::Batch batch = random_batch(16, 200 + step);
+    EXPECT_EQ(a.run_batch(batch).loss_value(), b.run_batch(batch).loss_value());
+  }
+  const std::string out = ::testing::internal::GetCapturedStdout();
+  EXPECT_EQ(out, "ember-train: --cuda-graphs: CUDA graphs need a CUDA device; running eagerly\n");
+  EXPECT_FALSE(a.replaying_cuda_graph());
+  EXPECT_EQ(flat_parameters(*model_a), flat_parameters(*model_b));
 }
 
 TEST(Trainer, NoDecayGroupsHoldNormsAndBiases) {
@@ -159,6 +191,63 @@ TEST(Trainer, EpochsWriteStepEvalAndEpochRecords) {
     ASSERT_FALSE(png.empty());
     EXPECT_GT(fs::file_size(png), 1000u);
   }
+}
+
+// The text of `key`'s value in each metrics.jsonl record of a kind.
+std::vector<std::string> record_values(const fs::path& jsonl, const std::string& kind,
+                                       const std::string& key) {
+  std::ifstream in(jsonl);
+  std::vector<std::string> out;
+  for (std::string line; std::getline(in, line);) {
+    if (line.find("\"kind\": \"" + kind + "\"") == std::string::npos) continue;
+    const size_t at = line.find("\"" + key + "\": ");
+    if (at == std::string::npos) continue;
+    const size_t begin = at + key.size() + 4;
+    out.push_back(line.substr(begin, line.find_first_of(",}", begin) - begin));
+  }
+  return out;
+}
+
+std::string fixed5(double v) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.5f", v);
+  return text;
+}
+
+TEST(Trainer, MetricsFromDeviceSumsEqualHostSums) {
+  // run_epoch keeps its sums on the device and reads them back at records only; the records
+  // must be those of summing each step's loss and right answers on the host.
+  EpochFixture f("device_sums");
+  TrainOptions o;
+  o.epochs = 1;
+  o.log_every = 10;
+  f.trainer(o).train(0);
+  auto model = small_model();
+  auto sgd = make_sgd(*model);
+  Trainer reference(o, *model, *model, *sgd, nullptr, f.group, kCPU);
+  f.train_loader->set_epoch(0);
+  double window = 0, loss_sum = 0, correct = 0, seen = 0;
+  int64_t steps = 0, in_window = 0;
+  std::vector<std::string> expected;
+  for (const data::Batch& batch : *f.train_loader) {
+    const BatchResult r = reference.run_batch(batch);
+    window += r.loss_value();
+    loss_sum += r.loss_value() * static_cast<double>(r.count);
+    correct += r.correct_value();
+    seen += static_cast<double>(r.count);
+    ++in_window;
+    if (++steps % 10 == 0 || steps == 25) {
+      expected.push_back(fixed5(window / static_cast<double>(in_window)));
+      window = 0;
+      in_window = 0;
+    }
+  }
+  const fs::path jsonl = f.metrics->jsonl_path();
+  EXPECT_EQ(record_values(jsonl, "step", "loss"), expected);
+  EXPECT_EQ(record_values(jsonl, "epoch", "train_loss"),
+            std::vector<std::string>{fixed5(loss_sum / seen)});
+  EXPECT_EQ(record_values(jsonl, "epoch", "train_accuracy"),
+            std::vector<std::string>{fixed5(correct / seen)});
 }
 
 TEST(Trainer, DefaultLogEveryGivesFiftyPointsAnEpochAndMaxStepsStops) {

@@ -1,7 +1,9 @@
 // channels_last (NHWC) against NCHW through conv2d, batch_norm, relu, add and pooling, forward
 // and backward, and a whole ResNet-20 step: the same values, with outputs and gradients that
 // keep channels_last strides. CUDA variants run where a GPU is visible.
+#include <cmath>
 #include <functional>
+#include <limits>
 #include <string>
 
 #include "test_util.h"
@@ -161,24 +163,102 @@ TEST(ChannelsLast, ReluAndAdd) {
           {randn({2, 5, 4, 3}), randn({1, 5, 1, 1})}, 0);
 }
 
+// The pooling cases both layouts run: padding, strides, dilation, ceil_mode, count_include_pad
+// off, windows larger than the stride, adaptive windows that overlap and upsample, and
+// shapes dense in both layouts (C == 1, a 1x1 plane).
+std::vector<std::pair<std::string, std::function<Tensor(const std::vector<Tensor>&)>>>
+pooling_ops() {
+  return {
+      {"max 3x3/2 pad 1",
+       [](const auto& x) {
+         return max_pool2d(x[0], {3, 3}, {2, 2}, {1, 1});
+       }},
+      {"max 2x2",
+       [](const auto& x) {
+         return max_pool2d(x[0], {2, 2});
+       }},
+      {"max dilated ceil",
+       [](const auto& x) {
+         return max_pool2d(x[0], {3, 2}, {1, 2}, {1, 0}, {2, 2}, true);
+       }},
+      {"avg 2x2",
+       [](const auto& x) {
+         return avg_pool2d(x[0], {2, 2});
+       }},
+      {"avg 3x3/2 pad 1 ceil excl",
+       [](const auto& x) {
+         return avg_pool2d(x[0], {3, 3}, {2, 2}, {1, 1}, true, false);
+       }},
+      {"avg 4x3/1",
+       [](const auto& x) {
+         return avg_pool2d(x[0], {4, 3}, {1, 1});
+       }},
+      {"adaptive 1x1",
+       [](const auto& x) {
+         return adaptive_avg_pool2d(x[0], {1, 1});
+       }},
+      {"adaptive 2x3",
+       [](const auto& x) {
+         return adaptive_avg_pool2d(x[0], {2, 3});
+       }},
+      {"adaptive 11x9",
+       [](const auto& x) {
+         return adaptive_avg_pool2d(x[0], {11, 9});
+       }},
+  };
+}
+
 TEST(ChannelsLast, Pooling) {
-  // Pooling computes in NCHW and converts: bitwise.
-  compare(
-      [](const auto& x) {
-        return max_pool2d(x[0], {3, 3}, {2, 2}, {1, 1});
-      },
-      {randn({2, 4, 9, 8})}, 0);
-  compare([](const auto& x) { return avg_pool2d(x[0], {2, 2}); }, {randn({2, 4, 8, 8})}, 0);
-  compare(
-      [](const auto& x) {
-        return adaptive_avg_pool2d(x[0], {1, 1});
-      },
-      {randn({2, 4, 5, 5})}, 0);
+  // The channels_last kernels visit the same taps in the same order: bitwise equal values,
+  // outputs and gradients channels_last.
+  for (DType dtype : {kF32, kF64, kBF16}) {
+    for (const auto& [name, op] : pooling_ops()) {
+      SCOPED_TRACE(name + " " + std::string(dtype_name(dtype)));
+      compare(op, {randn({2, 4, 9, 8}).to(dtype)}, 0);
+      compare(op, {randn({3, 1, 7, 6}).to(dtype)}, 0);  // C == 1: dense in both layouts
+    }
+  }
   compare(
       [](const auto& x) {
         return adaptive_avg_pool2d(x[0], {2, 3});
       },
-      {randn({2, 4, 5, 7})}, 0);
+      {randn({2, 5, 1, 1})},
+      0);  // a 1x1 plane (dense in both layouts) to a channels_last 2x3 output
+}
+
+TEST(ChannelsLast, MaxPoolNanAndInfinityPickTheSameTaps) {
+  // NaN wins (the first in the window), -inf windows keep their first tap: the same outputs,
+  // and gradients routed to the same positions, in both layouts.
+  std::vector<float> v = randn({2, 3, 6, 6}).to_vector<float>();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (int i : {3, 14, 15, 40, 77}) v[static_cast<size_t>(i)] = nan;
+  for (int i = 36; i < 48; ++i) v[static_cast<size_t>(i)] = -std::numeric_limits<float>::infinity();
+  const Tensor a = from_vector(v, {2, 3, 6, 6}).requires_grad_();
+  const Tensor b = a.detach().to(kCL).requires_grad_();
+  const Tensor ya = max_pool2d(a, {3, 3}, {2, 2}, {1, 1}),
+               yb = max_pool2d(b, {3, 3}, {2, 2}, {1, 1});
+  EXPECT_TRUE(is_cl(yb));
+  const auto va = ya.to_vector<float>(), vb = yb.contiguous().to_vector<float>();
+  for (size_t i = 0; i < va.size(); ++i) {
+    EXPECT_TRUE(va[i] == vb[i] || (std::isnan(va[i]) && std::isnan(vb[i]))) << "output " << i;
+  }
+  const Tensor probe = randn(ya.sizes());
+  ya.backward(probe);
+  yb.backward(probe.to(kCL));
+  EXPECT_TRUE(equal(a.grad(), b.grad().contiguous()));
+}
+
+TEST(ChannelsLast, PoolingRecordsItsLayoutForTheGradient) {
+  // The gradient takes the layout the forward computed in, even when the gradient reaching
+  // it arrives in the other one.
+  const Tensor x = randn({2, 3, 6, 6}).to(kCL).requires_grad_();
+  const Tensor y = max_pool2d(x, {2, 2});
+  ASSERT_TRUE(is_cl(y));
+  y.backward(randn(y.sizes()));  // an NCHW gradient
+  EXPECT_TRUE(is_cl(x.grad())) << shape_str(x.grad().strides());
+  const Tensor z = randn({2, 3, 6, 6}).requires_grad_();
+  avg_pool2d(z, {3, 3}).backward(randn({2, 3, 2, 2}).to(kCL));
+  EXPECT_TRUE(z.grad().is_contiguous()) << shape_str(z.grad().strides());
 }
 
 TEST(ChannelsLast, ModuleToConvertsOnlyFourDimTensors) {
@@ -257,12 +337,11 @@ TEST(ChannelsLastCuda, OpsMatchNchw) {
           {randn({8, 16, 9, 9}), randn({16}), randn({16})}, 1e-4, gpu);
   compare([](const auto& x) { return relu(x[0]) + x[1]; },
           {randn({2, 5, 4, 3}), randn({2, 5, 4, 3})}, 0, gpu);
-  compare([](const auto& x) { return max_pool2d(x[0], {2, 2}); }, {randn({2, 4, 8, 8})}, 0, gpu);
-  compare(
-      [](const auto& x) {
-        return adaptive_avg_pool2d(x[0], {1, 1});
-      },
-      {randn({2, 4, 5, 5})}, 0, gpu);
+  for (const auto& [name, op] : pooling_ops()) {
+    SCOPED_TRACE(name);
+    compare(op, {randn({2, 4, 9, 8})}, 0, gpu);
+    compare(op, {randn({3, 1, 7, 6})}, 0, gpu);
+  }
 }
 
 TEST(ChannelsLastCuda, ResNet20StepMatchesNchw) {

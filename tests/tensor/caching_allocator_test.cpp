@@ -366,5 +366,93 @@ TEST_F(CachingAllocatorTest, ConcurrentThreadsKeepConsistentState) {
   EXPECT_EQ(device_->in_use, 0u);
 }
 
+// --- private pools (CUDA graphs) ----------------------------------------------------------
+
+// What a capture of training_step leaves: its blocks freed inside the pool, one kept (an
+// output the graph writes, like a gradient).
+void* captured_step(CachingAllocator& allocator, void* stream) {
+  training_step(allocator, stream);
+  return allocator.allocate(3 * kMiB, stream);
+}
+
+TEST_F(CachingAllocatorTest, CaptureAfterWarmUpTakesCachedSegmentsWithoutRawAllocation) {
+  training_step(*allocator_, stream1_);  // warm-up on the main stream fills the cache
+  const int warm = device_->raw_allocs;
+  const size_t reserved = allocator_->stats().reserved_bytes;
+  allocator_->begin_pool(1, stream2_);
+  void* output = captured_step(*allocator_, stream2_);
+  allocator_->end_pool(stream2_);
+  EXPECT_EQ(device_->raw_allocs, warm);
+  EXPECT_EQ(allocator_->stats().reserved_bytes, reserved);
+  allocator_->free(output);
+  allocator_->release_pool(1, stream1_);
+  training_step(*allocator_, stream1_);  // everything came back to the main stream's cache
+  EXPECT_EQ(device_->raw_allocs, warm);
+}
+
+TEST_F(CachingAllocatorTest, PoolBlocksAreNeverHandedOutsideThePoolWhileItLives) {
+  allocator_->begin_pool(7, stream1_);
+  void* captured = allocator_->allocate(64 * kKiB, stream1_);
+  allocator_->free(captured);
+  void* again = allocator_->allocate(64 * kKiB, stream1_);  // reuse inside the capture
+  EXPECT_EQ(again, captured);
+  allocator_->end_pool(stream1_);
+  const int allocs = device_->raw_allocs;
+  allocator_->free(again);
+  // The same stream outside the capture, and a whole-segment request: neither takes it.
+  void* eager = allocator_->allocate(64 * kKiB, stream1_);
+  EXPECT_NE(eager, again);
+  EXPECT_EQ(device_->raw_allocs, allocs + 1);
+  allocator_->empty_cache();  // the pool's segment is the graph's: not released
+  EXPECT_EQ(device_->raw_frees, 0);
+  // A second capture into the same pool finds its freed block.
+  allocator_->begin_pool(7, stream1_);
+  EXPECT_EQ(allocator_->allocate(64 * kKiB, stream1_), again);
+  allocator_->end_pool(stream1_);
+  allocator_->free(again);
+  allocator_->free(eager);
+}
+
+TEST_F(CachingAllocatorTest, ReleasedPoolReturnsLiveBlocksWhenTheyAreFreed) {
+  allocator_->begin_pool(3, stream2_);
+  void* kept = allocator_->allocate(12 * kMiB, stream2_);
+  void* gone = allocator_->allocate(kKiB, stream2_);
+  allocator_->end_pool(stream2_);
+  allocator_->free(gone);
+  allocator_->release_pool(3, stream1_);
+  const int allocs = device_->raw_allocs;
+  // The small segment came back at once; the large one is still in use.
+  EXPECT_EQ(allocator_->allocate(kKiB, stream1_), gone);
+  allocator_->free(kept);
+  EXPECT_EQ(allocator_->allocate(12 * kMiB, stream1_), kept);
+  EXPECT_EQ(device_->raw_allocs, allocs);
+  allocator_->free(gone);
+  allocator_->free(kept);
+  allocator_->empty_cache();
+  EXPECT_EQ(device_->in_use, 0u);
+}
+
+TEST_F(CachingAllocatorTest, OutOfMemoryDuringCaptureFreesNothing) {
+  void* cached = allocator_->allocate(12 * kMiB, stream1_);
+  allocator_->free(cached);
+  device_->capacity = device_->in_use;  // full
+  allocator_->begin_pool(2, stream2_);
+  EXPECT_NO_THROW(allocator_->free(allocator_->allocate(12 * kMiB, stream2_)));  // adopted
+  EXPECT_THROW(allocator_->allocate(30 * kMiB, stream2_), Error);
+  EXPECT_EQ(device_->raw_frees, 0);  // device memory is not freed while capturing
+  allocator_->end_pool(stream2_);
+  allocator_->release_pool(2, stream1_);
+  allocator_->empty_cache();
+  EXPECT_EQ(device_->in_use, 0u);
+}
+
+TEST_F(CachingAllocatorTest, DestructionWithALivePoolReturnsItsSegments) {
+  allocator_->begin_pool(5, stream1_);
+  allocator_->free(allocator_->allocate(kMiB, stream1_));
+  allocator_->end_pool(stream1_);
+  allocator_.reset();
+  EXPECT_EQ(device_->in_use, 0u);
+}
+
 }  // namespace
 }  // namespace ember::detail

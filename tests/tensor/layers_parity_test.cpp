@@ -388,6 +388,48 @@ TEST(LayersParity, AdaptiveAvgPool2dForwardAndBackward) {
   }
 }
 
+TEST(LayersParity, PoolingChannelsLast) {
+  EMBER_REQUIRE_CUDA();
+  uint64_t seed = 900;
+  constexpr MemoryFormat kCL = MemoryFormat::ChannelsLast;
+  for (DType dtype : kFloatTypes) {
+    for (const PoolCase& k : pool_cases()) {
+      SCOPED_TRACE(::testing::Message()
+                   << dtype << " channels_last x " << shape_str(k.x) << " kernel (" << k.kernel[0]
+                   << ", " << k.kernel[1] << ")");
+      const Tolerance tol = dtype == kF32   ? Tolerance{1e-5, 1e-6}
+                            : dtype == kF64 ? Tolerance{1e-12, 1e-12}
+                                            : layer_tolerance(dtype);
+      const Tensor x = make_input(k.x, dtype, seed++).to(kCL);
+      const ParityRun max = expect_layer_parity(
+          {x}, {true},
+          [&](const Inputs& in) {
+            const Tensor y =
+                max_pool2d(in[0], k.kernel, k.stride, k.padding, k.dilation, k.ceil_mode);
+            EXPECT_TRUE(y.is_contiguous(kCL)) << shape_str(y.strides());
+            return y;
+          },
+          {0.0, 0.0}, tol, seed++);
+      EXPECT_TRUE(max.cuda[0].grad().is_contiguous(kCL));
+      if (k.dilation[0] == 1) {
+        expect_layer_parity(
+            {x}, {true},
+            [&](const Inputs& in) {
+              return avg_pool2d(in[0], k.kernel, k.stride, k.padding, k.ceil_mode, false);
+            },
+            tol, tol, seed++);
+      }
+      const ParityRun adaptive = expect_layer_parity(
+          {x}, {true},
+          [&](const Inputs& in) {
+            return adaptive_avg_pool2d(in[0], {3, 2});
+          },
+          tol, tol, seed++);
+      EXPECT_TRUE(adaptive.cuda[0].grad().is_contiguous(kCL));
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------
 // cross_entropy
 
