@@ -75,6 +75,10 @@ enum class OpId : uint16_t {
   kAdaptiveAvgPool2d,
   kDropout,
   kCrossEntropy,
+  // fused layers
+  kBatchNormRelu,     // inputs: input, weight, bias, residual (undefined)
+  kBatchNormAddRelu,  // inputs: input, weight, bias, residual
+  kBiasActivation,    // linear's epilogue: inputs: GEMM output, bias; args.dim: Activation
 };
 
 // The non-tensor arguments a backward formula needs; each op documents the fields it uses.
