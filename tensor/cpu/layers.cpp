@@ -391,7 +391,11 @@ void batch_norm_relu_backward_typed(const Tensor& grad_input, const Tensor& grad
   T* m = gm.data_ptr<T>();
   const int64_t total = grad_out.numel();
 #pragma omp parallel for schedule(static) if (total >= kParallelGrain)
-  for (int64_t i = 0; i < total; ++i) m[i] = static_cast<acc_t<T>>(y[i]) > 0 ? g[i] : T(0);
+  for (int64_t i = 0; i < total; ++i) {
+    // Both values loaded unconditionally: a select, not a branch on the (random) sign.
+    const acc_t<T> gv = static_cast<acc_t<T>>(g[i]), yv = static_cast<acc_t<T>>(y[i]);
+    m[i] = static_cast<T>(yv > 0 ? gv : acc_t<T>(0));
+  }
   if (grad_input.defined() || grad_weight.defined() || grad_bias.defined()) {
     batch_norm_backward_typed<T>(grad_input, grad_weight, grad_bias, gm, input, weight, save_mean,
                                  save_invstd, training);
