@@ -34,8 +34,9 @@ Tensor batch_norm(const Tensor& input, const Tensor& weight, const Tensor& bias,
 // running-stat updates, memory formats and mixed precision are batch_norm's; residual has
 // the input's shape. The backward keeps only the output (its ReLU mask), the input and the
 // statistics, and gives the residual the masked gradient. Results equal the unfused
-// composition within the dtype's rounding; a residual of another dtype than the input's (or
-// any argument the fused path does not take) runs that composition itself.
+// composition within the dtype's rounding (on the CPU exactly: the fused pass rounds where
+// it does); a residual of another dtype than the input's (a bf16 activation beside an f32
+// shortcut) runs that composition itself.
 Tensor batch_norm_relu(const Tensor& input, const Tensor& weight, const Tensor& bias,
                        const Tensor& running_mean, const Tensor& running_var, bool training,
                        double momentum = 0.1, double eps = 1e-5);
