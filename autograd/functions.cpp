@@ -134,6 +134,13 @@ const char* op_name(OpId op) {
       return "LayerNormBackward";
     case OpId::kEmbedding:
       return "EmbeddingBackward";
+    // fused layers
+    case OpId::kBatchNormRelu:
+      return "BatchNormReluBackward";
+    case OpId::kBatchNormAddRelu:
+      return "BatchNormAddReluBackward";
+    case OpId::kBiasActivation:
+      return "BiasActivationBackward";
   }
   return "UnknownBackward";
 }
@@ -173,6 +180,12 @@ SavePlan save_plan(OpId op) {
     // attention: q, k, v and the output (with the logsumexp in extra)
     case OpId::kScaledDotProductAttention:
       return {{0, 1, 2}, true};
+    // fused layers: the input and weight for batch norm, the output for the ReLU mask
+    case OpId::kBatchNormRelu:
+    case OpId::kBatchNormAddRelu:
+      return {{0, 1}, true};
+    case OpId::kBiasActivation:
+      return {{}, true};
     case OpId::kExp:
     case OpId::kSqrt:
     case OpId::kRsqrt:
@@ -510,6 +523,19 @@ class OpNode final : public Node {
       }
       case OpId::kEmbedding:
         return {Tensor(), detail::embedding_backward(g, a.extra.at(0), shape(1)[0], a.start)};
+      // fused layers
+      case OpId::kBatchNormRelu:
+      case OpId::kBatchNormAddRelu: {
+        const auto grads4 = detail::batch_norm_relu_backward(
+            g, out(), in(0), in(1), a.extra.at(0), a.extra.at(1), a.training,
+            {needs(0), needs(1), needs(2), op_ == OpId::kBatchNormAddRelu && needs(3)});
+        return {grads4[0], grads4[1], grads4[2], grads4[3]};
+      }
+      case OpId::kBiasActivation: {
+        EMBER_ASSERT(a.dim == static_cast<int64_t>(Activation::kRelu), "activation ", a.dim);
+        const Tensor gm = detail::relu_backward(g, out());
+        return {gm, needs(1) ? sum_to(gm, shape(1)) : Tensor()};
+      }
       default:
         break;
     }

@@ -1,6 +1,7 @@
 // One training step (forward, backward, SGD-Nesterov update) of a ResNet on random
 // CIFAR-shaped data: median step time after warm-up, images/s and peak memory, one JSON
 // line. bench/train_step_torch.py runs the same step in PyTorch with the same flags and keys.
+// --no-fuse turns off the ResNet's fused batch norm + ReLU (+ add), the eager-PyTorch form.
 // --precision as ember-train's (apps/precision.h): fp32, tf32, bf16 or fp16 autocast (fp16
 // with loss scaling). --cuda-graphs replays a captured forward and backward (the optimizer
 // step eager, as ember-train --cuda-graphs). On CUDA the line also holds the peak memory of
@@ -59,7 +60,7 @@ int main(int argc, char** argv) {
   std::string model_name = "resnet20", device_name = "cpu", precision_name = "fp32";
   int64_t batch = 128;
   int threads = 2, steps = 10;
-  bool ddp = false, channels_last = false, cuda_graphs = false;
+  bool ddp = false, channels_last = false, cuda_graphs = false, no_fuse = false;
   double peak_tflops = 0;
   app.add_option("--model", model_name, "resnet20 | resnet56 | resnet18")
       ->check(
@@ -76,13 +77,17 @@ int main(int argc, char** argv) {
                "replay a CUDA graph of forward and backward (CUDA, one process, not fp16)");
   app.add_option("--peak-tflops", peak_tflops,
                  "the device's dense peak for this precision, for the MFU field (0: none)");
+  app.add_flag("--no-fuse", no_fuse,
+               "batch norm, add and relu one by one (ResNet::set_fused(false)), as eager PyTorch");
   CLI11_PARSE(app, argc, argv);
 
   try {
     ember::set_num_threads(threads);
     const ember::Device device(device_name);
     ember::manual_seed(0);
-    std::shared_ptr<ember::nn::Module> model = ember::nn::resnet(model_name, 10, 3);
+    const auto resnet = ember::nn::resnet(model_name, 10, 3);
+    resnet->set_fused(!no_fuse);
+    std::shared_ptr<ember::nn::Module> model = resnet;
     model->to(device);
     const auto format =
         channels_last ? ember::MemoryFormat::ChannelsLast : ember::MemoryFormat::Contiguous;
@@ -166,6 +171,7 @@ int main(int argc, char** argv) {
         .add("cudnn_allow_tf32", ember::cudnn_allow_tf32())
         .add("channels_last", channels_last)
         .add("cuda_graphs", cuda_graphs)
+        .add("fused", !no_fuse)
         .add("threads", threads)
         .add("step_s", step_s)
         .add("images_per_s", static_cast<double>(batch) / step_s)

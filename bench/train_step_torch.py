@@ -183,7 +183,8 @@ def main():
         "framework": "torch-" + torch.__version__, "model": args.model, "batch": args.batch, "device": args.device,
         "precision": args.precision, "matmul_precision": torch.get_float32_matmul_precision(),
         "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
-        "channels_last": args.channels_last, "compile": args.compile, "threads": args.threads, "step_s": round(step_s, 4), "images_per_s": round(args.batch / step_s, 1),
+        # Eager PyTorch runs batch norm, add and relu one by one (ember's --no-fuse).
+        "channels_last": args.channels_last, "compile": args.compile, "fused": False, "threads": args.threads, "step_s": round(step_s, 4), "images_per_s": round(args.batch / step_s, 1),
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, 1), **extra,
     }))
 

@@ -99,14 +99,25 @@ double BatchNorm::effective_momentum() {
   return 1.0 / static_cast<double>(num_batches_tracked.item<int64_t>());
 }
 
-Tensor BatchNorm::forward(const Tensor& input) {
+Tensor BatchNorm::forward(const Tensor& input) { return normalize(input, nullptr); }
+
+Tensor BatchNorm::forward_relu(const Tensor& input, const Tensor& residual) {
+  return normalize(input, &residual);
+}
+
+Tensor BatchNorm::normalize(const Tensor& input, const Tensor* relu_residual) {
   check_input(input);
   const double momentum = effective_momentum();
   // Without running statistics the batch statistics are used in eval mode too (as PyTorch).
   const bool use_batch_stats = is_training() || !running_mean.defined();
-  return batch_norm(
-      input, weight, bias, use_batch_stats && !is_training() ? Tensor() : running_mean,
-      use_batch_stats && !is_training() ? Tensor() : running_var, use_batch_stats, momentum, eps_);
+  const Tensor rm = use_batch_stats && !is_training() ? Tensor() : running_mean;
+  const Tensor rv = use_batch_stats && !is_training() ? Tensor() : running_var;
+  if (relu_residual == nullptr)
+    return batch_norm(input, weight, bias, rm, rv, use_batch_stats, momentum, eps_);
+  if (!relu_residual->defined())
+    return batch_norm_relu(input, weight, bias, rm, rv, use_batch_stats, momentum, eps_);
+  return batch_norm_add_relu(input, *relu_residual, weight, bias, rm, rv, use_batch_stats, momentum,
+                             eps_);
 }
 
 Dropout::Dropout(double p, Generator* gen) : p_(p), gen_(gen) {

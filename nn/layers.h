@@ -46,6 +46,10 @@ class BatchNorm : public Module {
   BatchNorm(int64_t num_features, int64_t input_dims_min, int64_t input_dims_max, double eps = 1e-5,
             double momentum = 0.1, bool affine = true, bool track_running_stats = true);
   Tensor forward(const Tensor& input) override;
+  // relu(forward(input) + residual) (residual undefined: relu(forward(input))) as one fused
+  // op (batch_norm_relu / batch_norm_add_relu), for the models' conv-BN-ReLU blocks. A
+  // subclass that overrides forward (SyncBatchNorm) is not fused by its callers.
+  Tensor forward_relu(const Tensor& input, const Tensor& residual = {});
   int64_t num_features() const { return num_features_; }
   double eps() const { return eps_; }
   double momentum() const { return momentum_; }
@@ -57,6 +61,8 @@ class BatchNorm : public Module {
   void check_input(const Tensor& input) const;
 
  private:
+  // batch_norm (relu_residual null), or its fused ReLU form adding *relu_residual if defined.
+  Tensor normalize(const Tensor& input, const Tensor* relu_residual);
   int64_t num_features_;
   int64_t dims_min_, dims_max_;
   double eps_, momentum_;

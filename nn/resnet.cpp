@@ -1,6 +1,7 @@
 #include "resnet.h"
 
 #include <cmath>
+#include <typeinfo>
 
 #include "init.h"
 
@@ -11,6 +12,24 @@ namespace {
 std::shared_ptr<Conv2d> conv3x3(int64_t in, int64_t out, int64_t stride) {
   return std::make_shared<Conv2d>(in, out, 3,
                                   Conv2dOptions{{stride, stride}, {1, 1}, {1, 1}, 1, false});
+}
+
+// `module` as a BatchNorm when it is exactly a BatchNorm2d (so its fused ReLU form computes
+// what its forward would), else null: a replaced module (SyncBatchNorm, a user's) keeps its
+// own forward.
+BatchNorm* plain_batch_norm(const std::shared_ptr<Module>& module) {
+  Module& m = *module;
+  return typeid(m) == typeid(BatchNorm2d) ? static_cast<BatchNorm*>(module.get()) : nullptr;
+}
+
+// relu(bn(x) + residual) (residual undefined: relu(bn(x))), fused when `fused` allows and bn
+// is a plain BatchNorm2d.
+Tensor bn_relu(const std::shared_ptr<Module>& bn, const Tensor& x, const Tensor& residual,
+               bool fused) {
+  if (BatchNorm* plain = fused ? plain_batch_norm(bn) : nullptr)
+    return plain->forward_relu(x, residual);
+  const Tensor y = bn->forward(x);
+  return relu(residual.defined() ? y + residual : y);
 }
 
 }  // namespace
@@ -35,10 +54,9 @@ Tensor BasicBlock::forward(const Tensor& input) {
   // Submodules are looked up by name, so convert_sync_batchnorm's replacements take effect.
   const auto& children = named_children();
   auto child = [&children](size_t i) { return children[i].second; };
-  Tensor out = relu(child(1)->forward(child(0)->forward(input)));
-  out = child(3)->forward(child(2)->forward(out));
+  const Tensor out = child(2)->forward(bn_relu(child(1), child(0)->forward(input), {}, fused_));
   const Tensor shortcut = has_downsample_ ? child(4)->forward(input) : input;
-  return relu(out + shortcut);
+  return bn_relu(child(3), out, shortcut, fused_);
 }
 
 ResNet::ResNet(const std::vector<int64_t>& stage_channels,
@@ -85,12 +103,19 @@ Tensor ResNet::forward(const Tensor& input) {
     if (name == "fc") {
       x = adaptive_avg_pool2d(x, {1, 1}).flatten(1);
     } else if (name == "bn1") {
-      x = relu(module->forward(x));
+      x = bn_relu(module, x, {}, fused_);
       continue;
     }
     x = module->forward(x);
   }
   return x;
+}
+
+void ResNet::set_fused(bool fused) {
+  fused_ = fused;
+  for (auto& [name, module] : named_modules()) {
+    if (auto* block = dynamic_cast<BasicBlock*>(module)) block->set_fused(fused);
+  }
 }
 
 std::shared_ptr<ResNet> resnet20(int64_t c, int64_t in) {

@@ -19,9 +19,13 @@ class BasicBlock : public Module {
   BasicBlock(int64_t in_channels, int64_t out_channels, int64_t stride);
   Tensor forward(const Tensor& input) override;
   std::string name() const override { return "BasicBlock"; }
+  // See ResNet::set_fused.
+  void set_fused(bool fused) { fused_ = fused; }
+  bool fused() const { return fused_; }
 
  private:
   bool has_downsample_ = false;
+  bool fused_ = true;
 };
 
 enum class Stem { kCifar, kImageNet };
@@ -34,6 +38,16 @@ class ResNet : public Module {
          int64_t num_classes, int64_t in_channels, Stem stem);
   Tensor forward(const Tensor& input) override;
   std::string name() const override { return "ResNet"; }
+  // On by default: the stem's bn1 + ReLU and each block's bn1 + ReLU and bn2 + shortcut +
+  // ReLU run as fused ops (batch_norm_relu, batch_norm_add_relu). Off: batch_norm, add and
+  // relu one by one, as eager PyTorch (the reference for parity tests); results agree within
+  // rounding. A BN child that is not a plain BatchNorm2d (SyncBatchNorm after
+  // dist::convert_sync_batchnorm, or a user's module) is always called itself, then add/relu.
+  void set_fused(bool fused);
+  bool fused() const { return fused_; }
+
+ private:
+  bool fused_ = true;
 };
 
 std::shared_ptr<ResNet> resnet20(int64_t num_classes = 10, int64_t in_channels = 3);

@@ -29,7 +29,8 @@ using enum CastPolicy;
 //
 // batch_norm is on no list, as in PyTorch: it takes a bf16/f16 input with f32 weight, bias
 // and running statistics, computes its statistics in f32 (or wider) and returns the input's
-// dtype, as cuDNN's batch norm under autocast does.
+// dtype, as cuDNN's batch norm under autocast does. Its fused forms (batch_norm_relu,
+// batch_norm_add_relu) follow the same rule; linear with a fused activation is kLinear.
 constexpr AutocastRule kRules[] = {
     // Low precision (bf16 or f16): the tensor-core ops.
     {AutocastOp::kConv2d, "conv2d", kLowerPrecision},

@@ -29,6 +29,23 @@ Tensor batch_norm(const Tensor& input, const Tensor& weight, const Tensor& bias,
                   const Tensor& running_mean, const Tensor& running_var, bool training,
                   double momentum = 0.1, double eps = 1e-5);
 
+// Fused batch norm + ReLU, as eager PyTorch's relu(batch_norm(...)) but in one pass over the
+// activations: batch_norm_relu = relu(batch_norm(input, ...)), and batch_norm_add_relu =
+// relu(batch_norm(input, ...) + residual) (ResNet's block ending). Arguments, statistics,
+// running-stat updates, memory formats and mixed precision are batch_norm's; residual has
+// the input's shape. The backward keeps only the output (its ReLU mask), the input and the
+// statistics, and gives the residual the masked gradient. Results equal the unfused
+// composition within the dtype's rounding (on the CPU exactly: the fused pass rounds where
+// it does); a residual of another dtype than the input's (a bf16 activation beside an f32
+// shortcut) runs that composition itself.
+Tensor batch_norm_relu(const Tensor& input, const Tensor& weight, const Tensor& bias,
+                       const Tensor& running_mean, const Tensor& running_var, bool training,
+                       double momentum = 0.1, double eps = 1e-5);
+Tensor batch_norm_add_relu(const Tensor& input, const Tensor& residual, const Tensor& weight,
+                           const Tensor& bias, const Tensor& running_mean,
+                           const Tensor& running_var, bool training, double momentum = 0.1,
+                           double eps = 1e-5);
+
 // stride {0, 0} means stride = kernel.
 Tensor max_pool2d(const Tensor& input, Pair kernel, Pair stride = {0, 0}, Pair padding = {0, 0},
                   Pair dilation = {1, 1}, bool ceil_mode = false);
@@ -74,6 +91,15 @@ Tensor layer_norm(const Tensor& input, const Shape& normalized_shape, const Tens
 // counts from the end, as in PyTorch) gets none.
 Tensor embedding(const Tensor& indices, const Tensor& weight,
                  std::optional<int64_t> padding_idx = std::nullopt);
+// The activation a fused linear applies after its bias. (GELU joins as kGelu once it exists
+// as a unary op: a case in the bias_activation kernels and in its backward.)
+enum class Activation : uint8_t { kNone, kRelu };
+
+// activation(input @ weight^T + bias), the bias and the activation applied in one pass over
+// the GEMM's output (as a cuBLASLt RELU_BIAS epilogue would) instead of addmm then relu; the
+// backward masks the gradient by the output > 0 and sums it for the bias. kNone is the
+// 3-argument linear. Same checks and autocast rule as linear.
+Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias, Activation activation);
 
 // ---- losses ---------------------------------------------------------------------------
 // As torch.nn.functional: each takes an options struct written like PyTorch's keyword

@@ -117,10 +117,12 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, Pai
   return scope.finish(out, std::move(args));
 }
 
-Tensor batch_norm(const Tensor& input, const Tensor& weight, const Tensor& bias,
-                  const Tensor& running_mean, const Tensor& running_var, bool training,
-                  double momentum, double eps) {
-  const char* op = "batch_norm";
+namespace {
+
+// batch_norm's argument checks, shared by its fused forms (`op` names the caller).
+void check_batch_norm(const char* op, const Tensor& input, const Tensor& weight, const Tensor& bias,
+                      const Tensor& running_mean, const Tensor& running_var, bool training,
+                      double eps) {
   detail::check_defined(input, op);
   EMBER_CHECK(input.dim() >= 2, op, "expected an input [N, C, ...], got shape ",
               shape_str(input.sizes()));
@@ -151,8 +153,17 @@ Tensor batch_norm(const Tensor& input, const Tensor& weight, const Tensor& bias,
   EMBER_CHECK(eps > 0, op, "eps must be positive, got ", eps);
   detail::check_inplace(op, running_mean);
   detail::check_inplace(op, running_var);
+}
 
-  AutogradScope scope(OpId::kBatchNorm, {&input, &weight, &bias});
+// batch_norm and its fused forms after the checks: `fused` runs the batch-norm + ReLU kernel
+// (adding `residual` when it is defined), else the plain batch-norm kernel.
+Tensor batch_norm_forward(OpId id, const char* op, bool fused, const Tensor& input,
+                          const Tensor& residual, const Tensor& weight, const Tensor& bias,
+                          const Tensor& running_mean, const Tensor& running_var, bool training,
+                          double momentum, double eps) {
+  AutogradScope scope = fused ? AutogradScope(id, {&input, &weight, &bias, &residual})
+                              : AutogradScope(id, {&input, &weight, &bias});
+  const int64_t channels = input.size(1);
   const MemoryFormat format = input.suggest_memory_format();
   const Tensor x = detail::batch_norm_rows(input, format);
   const Tensor out4 = empty(input.sizes(), input.options(), format);
@@ -165,16 +176,64 @@ Tensor batch_norm(const Tensor& input, const Tensor& weight, const Tensor& bias,
     running_var.storage().bump_version();
   }
   if (x.numel() > 0) {
-    auto kernel = detail::require_kernel(detail::kernels_for(input.device(), op).batch_norm_forward,
-                                         input.device(), op);
-    kernel(out, save_mean, save_invstd, x, weight.defined() ? weight.contiguous() : weight,
-           bias.defined() ? bias.contiguous() : bias, running_mean, running_var, training, momentum,
-           eps);
+    const auto& table = detail::kernels_for(input.device(), op);
+    const Tensor w = weight.defined() ? weight.contiguous() : weight;
+    const Tensor b = bias.defined() ? bias.contiguous() : bias;
+    if (fused) {
+      const Tensor r = residual.defined() ? detail::batch_norm_rows(residual, format) : residual;
+      detail::require_kernel(table.batch_norm_relu_forward, input.device(), op)(
+          out, save_mean, save_invstd, x, r, w, b, running_mean, running_var, training, momentum,
+          eps);
+    } else {
+      detail::require_kernel(table.batch_norm_forward, input.device(), op)(
+          out, save_mean, save_invstd, x, w, b, running_mean, running_var, training, momentum, eps);
+    }
   }
   OpArgs args;
   args.training = training;
   if (scope.recording()) args.extra = {save_mean, save_invstd};
   return scope.finish(out4, std::move(args));
+}
+
+}  // namespace
+
+Tensor batch_norm(const Tensor& input, const Tensor& weight, const Tensor& bias,
+                  const Tensor& running_mean, const Tensor& running_var, bool training,
+                  double momentum, double eps) {
+  const char* op = "batch_norm";
+  check_batch_norm(op, input, weight, bias, running_mean, running_var, training, eps);
+  return batch_norm_forward(OpId::kBatchNorm, op, false, input, Tensor(), weight, bias,
+                            running_mean, running_var, training, momentum, eps);
+}
+
+Tensor batch_norm_relu(const Tensor& input, const Tensor& weight, const Tensor& bias,
+                       const Tensor& running_mean, const Tensor& running_var, bool training,
+                       double momentum, double eps) {
+  const char* op = "batch_norm_relu";
+  check_batch_norm(op, input, weight, bias, running_mean, running_var, training, eps);
+  return batch_norm_forward(OpId::kBatchNormRelu, op, true, input, Tensor(), weight, bias,
+                            running_mean, running_var, training, momentum, eps);
+}
+
+Tensor batch_norm_add_relu(const Tensor& input, const Tensor& residual, const Tensor& weight,
+                           const Tensor& bias, const Tensor& running_mean,
+                           const Tensor& running_var, bool training, double momentum, double eps) {
+  const char* op = "batch_norm_add_relu";
+  check_batch_norm(op, input, weight, bias, running_mean, running_var, training, eps);
+  detail::check_defined(residual, op, "residual");
+  EMBER_CHECK(residual.sizes() == input.sizes(), op, "residual of shape ",
+              shape_str(residual.sizes()), " does not match input ", shape_str(input.sizes()));
+  EMBER_CHECK(residual.device() == input.device(), op, "residual is on ", residual.device().str(),
+              " but input is on ", input.device().str());
+  // Another dtype promotes in the unfused sum (a bf16 activation plus an f32 shortcut under
+  // autocast): that composition is the definition, so it runs as such.
+  if (residual.dtype() != input.dtype()) {
+    return relu(
+        batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps) +
+        residual);
+  }
+  return batch_norm_forward(OpId::kBatchNormAddRelu, op, true, input, residual, weight, bias,
+                            running_mean, running_var, training, momentum, eps);
 }
 
 namespace {
@@ -293,11 +352,9 @@ Tensor dropout(const Tensor& input, double p, bool training, Generator* gen) {
   return input * (keep.to(input.dtype()) / (1.0 - p));
 }
 
-Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias) {
-  if (auto out = detail::autocast(detail::AutocastOp::kLinear, {&input, &weight, &bias},
-                                  [](const auto& x) { return linear(x[0], x[1], x[2]); }))
-    return *out;
-  const char* op = "linear";
+namespace {
+
+void check_linear(const char* op, const Tensor& input, const Tensor& weight, const Tensor& bias) {
   detail::check_defined(input, op);
   detail::check_defined(weight, op, "weight");
   EMBER_CHECK(weight.dim() == 2, op, "expected a 2-d weight [out, in], got shape ",
@@ -309,9 +366,46 @@ Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias) {
   EMBER_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == weight.size(0)), op,
               "bias of shape ", bias.defined() ? shape_str(bias.sizes()) : "", " does not match ",
               weight.size(0), " outputs");
+}
+
+// activation(x + bias) over the last dim of x, in one pass (bias may be undefined).
+Tensor bias_activation(const Tensor& x, const Tensor& bias, Activation activation) {
+  const char* op = "linear";
+  AutogradScope scope(OpId::kBiasActivation, {&x, &bias});
+  const Tensor in = x.contiguous();
+  Tensor out = empty(in.sizes(), in.options());
+  if (out.numel() > 0) {
+    detail::require_kernel(detail::kernels_for(in.device(), op).bias_activation, in.device(), op)(
+        activation, out, in, bias.defined() ? bias.contiguous() : bias);
+  }
+  OpArgs args;
+  args.dim = static_cast<int64_t>(activation);
+  return scope.finish(out, std::move(args));
+}
+
+}  // namespace
+
+Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias) {
+  if (auto out = detail::autocast(detail::AutocastOp::kLinear, {&input, &weight, &bias},
+                                  [](const auto& x) { return linear(x[0], x[1], x[2]); }))
+    return *out;
+  check_linear("linear", input, weight, bias);
   if (input.dim() == 2 && bias.defined()) return addmm(bias, input, weight.t());
   Tensor out = matmul(input, weight.t());
   return bias.defined() ? out + bias : out;
+}
+
+Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias,
+              Activation activation) {
+  if (activation == Activation::kNone) return linear(input, weight, bias);
+  if (auto out = detail::autocast(
+          detail::AutocastOp::kLinear, {&input, &weight, &bias},
+          [activation](const auto& x) { return linear(x[0], x[1], x[2], activation); }))
+    return *out;
+  check_linear("linear", input, weight, bias);
+  const Tensor out = matmul(input, weight.t());
+  check_like(bias, out, "linear", "bias");  // the epilogue takes one dtype and device
+  return bias_activation(out, bias, activation);
 }
 
 // --- backward computations ---------------------------------------------------------------
@@ -367,6 +461,28 @@ MemoryFormat grad_format(const Pool2dParams& params) {
   return params.channels_last ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous;
 }
 }  // namespace
+
+std::array<Tensor, 4> batch_norm_relu_backward(const Tensor& grad_out, const Tensor& output,
+                                               const Tensor& input, const Tensor& weight,
+                                               const Tensor& save_mean, const Tensor& save_invstd,
+                                               bool training, std::array<bool, 4> needs) {
+  const int64_t channels = input.size(1);
+  const MemoryFormat format = input.suggest_memory_format();
+  const Tensor x = batch_norm_rows(input, format);
+  auto like_input = [&](bool need) {
+    return need ? empty(input.sizes(), input.options(), format) : Tensor();
+  };
+  const Tensor gi4 = like_input(needs[0]), gr4 = like_input(needs[3]);
+  Tensor gw = needs[1] && weight.defined() ? empty({channels}, weight.options()) : Tensor();
+  Tensor gb = needs[2] ? empty({channels}, weight.defined() ? weight.options() : input.options())
+                       : Tensor();
+  auto rows = [&](const Tensor& t) { return t.defined() ? t.view(x.sizes()) : t; };
+  require_kernel(kernels_for(input.device(), "batch_norm_relu").batch_norm_relu_backward,
+                 input.device(), "batch_norm_relu")(
+      rows(gi4), rows(gr4), gw, gb, batch_norm_rows(grad_out, format),
+      batch_norm_rows(output, format), x, weight, save_mean, save_invstd, training);
+  return {gi4, gw, gb, gr4};
+}
 
 Tensor max_pool2d_backward(const Tensor& grad_out, const Shape& input_sizes, const Tensor& indices,
                            const Pool2dParams& params) {

@@ -8,6 +8,7 @@
 
 #include "../detail/dispatch.h"
 #include "../detail/op_utils.h"
+#include "../ops.h"
 #include "cpu_kernels.h"
 
 namespace ember::detail {
@@ -160,27 +161,45 @@ void channels_last_stats(const T* x, int64_t rows, int64_t C, std::vector<double
   for (double& v : var) v = rows > 0 ? v / count : 0.0;
 }
 
-// y[r, c] = x[r, c] * scale[c] + shift[c] over channels-last rows.
-template <typename T, typename A>
-void channels_last_affine(T* y, const T* x, int64_t rows, int64_t C, const std::vector<A>& scale,
-                          const std::vector<A>& shift) {
+// The output of a batch-norm element: the affine value v (in A), then, fused with a ReLU,
+// rounded to T as the unfused batch_norm's output is, plus the residual, and clamped at 0
+// (the same comparison as relu: NaN passes through). So the fused ops round exactly as the
+// unfused composition does, 16-bit types included.
+template <bool kRelu, typename T, typename A>
+inline T bn_output(A v, const T* residual, int64_t i) {
+  if constexpr (kRelu) {
+    if (residual != nullptr) v = static_cast<A>(static_cast<T>(v)) + static_cast<A>(residual[i]);
+    return static_cast<T>(v < A(0) ? A(0) : v);
+  } else {
+    return static_cast<T>(v);
+  }
+}
+
+// y[r, c] = x[r, c] * scale[c] + shift[c] over channels-last rows (then the fused epilogue).
+template <bool kRelu, typename T, typename A>
+void channels_last_affine(T* y, const T* x, const T* residual, int64_t rows, int64_t C,
+                          const std::vector<A>& scale, const std::vector<A>& shift) {
 #pragma omp parallel for schedule(static) if (rows * C >= kParallelGrain)
   for (int64_t r = 0; r < rows; ++r) {
     const T* p = x + r * C;
     T* q = y + r * C;
+    const T* res = residual != nullptr ? residual + r * C : nullptr;
     for (int64_t c = 0; c < C; ++c)
-      q[c] = static_cast<T>(static_cast<A>(p[c]) * scale[c] + shift[c]);
+      q[c] = bn_output<kRelu>(static_cast<A>(p[c]) * scale[c] + shift[c], res, c);
   }
 }
 
-template <typename T>
+// Batch norm, or (kRelu) relu(batch norm + residual) with residual possibly null.
+template <typename T, bool kRelu>
 void batch_norm_forward_typed(const Tensor& out, const Tensor& save_mean, const Tensor& save_invstd,
-                              const Tensor& input, const Tensor& weight, const Tensor& bias,
-                              const Tensor& running_mean, const Tensor& running_var, bool training,
-                              double momentum, double eps) {
+                              const Tensor& input, const Tensor& residual_t, const Tensor& weight,
+                              const Tensor& bias, const Tensor& running_mean,
+                              const Tensor& running_var, bool training, double momentum,
+                              double eps) {
   const int64_t N = input.size(0), C = input.size(1),
                 S = input.numel() / std::max<int64_t>(1, N * C);
   const T* x = input.data_ptr<T>();
+  const T* residual = residual_t.defined() ? residual_t.data_ptr<T>() : nullptr;
   T* y = out.data_ptr<T>();
   const std::vector<double> w = to_doubles(weight, C, 1.0), b = to_doubles(bias, C, 0.0);
   std::vector<double> mean(static_cast<size_t>(C)), invstd(static_cast<size_t>(C));
@@ -219,7 +238,7 @@ void batch_norm_forward_typed(const Tensor& out, const Tensor& save_mean, const 
       scale[c] = static_cast<A>(w[c] * invstd[c]);
       shift[c] = static_cast<A>(b[c] - mean[c] * w[c] * invstd[c]);
     }
-    channels_last_affine(y, x, count, C, scale, shift);
+    channels_last_affine<kRelu>(y, x, residual, count, C, scale, shift);
     return;
   }
 #pragma omp parallel for collapse(2) schedule(static) if (input.numel() >= kParallelGrain)
@@ -229,7 +248,9 @@ void batch_norm_forward_typed(const Tensor& out, const Tensor& save_mean, const 
       const A shift = static_cast<A>(b[c] - mean[c] * w[c] * invstd[c]);
       const T* p = x + (n * C + c) * S;
       T* q = y + (n * C + c) * S;
-      for (int64_t i = 0; i < S; ++i) q[i] = static_cast<T>(static_cast<A>(p[i]) * scale + shift);
+      const T* res = residual != nullptr ? residual + (n * C + c) * S : nullptr;
+      for (int64_t i = 0; i < S; ++i)
+        q[i] = bn_output<kRelu>(static_cast<A>(p[i]) * scale + shift, res, i);
     }
   }
 }
@@ -240,9 +261,23 @@ void batch_norm_forward_cpu(const Tensor& out, const Tensor& save_mean, const Te
                             double momentum, double eps) {
   EMBER_ASSERT(input.dim() >= 2 && same_layout(input, input) && same_layout(input, out));
   dispatch_floating(input.dtype(), "batch_norm", [&](auto tag) {
-    batch_norm_forward_typed<typename decltype(tag)::type>(out, save_mean, save_invstd, input,
-                                                           weight, bias, running_mean, running_var,
-                                                           training, momentum, eps);
+    batch_norm_forward_typed<typename decltype(tag)::type, false>(
+        out, save_mean, save_invstd, input, Tensor(), weight, bias, running_mean, running_var,
+        training, momentum, eps);
+  });
+}
+
+void batch_norm_relu_forward_cpu(const Tensor& out, const Tensor& save_mean,
+                                 const Tensor& save_invstd, const Tensor& input,
+                                 const Tensor& residual, const Tensor& weight, const Tensor& bias,
+                                 const Tensor& running_mean, const Tensor& running_var,
+                                 bool training, double momentum, double eps) {
+  EMBER_ASSERT(input.dim() >= 2 && same_layout(input, out) && same_layout(input, residual) &&
+               (!residual.defined() || residual.dtype() == input.dtype()));
+  dispatch_floating(input.dtype(), "batch_norm_relu", [&](auto tag) {
+    batch_norm_forward_typed<typename decltype(tag)::type, true>(
+        out, save_mean, save_invstd, input, residual, weight, bias, running_mean, running_var,
+        training, momentum, eps);
   });
 }
 
@@ -337,6 +372,51 @@ void batch_norm_backward_typed(const Tensor& grad_input, const Tensor& grad_weig
       }
     }
   }
+}
+
+// The fused backward: gm = output > 0 ? grad_out : 0 in one pass (into grad_residual, or a
+// buffer of its own when the residual needs none), then batch norm's backward of gm.
+template <typename T>
+void batch_norm_relu_backward_typed(const Tensor& grad_input, const Tensor& grad_residual,
+                                    const Tensor& grad_weight, const Tensor& grad_bias,
+                                    const Tensor& grad_out, const Tensor& output,
+                                    const Tensor& input, const Tensor& weight,
+                                    const Tensor& save_mean, const Tensor& save_invstd,
+                                    bool training) {
+  const Tensor gm = grad_residual.defined()
+                        ? grad_residual
+                        : empty({grad_out.numel()}, grad_out.options())
+                              .as_strided(grad_out.sizes(), grad_out.strides(), 0);
+  const T* g = grad_out.data_ptr<T>();
+  const T* y = output.data_ptr<T>();
+  T* m = gm.data_ptr<T>();
+  const int64_t total = grad_out.numel();
+#pragma omp parallel for schedule(static) if (total >= kParallelGrain)
+  for (int64_t i = 0; i < total; ++i) {
+    // Both values loaded unconditionally: a select, not a branch on the (random) sign.
+    const acc_t<T> gv = static_cast<acc_t<T>>(g[i]), yv = static_cast<acc_t<T>>(y[i]);
+    m[i] = static_cast<T>(yv > 0 ? gv : acc_t<T>(0));
+  }
+  if (grad_input.defined() || grad_weight.defined() || grad_bias.defined()) {
+    batch_norm_backward_typed<T>(grad_input, grad_weight, grad_bias, gm, input, weight, save_mean,
+                                 save_invstd, training);
+  }
+}
+
+void batch_norm_relu_backward_cpu(const Tensor& grad_input, const Tensor& grad_residual,
+                                  const Tensor& grad_weight, const Tensor& grad_bias,
+                                  const Tensor& grad_out, const Tensor& output, const Tensor& input,
+                                  const Tensor& weight, const Tensor& save_mean,
+                                  const Tensor& save_invstd, bool training) {
+  // Every activation-shaped tensor is dense in the input's layout, so one flat walk pairs
+  // their elements.
+  EMBER_ASSERT(input.dim() >= 2 && same_layout(input, grad_out) && same_layout(input, output) &&
+               same_layout(input, grad_input) && same_layout(input, grad_residual));
+  dispatch_floating(input.dtype(), "batch_norm_relu_backward", [&](auto tag) {
+    batch_norm_relu_backward_typed<typename decltype(tag)::type>(
+        grad_input, grad_residual, grad_weight, grad_bias, grad_out, output, input, weight,
+        save_mean, save_invstd, training);
+  });
 }
 
 void batch_norm_backward_cpu(const Tensor& grad_input, const Tensor& grad_weight,
@@ -561,6 +641,8 @@ void layer_norm_backward_cpu(const Tensor& grad_input, const Tensor& grad_weight
 }  // namespace
 
 void register_cpu_layer_kernels(KernelTable& table) {
+  table.batch_norm_relu_forward = &batch_norm_relu_forward_cpu;
+  table.batch_norm_relu_backward = &batch_norm_relu_backward_cpu;
   table.batch_norm_forward = &batch_norm_forward_cpu;
   table.batch_norm_backward = &batch_norm_backward_cpu;
   table.cross_entropy_forward = &cross_entropy_forward_cpu;

@@ -14,6 +14,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "../detail/dispatch.h"
 #include "cpu_kernels.h"
 #include "onednn.h"
 
@@ -213,8 +214,40 @@ void gemm_cpu(const GemmArgs& g) {
   }
 }
 
+// Fused linear's epilogue: out[r, j] = activation(in[r, j] + bias[j]) in one pass, added in
+// the accumulation type and rounded once.
+template <typename T>
+void bias_activation_typed(Activation activation, const Tensor& out, const Tensor& in,
+                           const Tensor& bias) {
+  using A = acc_t<T>;
+  const int64_t n = in.dim() > 0 ? in.size(-1) : 1, rows = n > 0 ? in.numel() / n : 0;
+  const T* x = in.data_ptr<T>();
+  const T* b = bias.defined() ? bias.data_ptr<T>() : nullptr;
+  T* y = out.data_ptr<T>();
+  EMBER_ASSERT(activation == Activation::kRelu, "bias_activation: activation ",
+               static_cast<int>(activation));
+#pragma omp parallel for schedule(static) if (in.numel() >= kParallelGrain)
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t j = 0; j < n; ++j) {
+      const A v = static_cast<A>(x[r * n + j]) + (b != nullptr ? static_cast<A>(b[j]) : A(0));
+      y[r * n + j] = static_cast<T>(v < A(0) ? A(0) : v);  // relu: NaN passes through
+    }
+  }
+}
+
+void bias_activation_cpu(Activation activation, const Tensor& out, const Tensor& in,
+                         const Tensor& bias) {
+  EMBER_ASSERT(in.is_contiguous() && out.is_contiguous());
+  dispatch_floating(in.dtype(), "linear", [&](auto tag) {
+    bias_activation_typed<typename decltype(tag)::type>(activation, out, in, bias);
+  });
+}
+
 }  // namespace
 
-void register_cpu_linalg_kernels(KernelTable& table) { table.gemm = &gemm_cpu; }
+void register_cpu_linalg_kernels(KernelTable& table) {
+  table.gemm = &gemm_cpu;
+  table.bias_activation = &bias_activation_cpu;
+}
 
 }  // namespace ember::detail

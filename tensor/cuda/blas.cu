@@ -112,8 +112,38 @@ void gemm(const GemmArgs& g) {
       static_cast<int>(g.batch), compute_type, CUBLAS_GEMM_DEFAULT));
 }
 
+// Fused linear's epilogue after the GEMM: out[r, j] = relu(in[r, j] + bias[j]) in one pass
+// (bias null: relu alone), in the compute type and rounded once, NaN passing through as in
+// relu.
+template <typename T>
+__global__ void bias_relu_kernel(T* out, const T* in, const T* bias, int64_t total, int64_t n) {
+  using A = compute_t<T>;
+  for (int64_t i = global_thread(); i < total; i += grid_stride()) {
+    const A v = cast_to<A>(in[i]) + (bias != nullptr ? cast_to<A>(bias[i % n]) : A(0));
+    out[i] = cast_to<T>(v < A(0) ? A(0) : v);
+  }
+}
+
+void bias_activation(Activation activation, const Tensor& out, const Tensor& in,
+                     const Tensor& bias) {
+  EMBER_ASSERT(in.is_contiguous() && out.is_contiguous() && activation == Activation::kRelu);
+  const int64_t n = in.dim() > 0 ? in.size(-1) : 1;
+  if (in.numel() == 0 || n == 0) return;
+  const KernelContext ctx(in);
+  dispatch_floating(in.dtype(), "linear", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    bias_relu_kernel<T><<<grid_for(in.numel()), kBlockSize, 0, ctx.stream>>>(
+        out.data_ptr<T>(), in.data_ptr<T>(), bias.defined() ? bias.data_ptr<T>() : nullptr,
+        in.numel(), n);
+    EMBER_CUDA_CHECK_LAUNCH();
+  });
+}
+
 }  // namespace
 
-void register_cuda_blas_kernels(KernelTable& table) { table.gemm = gemm; }
+void register_cuda_blas_kernels(KernelTable& table) {
+  table.gemm = gemm;
+  table.bias_activation = bias_activation;
+}
 
 }  // namespace ember::detail

@@ -137,6 +137,333 @@ void batch_norm_forward_cuda(const Tensor& out_in, const Tensor& save_mean,
   finish(out, y);
 }
 
+// ---------------------------------------------------------------------------------------
+// Fused batch norm + ReLU (+ residual): ember's own kernels, not cuDNN's. Every tensor is
+// [N, C, S] dense NCHW after rows_of (a channels-last input is [N * S, C, 1]), so element
+// (row r = n * S + s, channel c) sits at (n * C + c) * S + s.
+//
+// NOTE: per-channel sums are deterministic: each (channel, chunk of rows) block writes its
+// partial sums (double) to a workspace, and a per-channel pass adds the chunks in order. With
+// S > 1 a block walks one channel's rows (consecutive threads, consecutive s); with S == 1
+// (channels-last rows) a block covers 32 channels x 8 rows, so loads coalesce along C.
+
+constexpr int kBnTile = 32;     // channels per block when S == 1
+constexpr int kBnTileRows = 8;  // rows per block step when S == 1
+
+struct BnGeometry {
+  int64_t n, c, s;
+  int64_t chunks, rows_per_chunk;  // rows (n * s) split into chunks of consecutive rows
+};
+
+BnGeometry bn_geometry(const Tensor& rows) {
+  BnGeometry g{rows.size(0), rows.size(1), rows.numel() / (rows.size(0) * rows.size(1)), 1, 0};
+  const int64_t count = g.n * g.s;
+  const int64_t tiles = g.s == 1 ? (g.c + kBnTile - 1) / kBnTile : g.c;
+  // About 1024 blocks in all, each with at least 1024 rows' worth of work.
+  g.chunks = std::clamp<int64_t>(count / 1024, 1, std::max<int64_t>(1, 1024 / tiles));
+  g.rows_per_chunk = (count + g.chunks - 1) / g.chunks;
+  g.chunks = (count + g.rows_per_chunk - 1) / g.rows_per_chunk;
+  return g;
+}
+
+// What both fused kernels' launches need: the geometry, the device's stream, the statistics
+// type and the weight in it (null when undefined).
+struct FusedBnLaunch {
+  FusedBnLaunch(const Tensor& rows, const Tensor& w)
+      : g(bn_geometry(rows)),
+        ctx(rows),
+        param(bn_param_type(rows.dtype())),
+        weight(w.defined() ? stage(w, param, {g.c}, rows.device(), 1.0) : Staged{}) {}
+  BnGeometry g;
+  KernelContext ctx;
+  DType param;
+  Staged weight;
+};
+
+__device__ __forceinline__ int64_t bn_at(const BnGeometry& g, int64_t c, int64_t r) {
+  return ((r / g.s) * g.c + c) * g.s + r % g.s;
+}
+
+// partial[k][chunk][c] (k = 0, 1) = sums over the chunk's rows of f(c, at) = {value0, value1}.
+template <typename F>
+__global__ void bn_channel_partials_kernel(double* partial, BnGeometry g, const F f) {
+  const int64_t chunk = blockIdx.y;
+  const int64_t r0 = chunk * g.rows_per_chunk;
+  const int64_t end = r0 + g.rows_per_chunk, r1 = end < g.n * g.s ? end : g.n * g.s;
+  double a = 0, b = 0;
+  if (g.s == 1) {
+    __shared__ double sa[kBnTileRows][kBnTile], sb[kBnTileRows][kBnTile];
+    const int64_t c = static_cast<int64_t>(blockIdx.x) * kBnTile + threadIdx.x;
+    if (c < g.c) {
+      for (int64_t r = r0 + threadIdx.y; r < r1; r += kBnTileRows) {
+        const double2 v = f(c, r * g.c + c);
+        a += v.x;
+        b += v.y;
+      }
+    }
+    sa[threadIdx.y][threadIdx.x] = a;
+    sb[threadIdx.y][threadIdx.x] = b;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < g.c) {
+      for (int i = 1; i < kBnTileRows; ++i) {
+        a += sa[i][threadIdx.x];
+        b += sb[i][threadIdx.x];
+      }
+      partial[chunk * g.c + c] = a;
+      partial[(g.chunks + chunk) * g.c + c] = b;
+    }
+    return;
+  }
+  __shared__ double shared[kBlockSize];
+  const int64_t c = blockIdx.x;
+  for (int64_t r = r0 + threadIdx.x; r < r1; r += kBlockSize) {
+    const double2 v = f(c, bn_at(g, c, r));
+    a += v.x;
+    b += v.y;
+  }
+  a = block_sum<kBlockSize>(a, shared);
+  b = block_sum<kBlockSize>(b, shared);
+  if (threadIdx.x == 0) {
+    partial[chunk * g.c + c] = a;
+    partial[(g.chunks + chunk) * g.c + c] = b;
+  }
+}
+
+// A workspace [2, chunks, C] of f's per-chunk channel sums (see the NOTE above).
+template <typename F>
+Tensor bn_channel_partials(const BnGeometry& g, Device device, cudaStream_t stream, const F& f) {
+  Tensor partial = empty({2, g.chunks, g.c}, TensorOptions(kF64, device));
+  if (g.s == 1) {
+    const dim3 grid(static_cast<unsigned>((g.c + kBnTile - 1) / kBnTile),
+                    static_cast<unsigned>(g.chunks));
+    bn_channel_partials_kernel<<<grid, dim3(kBnTile, kBnTileRows), 0, stream>>>(
+        partial.data_ptr<double>(), g, f);
+  } else {
+    const dim3 grid(static_cast<unsigned>(g.c), static_cast<unsigned>(g.chunks));
+    bn_channel_partials_kernel<<<grid, kBlockSize, 0, stream>>>(partial.data_ptr<double>(), g, f);
+  }
+  EMBER_CUDA_CHECK_LAUNCH();
+  return partial;
+}
+
+// Sums of x - x[c, row 0] and its square: shifting by a value of the channel keeps the
+// one-pass variance free of cancellation when the mean is large against the spread.
+template <typename T>
+struct BnStatsTerms {
+  const T* x;
+  BnGeometry g;
+  __device__ double2 operator()(int64_t c, int64_t at) const {
+    const double d = cast_to<double>(x[at]) - cast_to<double>(x[bn_at(g, c, 0)]);
+    return make_double2(d, d * d);
+  }
+};
+
+// Per channel: the statistics (training: from the partial sums, updating the running ones;
+// eval: the running ones) into save_mean/save_invstd, and the affine map out = x * scale +
+// shift (weight, bias null mean 1 and 0).
+template <typename T, typename P>
+__global__ void bn_fused_stats_kernel(P* save_mean, P* save_invstd, P* scale, P* shift,
+                                      const double* partial, const T* x, BnGeometry g,
+                                      P* running_mean, P* running_var, const P* weight,
+                                      const P* bias, bool training, double momentum, double eps) {
+  for (int64_t c = global_thread(); c < g.c; c += grid_stride()) {
+    double mean, invstd;
+    if (training) {
+      double s1 = 0, s2 = 0;
+      for (int64_t k = 0; k < g.chunks; ++k) {
+        s1 += partial[k * g.c + c];
+        s2 += partial[(g.chunks + k) * g.c + c];
+      }
+      const double count = static_cast<double>(g.n * g.s);
+      const double d = s1 / count;
+      const double var = fmax(s2 / count - d * d, 0.0);
+      mean = cast_to<double>(x[bn_at(g, c, 0)]) + d;
+      invstd = 1.0 / ::sqrt(var + eps);
+      if (running_mean != nullptr) {
+        running_mean[c] =
+            static_cast<P>((1 - momentum) * static_cast<double>(running_mean[c]) + momentum * mean);
+        running_var[c] = static_cast<P>((1 - momentum) * static_cast<double>(running_var[c]) +
+                                        momentum * var * count / (count - 1));
+      }
+    } else {
+      mean = static_cast<double>(running_mean[c]);
+      invstd = 1.0 / ::sqrt(static_cast<double>(running_var[c]) + eps);
+    }
+    const double w = weight != nullptr ? static_cast<double>(weight[c]) : 1.0;
+    const double b = bias != nullptr ? static_cast<double>(bias[c]) : 0.0;
+    save_mean[c] = static_cast<P>(mean);
+    save_invstd[c] = static_cast<P>(invstd);
+    scale[c] = static_cast<P>(w * invstd);
+    shift[c] = static_cast<P>(b - mean * w * invstd);
+  }
+}
+
+// out = relu(x * scale[c] + shift[c] + residual) (residual null: no add), the normalised
+// value rounded to T before the add as the unfused batch_norm's output is, NaN passing
+// through as in relu.
+template <typename T, typename P>
+__global__ void bn_relu_apply_kernel(T* out, const T* x, const T* residual, const P* scale,
+                                     const P* shift, int64_t total, int64_t channels, int64_t s) {
+  using A = compute_t<T>;
+  for (int64_t i = global_thread(); i < total; i += grid_stride()) {
+    const int64_t c = (i / s) % channels;
+    A v = cast_to<A>(x[i]) * static_cast<A>(scale[c]) + static_cast<A>(shift[c]);
+    if (residual != nullptr) v = cast_to<A>(cast_to<T>(v)) + cast_to<A>(residual[i]);
+    out[i] = cast_to<T>(v < A(0) ? A(0) : v);
+  }
+}
+
+void batch_norm_relu_forward_cuda(const Tensor& out_in, const Tensor& save_mean,
+                                  const Tensor& save_invstd, const Tensor& input_in,
+                                  const Tensor& residual_in, const Tensor& weight,
+                                  const Tensor& bias, const Tensor& running_mean,
+                                  const Tensor& running_var, bool training, double momentum,
+                                  double eps) {
+  const Tensor input = rows_of(input_in), out = rows_of(out_in), residual = rows_of(residual_in);
+  EMBER_ASSERT(input.is_contiguous() && out.is_contiguous() &&
+               (!residual.defined() || residual.is_contiguous()));
+  if (input.numel() == 0) return;
+  const FusedBnLaunch launch(input, weight);
+  const BnGeometry& g = launch.g;
+  const Device device = input.device();
+  const Staged b = bias.defined() ? stage(bias, launch.param, {g.c}, device, 0.0) : Staged{};
+  const Staged rm =
+      running_mean.defined() ? stage(running_mean, launch.param, {g.c}, device, 0.0) : Staged{};
+  const Staged rv =
+      running_var.defined() ? stage(running_var, launch.param, {g.c}, device, 1.0) : Staged{};
+  Tensor affine = empty({2, g.c}, TensorOptions(launch.param, device));
+  dispatch_floating(input.dtype(), "batch_norm_relu", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using P = stat_t<T>;
+    const T* x = input.data_ptr<T>();
+    Tensor partial;
+    if (training)
+      partial = bn_channel_partials(g, device, launch.ctx.stream, BnStatsTerms<T>{x, g});
+    P* scale = affine.data_ptr<P>();
+    bn_fused_stats_kernel<T, P><<<grid_for(g.c), kBlockSize, 0, launch.ctx.stream>>>(
+        save_mean.data_ptr<P>(), save_invstd.data_ptr<P>(), scale, scale + g.c,
+        training ? partial.data_ptr<double>() : nullptr, x, g, static_cast<P*>(rm.ptr()),
+        static_cast<P*>(rv.ptr()), static_cast<const P*>(launch.weight.ptr()),
+        static_cast<const P*>(b.ptr()), training, momentum, eps);
+    EMBER_CUDA_CHECK_LAUNCH();
+    bn_relu_apply_kernel<T, P><<<grid_for(input.numel()), kBlockSize, 0, launch.ctx.stream>>>(
+        out.data_ptr<T>(), x, residual.defined() ? residual.data_ptr<T>() : nullptr, scale,
+        scale + g.c, input.numel(), g.c, g.s);
+    EMBER_CUDA_CHECK_LAUNCH();
+  });
+  if (training) {
+    finish(running_mean, rm);
+    finish(running_var, rv);
+  }
+}
+
+// Sums of the masked gradient gm = y > 0 ? gy : 0 and of gm * (x - mean).
+template <typename T, typename P>
+struct BnReluGradTerms {
+  const T* grad_out;
+  const T* out;
+  const T* x;
+  const P* mean;
+  __device__ double2 operator()(int64_t c, int64_t at) const {
+    if (!(cast_to<compute_t<T>>(out[at]) > compute_t<T>(0))) return make_double2(0.0, 0.0);
+    const double gm = cast_to<double>(grad_out[at]);
+    return make_double2(gm, gm * (cast_to<double>(x[at]) - static_cast<double>(mean[c])));
+  }
+};
+
+// Per channel: grad_bias = sum(gm), grad_weight = sum(gm * (x - mean)) * invstd (either
+// null: skipped), and grad_input = a * gm + bx * x + d, as the CPU kernel folds it (eval:
+// bx = d = 0, and partial may be null).
+template <typename P>
+__global__ void bn_relu_grad_coeffs_kernel(P* coeffs, P* grad_weight, P* grad_bias,
+                                           const double* partial, BnGeometry g, const P* weight,
+                                           const P* mean, const P* invstd, bool training) {
+  for (int64_t c = global_thread(); c < g.c; c += grid_stride()) {
+    double sum_g = 0, sum_gx = 0;
+    if (partial != nullptr) {
+      for (int64_t k = 0; k < g.chunks; ++k) {
+        sum_g += partial[k * g.c + c];
+        sum_gx += partial[(g.chunks + k) * g.c + c];
+      }
+    }
+    const double is = static_cast<double>(invstd[c]);
+    sum_gx *= is;
+    if (grad_bias != nullptr) grad_bias[c] = static_cast<P>(sum_g);
+    if (grad_weight != nullptr) grad_weight[c] = static_cast<P>(sum_gx);
+    const double k = (weight != nullptr ? static_cast<double>(weight[c]) : 1.0) * is;
+    const double count = static_cast<double>(g.n * g.s);
+    const double bx = training ? -k * (sum_gx / count) * is : 0.0;
+    coeffs[c] = static_cast<P>(k);
+    coeffs[g.c + c] = static_cast<P>(bx);
+    coeffs[2 * g.c + c] =
+        static_cast<P>(training ? -k * (sum_g / count) - bx * static_cast<double>(mean[c]) : 0.0);
+  }
+}
+
+template <typename T, typename P>
+__global__ void bn_relu_grad_apply_kernel(T* grad_input, T* grad_residual, const T* grad_out,
+                                          const T* out, const T* x, const P* coeffs, int64_t total,
+                                          int64_t channels, int64_t s) {
+  using A = compute_t<T>;
+  for (int64_t i = global_thread(); i < total; i += grid_stride()) {
+    const A gm = cast_to<A>(out[i]) > A(0) ? cast_to<A>(grad_out[i]) : A(0);
+    if (grad_residual != nullptr) grad_residual[i] = cast_to<T>(gm);
+    if (grad_input != nullptr) {
+      const int64_t c = (i / s) % channels;
+      grad_input[i] = cast_to<T>(static_cast<A>(coeffs[c]) * gm +
+                                 static_cast<A>(coeffs[channels + c]) * cast_to<A>(x[i]) +
+                                 static_cast<A>(coeffs[2 * channels + c]));
+    }
+  }
+}
+
+void batch_norm_relu_backward_cuda(const Tensor& grad_input_in, const Tensor& grad_residual_in,
+                                   const Tensor& grad_weight, const Tensor& grad_bias,
+                                   const Tensor& grad_out_in, const Tensor& out_in,
+                                   const Tensor& input_in, const Tensor& weight,
+                                   const Tensor& save_mean, const Tensor& save_invstd,
+                                   bool training) {
+  const Tensor input = rows_of(input_in), out = rows_of(out_in), grad_out = rows_of(grad_out_in),
+               grad_input = rows_of(grad_input_in), grad_residual = rows_of(grad_residual_in);
+  EMBER_ASSERT(input.is_contiguous() && out.is_contiguous() && grad_out.is_contiguous());
+  if (input.numel() == 0) return;
+  const FusedBnLaunch launch(input, weight);
+  const BnGeometry& g = launch.g;
+  const Device device = input.device();
+  const Staged dw =
+      grad_weight.defined() ? output_buffer(grad_weight, launch.param, {g.c}, device) : Staged{};
+  const Staged db =
+      grad_bias.defined() ? output_buffer(grad_bias, launch.param, {g.c}, device) : Staged{};
+  Tensor coeffs = empty({3, g.c}, TensorOptions(launch.param, device));
+  dispatch_floating(input.dtype(), "batch_norm_relu_backward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using P = stat_t<T>;
+    const P* mean = save_mean.data_ptr<P>();
+    Tensor partial;
+    if (training || grad_weight.defined() || grad_bias.defined()) {
+      partial = bn_channel_partials(g, device, launch.ctx.stream,
+                                    BnReluGradTerms<T, P>{grad_out.data_ptr<T>(), out.data_ptr<T>(),
+                                                          input.data_ptr<T>(), mean});
+    }
+    bn_relu_grad_coeffs_kernel<P><<<grid_for(g.c), kBlockSize, 0, launch.ctx.stream>>>(
+        coeffs.data_ptr<P>(), static_cast<P*>(dw.ptr()), static_cast<P*>(db.ptr()),
+        partial.defined() ? partial.data_ptr<double>() : nullptr, g,
+        static_cast<const P*>(launch.weight.ptr()), mean, save_invstd.data_ptr<P>(), training);
+    EMBER_CUDA_CHECK_LAUNCH();
+    if (grad_input.defined() || grad_residual.defined()) {
+      bn_relu_grad_apply_kernel<T, P>
+          <<<grid_for(input.numel()), kBlockSize, 0, launch.ctx.stream>>>(
+              grad_input.defined() ? grad_input.data_ptr<T>() : nullptr,
+              grad_residual.defined() ? grad_residual.data_ptr<T>() : nullptr,
+              grad_out.data_ptr<T>(), out.data_ptr<T>(), input.data_ptr<T>(), coeffs.data_ptr<P>(),
+              input.numel(), g.c, g.s);
+      EMBER_CUDA_CHECK_LAUNCH();
+    }
+  });
+  finish(grad_weight, dw);
+  finish(grad_bias, db);
+}
+
 // Eval backward, per channel: grad_bias = sum(gy), grad_weight = sum(gy * (x - mean)) * invstd.
 // One block per channel, summed in double as the CPU does.
 template <typename T, typename P>
@@ -368,6 +695,8 @@ void cross_entropy_backward_cuda(const Tensor& grad_logits, const Tensor& grad_l
 }  // namespace
 
 void register_cuda_layer_kernels(KernelTable& table) {
+  table.batch_norm_relu_forward = &batch_norm_relu_forward_cuda;
+  table.batch_norm_relu_backward = &batch_norm_relu_backward_cuda;
   table.batch_norm_forward = &batch_norm_forward_cuda;
   table.batch_norm_backward = &batch_norm_backward_cuda;
   table.cross_entropy_forward = &cross_entropy_forward_cuda;

@@ -81,6 +81,10 @@ enum class OpId : uint16_t {
   kGelu,  // OpArgs::a: 1 for the tanh approximation
   kLayerNorm,
   kEmbedding,  // OpArgs::extra: the flat i64 indices; start: padding_idx (-1: none)
+  // fused layers
+  kBatchNormRelu,     // inputs: input, weight, bias, residual (undefined)
+  kBatchNormAddRelu,  // inputs: input, weight, bias, residual
+  kBiasActivation,    // linear's epilogue: inputs: GEMM output, bias; args.dim: Activation
 };
 
 // The non-tensor arguments a backward formula needs; each op documents the fields it uses.

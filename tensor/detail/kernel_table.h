@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "../layer_ops.h"
 #include "../scalar.h"
 #include "../tensor.h"
 
@@ -233,6 +234,28 @@ struct KernelTable {
                               const Tensor& grad_bias, const Tensor& grad_out, const Tensor& input,
                               const Tensor& weight, const Tensor& mean,
                               const Tensor& rstd) = nullptr;
+  // --- fused batch norm + ReLU (+ residual add) ---
+  // out = relu(batch_norm(input) + residual) over [N, C, S], in one pass over the
+  // activations: statistics, save_mean/save_invstd and running statistics as
+  // batch_norm_forward; residual (input's dtype and layout) may be undefined (no add).
+  void (*batch_norm_relu_forward)(const Tensor& out, const Tensor& save_mean,
+                                  const Tensor& save_invstd, const Tensor& input,
+                                  const Tensor& residual, const Tensor& weight, const Tensor& bias,
+                                  const Tensor& running_mean, const Tensor& running_var,
+                                  bool training, double momentum, double eps) = nullptr;
+  // Its gradients from the output: the masked gradient gm = output > 0 ? grad_out : 0 goes to
+  // grad_residual, and grad_input/grad_weight/grad_bias are batch_norm_backward's for gm.
+  // Undefined outputs are skipped.
+  void (*batch_norm_relu_backward)(const Tensor& grad_input, const Tensor& grad_residual,
+                                   const Tensor& grad_weight, const Tensor& grad_bias,
+                                   const Tensor& grad_out, const Tensor& output,
+                                   const Tensor& input, const Tensor& weight,
+                                   const Tensor& save_mean, const Tensor& save_invstd,
+                                   bool training) = nullptr;
+  // out = activation(in + bias) over contiguous [rows, n] (bias [n], may be undefined), one
+  // floating dtype; fused linear's epilogue. activation is not kNone.
+  void (*bias_activation)(Activation activation, const Tensor& out, const Tensor& in,
+                          const Tensor& bias) = nullptr;
 };
 
 // The table for a device type; entries a build lacks are null (no CUDA build: all null).

@@ -25,6 +25,12 @@ std::array<Tensor, 3> batch_norm_backward(const Tensor& grad_out, const Tensor& 
                                           const Tensor& save_invstd, bool training,
                                           std::array<bool, 3> needs);
 // The pooling gradients take the layout the forward computed in (params.channels_last).
+// Gradients of batch_norm_relu / batch_norm_add_relu for input, weight, bias and residual,
+// from the op's output (its ReLU mask).
+std::array<Tensor, 4> batch_norm_relu_backward(const Tensor& grad_out, const Tensor& output,
+                                               const Tensor& input, const Tensor& weight,
+                                               const Tensor& save_mean, const Tensor& save_invstd,
+                                               bool training, std::array<bool, 4> needs);
 Tensor max_pool2d_backward(const Tensor& grad_out, const Shape& input_sizes, const Tensor& indices,
                            const Pool2dParams& params);
 Tensor avg_pool2d_backward(const Tensor& grad_out, const Shape& input_sizes,

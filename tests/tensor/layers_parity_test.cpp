@@ -9,6 +9,7 @@
 #include <ember/tensor/precision.h>
 
 #include "test_util.h"
+#include <ember/tensor/detail/layer_backward.h>
 
 namespace ember {
 namespace {
@@ -580,6 +581,100 @@ TEST(LayersParity, DropoutMaskMatchesTheCpu) {
     const Tensor expected = dropout(x, 0.3, true, &cpu_gen);
     const Tensor actual = dropout(x.to(cuda_device()), 0.3, true, &cuda_gen);
     expect_close(actual, expected, 0.0, 0.0);
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// fused batch norm + ReLU (+ residual): ember's own CUDA kernels against the CPU's
+
+// Shapes reaching both CUDA reduction layouts: S > 1 with several row chunks, and
+// channels-last rows (S == 1 after the transpose) with a partial 32-channel tile.
+const std::vector<Shape>& fused_bn_shapes() {
+  static const std::vector<Shape> shapes = {{8, 5, 33, 33}, {16, 40, 6, 5}, {6, 3, 1, 1}};
+  return shapes;
+}
+
+TEST(LayersParity, BatchNormReluForwardAndBackward) {
+  EMBER_REQUIRE_CUDA();
+  uint64_t seed = 2000;
+  for (DType dtype : kFloatTypes) {
+    for (const Shape& shape : fused_bn_shapes()) {
+      for (MemoryFormat format : {MemoryFormat::Contiguous, MemoryFormat::ChannelsLast}) {
+        for (bool training : {true, false}) {
+          for (bool residual : {false, true}) {
+            SCOPED_TRACE(::testing::Message()
+                         << dtype << " " << shape_str(shape)
+                         << (format == MemoryFormat::ChannelsLast ? " nhwc" : " nchw")
+                         << (training ? " train" : " eval") << (residual ? " add_relu" : " relu"));
+            const int64_t c = shape[1];
+            // 16-bit inputs come with f32 parameters and statistics, as under autocast.
+            const DType param = dtype == kF16 || dtype == kBF16 ? kF32 : dtype;
+            const Inputs inputs = {make_input(shape, dtype, seed++, -1.0, 3.0).contiguous(format),
+                                   make_input({c}, param, seed++),
+                                   make_input({c}, param, seed++),
+                                   make_input({c}, param, seed++, -0.5, 0.5),
+                                   make_input({c}, param, seed++, 0.5, 1.5),
+                                   make_input(shape, dtype, seed++).contiguous(format)};
+            auto f = [training, residual](const Inputs& in) {
+              return residual
+                         ? batch_norm_add_relu(in[0], in[5], in[1], in[2], in[3], in[4], training)
+                         : batch_norm_relu(in[0], in[1], in[2], in[3], in[4], training);
+            };
+            const Tolerance tol = layer_tolerance(dtype);
+            if (dtype == kF32 || dtype == kF64) {
+              const ParityRun run = expect_layer_parity(
+                  inputs, {true, true, true, false, false, residual}, f, tol, tol, seed++);
+              expect_close(run.cuda[3], run.cpu[3], tol.rtol, tol.atol);
+              expect_close(run.cuda[4], run.cpu[4], tol.rtol, tol.atol);
+              continue;
+            }
+            // 16 bits: an output within a rounding of 0 may land on either side of the ReLU,
+            // so the backward runs on both devices from the CPU's output (the same mask).
+            const Inputs cpu = leaves_on(kCPU, inputs, std::vector<bool>(6, false));
+            const Inputs gpu = leaves_on(cuda_device(), inputs, std::vector<bool>(6, false));
+            const Tensor expected = f(cpu), actual = f(gpu);
+            EXPECT_TRUE(actual.is_contiguous(format));
+            expect_close(actual, expected, tol.rtol, tol.atol);
+            expect_close(gpu[3], cpu[3], 1e-5, 1e-6);
+            expect_close(gpu[4], cpu[4], 1e-5, 1e-6);
+            const Tensor grad = make_input(shape, dtype, seed++).contiguous(format);
+            const Tensor mean = make_input({c}, kF32, seed++, -0.5, 0.5);
+            const Tensor invstd = make_input({c}, kF32, seed++, 0.5, 1.5);
+            const auto want =
+                detail::batch_norm_relu_backward(grad, expected, cpu[0], cpu[1], mean, invstd,
+                                                 training, {true, true, true, residual});
+            const Device dev = cuda_device();
+            const auto got = detail::batch_norm_relu_backward(
+                grad.to(dev), expected.to(dev), gpu[0], gpu[1], mean.to(dev), invstd.to(dev),
+                training, {true, true, true, residual});
+            for (size_t i = 0; i < 4; ++i) {
+              if (!want[i].defined()) continue;
+              SCOPED_TRACE(::testing::Message() << "gradient " << i);
+              expect_close(got[i], want[i], tol.rtol, tol.atol);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(LayersParity, LinearBiasReluForwardAndBackward) {
+  EMBER_REQUIRE_CUDA();
+  Float32PrecisionGuard exact_f32("highest", false);  // no TF32 in the f32 GEMM
+  uint64_t seed = 2500;
+  for (DType dtype : {kF32, kF64}) {
+    for (bool bias : {true, false}) {
+      SCOPED_TRACE(::testing::Message() << dtype << (bias ? " bias" : " no bias"));
+      const Inputs inputs = {make_input({4, 6, 33}, dtype, seed++),
+                             make_input({17, 33}, dtype, seed++),
+                             bias ? make_input({17}, dtype, seed++) : Tensor()};
+      const Tolerance tol = layer_tolerance(dtype);
+      expect_layer_parity(
+          inputs, {true, true, bias},
+          [](const Inputs& in) { return linear(in[0], in[1], in[2], Activation::kRelu); }, tol, tol,
+          seed++);
+    }
   }
 }
 
