@@ -6,10 +6,10 @@
 #include <limits>
 #include <vector>
 
+#include <ember/tensor/detail/layer_backward.h>
 #include <ember/tensor/precision.h>
 
 #include "test_util.h"
-#include <ember/tensor/detail/layer_backward.h>
 
 namespace ember {
 namespace {
