@@ -82,16 +82,16 @@ inline constexpr double kGeluPdfScale = 0.39894228040143267794;  // 1 / sqrt(2 p
 inline constexpr double kGeluTanhBeta = 0.79788456080286535588;  // sqrt(2 / pi)
 inline constexpr double kGeluTanhKappa = 0.044715;
 
-// sigmoid(2u) = (1 + tanh(u)) / 2 for the tanh form's u.
+// e^(-2u) for the tanh form's u: sigmoid(2u) = (1 + tanh(u)) / 2 = 1 / (1 + e^(-2u)).
 template <typename A>
-EMBER_HOST_DEVICE inline A gelu_tanh_half_one_plus(A x) {
+EMBER_HOST_DEVICE inline A gelu_tanh_exp(A x) {
   const A u = A(kGeluTanhBeta) * (x + A(kGeluTanhKappa) * x * x * x);
-  return A(1) / (A(1) + gelu_exp_of(A(-2) * u));
+  return gelu_exp_of(A(-2) * u);
 }
 
 template <typename A>
 EMBER_HOST_DEVICE inline A gelu_forward(A x, bool tanh_form) {
-  if (tanh_form) return x * gelu_tanh_half_one_plus(x);
+  if (tanh_form) return x / (A(1) + gelu_tanh_exp(x));
   return x * A(0.5) * (A(1) + gelu_erf_of(x * A(kGeluSqrt1_2)));
 }
 
@@ -99,10 +99,12 @@ EMBER_HOST_DEVICE inline A gelu_forward(A x, bool tanh_form) {
 template <typename A>
 EMBER_HOST_DEVICE inline A gelu_backward(A dy, A x, bool tanh_form) {
   if (tanh_form) {
-    // With s = sigmoid(2u): gelu = x s, and ds/dx = 2 s (1 - s) u'.
-    const A s = gelu_tanh_half_one_plus(x);
+    // With s = sigmoid(2u): gelu = x s, and ds/dx = 2 s (1 - s) u'. 1 - s is computed as
+    // 1 / (1 + e^(2u)), not by subtraction, so the tail near s = 1 keeps its digits.
+    const A e = gelu_tanh_exp(x);
+    const A s = A(1) / (A(1) + e), one_minus_s = A(1) / (A(1) + A(1) / e);
     const A du = A(kGeluTanhBeta) * (A(1) + A(3 * kGeluTanhKappa) * x * x);
-    return dy * (s + A(2) * x * s * (A(1) - s) * du);
+    return dy * (s + A(2) * x * s * one_minus_s * du);
   }
   const A cdf = A(0.5) * (A(1) + gelu_erf_of(x * A(kGeluSqrt1_2)));
   const A pdf = A(kGeluPdfScale) * gelu_exp_of(x * x * A(-0.5));

@@ -195,6 +195,33 @@ TEST(GptLayers, EmbeddingTakesI32IndicesAndZeroDimIndices) {
   expect_close(embedding(scalar_index, w), from_vector<float>({9, 10, 11}, {3}));
 }
 
+TEST(GptLayers, GeluAtLargeMagnitudesAndNan) {
+  // PyTorch 1.13's values (f32), but for the tanh form's gradient at -5 and 5 the f64 value:
+  // PyTorch's f32 1 - tanh^2 loses its digits there (-2.01e-6 for -1.55e-6).
+  const Tensor x = from_vector<float>({-100.0f, -20.0f, -9.0f, -5.0f, 1e-3f, 5.0f, 20.0f, 100.0f});
+  for (GeluApproximate form : {GeluApproximate::kNone, GeluApproximate::kTanh}) {
+    const bool tanh_form = form == GeluApproximate::kTanh;
+    SCOPED_TRACE(tanh_form ? "tanh" : "exact");
+    Tensor leaf = x.clone();
+    leaf.requires_grad_();
+    const Tensor y = gelu(leaf, form);
+    y.sum().backward();
+    expect_close(y,
+                 from_vector<float>({0, 0, 0, tanh_form ? -2.9802322e-07f : -1.4901161e-06f,
+                                     tanh_form ? 5.0039898e-04f : 5.0039892e-04f,
+                                     tanh_form ? 4.9999995f : 4.9999986f, 20, 100}),
+                 1e-6, 2e-7);
+    expect_close(leaf.grad(),
+                 from_vector<float>({0, 0, 0, tanh_form ? -1.5463620e-06f : -7.1227551e-06f,
+                                     tanh_form ? 0.50079787f : 0.50079781f,
+                                     tanh_form ? 1.0000015f : 1.0000072f, 1, 1}),
+                 1e-6, 3e-7);
+    const Tensor special = gelu(from_vector<float>({std::nanf(""), INFINITY}), form);
+    EXPECT_TRUE(std::isnan(special.to_vector<float>()[0]));
+    EXPECT_EQ(special.to_vector<float>()[1], INFINITY);
+  }
+}
+
 TEST(GptLayers, LayerNormBf16KeepsItsStatisticsInF32) {
   // 1024 + 8k is exact in bf16, whose spacing there is 8: in bf16 the row's sum (about 9216,
   // spacing 64) and so its mean and variance would round; in f32 they are exact.
