@@ -277,6 +277,16 @@ void save_checkpoint(const std::string& path, const Checkpoint& c, ProcessGroup*
       meta["sampler.position"] = std::to_string(c.sampler->position() + c.sampler_consumed);
     }
     for (const auto& [key, v] : c.values) meta["values." + key] = number(v);
+    for (const auto& [key, text] : c.texts) {
+      bool utf8 = true;  // the header is JSON, whose strings are UTF-8
+      try {
+        (void)nlohmann::json(text).dump();
+      } catch (const nlohmann::json::exception&) {
+        utf8 = false;
+      }
+      EMBER_CHECK(utf8, "save_checkpoint", "text \"", key, "\" is not valid UTF-8");
+      meta["texts." + key] = text;
+    }
     meta["epoch"] = std::to_string(c.epoch);
     meta["step"] = std::to_string(c.step);
     write_atomically(path, serialize(tensors, std::move(meta)));
@@ -462,6 +472,10 @@ void load_checkpoint(const std::string& path, Checkpoint& c, Device device) {
     c.sampler_consumed = 0;
   }
   c.values = values.scalars;
+  c.texts.clear();
+  for (const auto& [key, text] : file.metadata) {
+    if (key.rfind("texts.", 0) == 0) c.texts[key.substr(6)] = text;
+  }
   c.epoch = epoch;
   c.step = step;
 }

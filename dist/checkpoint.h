@@ -51,6 +51,9 @@ struct Checkpoint {
   // The caller's own numbers (e.g. running sums of a metric), saved exactly; loading
   // replaces them with the file's.
   std::map<std::string, double> values{};
+  // The caller's own strings (a model's configuration, a tokenizer's vocabulary), saved as
+  // UTF-8 in the header; loading replaces them with the file's.
+  std::map<std::string, std::string> texts{};
 };
 
 // Rank 0 writes `path` atomically; then every rank waits at a barrier of `group` (when given).

@@ -172,6 +172,25 @@ TEST(Checkpoint, FileIsSafetensors) {
   EXPECT_EQ(file.metadata.at("step"), "1");
 }
 
+TEST(Checkpoint, TextsRoundTripAsUtf8AndRefuseOtherBytes) {
+  auto pg = world();
+  SharedDir dir(*pg);
+  TrainingRun run(pg, 1);
+  run.ck.texts = {{"vocab", "\n !abc\xc3\xa9\xe2\x82\xac"}, {"model", "gpt"}};
+  const std::string path = dir.file("texts.safetensors");
+  save_checkpoint(path, run.ck, pg.get());
+  EXPECT_EQ(read_checkpoint_metadata(path).at("texts.vocab"), run.ck.texts.at("vocab"));
+
+  Checkpoint loaded = run.ck;
+  loaded.texts = {{"stale", "dropped"}};
+  load_checkpoint(path, loaded);
+  EXPECT_EQ(loaded.texts, run.ck.texts);
+
+  run.ck.texts = {{"bytes", std::string("a\xff")}};
+  EXPECT_EMBER_ERROR(save_checkpoint(dir.file("bad.safetensors"), run.ck, nullptr),
+                     "save_checkpoint: text \"bytes\" is not valid UTF-8");
+}
+
 // Writes a safetensors file with the given header text and data.
 void write_raw(const std::string& path, const std::string& header, const std::string& data) {
   std::ofstream out(path, std::ios::binary);
