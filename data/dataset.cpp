@@ -36,4 +36,18 @@ Example TensorDataset::get(int64_t index) const {
   return {data_.select(0, index), class_targets_[static_cast<size_t>(index)], {}};
 }
 
+Subset::Subset(std::shared_ptr<const Dataset> dataset, int64_t begin, int64_t end)
+    : dataset_(std::move(dataset)), begin_(begin), end_(end) {
+  EMBER_CHECK(dataset_ != nullptr, "Subset", "the dataset is null");
+  EMBER_CHECK(0 <= begin && begin <= end && end <= dataset_->size(), "Subset", "range [", begin,
+              ", ", end, ") is not within the dataset's ", dataset_->size(), " examples");
+}
+
+Example Subset::get(int64_t index) const {
+  check_index(index, "Subset::get");
+  return dataset_->get(begin_ + index);
+}
+
+std::string Subset::describe(int64_t index) const { return dataset_->describe(begin_ + index); }
+
 }  // namespace ember::data

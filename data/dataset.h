@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -60,6 +61,21 @@ class TensorDataset : public Dataset {
   Tensor targets_;
   bool has_class_targets_ = false;
   std::vector<int64_t> class_targets_;
+};
+
+// A contiguous slice of another dataset, examples [begin, end) renumbered from 0, e.g. a
+// validation split (torch.utils.data.Subset over range(begin, end)). Shares the dataset.
+class Subset : public Dataset {
+ public:
+  // ember::Error unless 0 <= begin <= end <= dataset->size().
+  Subset(std::shared_ptr<const Dataset> dataset, int64_t begin, int64_t end);
+  int64_t size() const override { return end_ - begin_; }
+  Example get(int64_t index) const override;
+  std::string describe(int64_t index) const override;
+
+ private:
+  std::shared_ptr<const Dataset> dataset_;
+  int64_t begin_, end_;
 };
 
 }  // namespace ember::data

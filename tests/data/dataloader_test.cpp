@@ -67,6 +67,18 @@ TEST(TensorDataset, RowsAreViewsWithTheirTargets) {
                      "targets must have a leading example dim");
 }
 
+TEST(Subset, IsARenumberedRangeOfItsDataset) {
+  auto base = small_dataset(10);
+  Subset tail(base, 7, 10);
+  ASSERT_EQ(tail.size(), 3);
+  EXPECT_EQ(tail.get(0).data.to_vector<float>(), (std::vector<float>{7, -7}));
+  EXPECT_EQ(tail.get(2).target, 9 % 3);
+  EXPECT_EQ(Subset(base, 4, 4).size(), 0);
+  EXPECT_EMBER_ERROR(tail.get(3), "Subset::get");
+  EXPECT_EMBER_ERROR(Subset(base, 5, 11), "range [5, 11) is not within the dataset's 10 examples");
+  EXPECT_EMBER_ERROR(Subset(base, 6, 5), "range [6, 5)");
+}
+
 TEST(DataLoader, FloatAndMultiLabelTargetsAreStackedInTheirDtype) {
   // Regression: one f64 value per example; multi-label: a row of 3 flags per example.
   const Tensor x = arange(12, kF32).view({6, 2});
