@@ -3,6 +3,7 @@
 
 #include "attention.h"
 #include "functional.h"
+#include "gpt.h"
 #include "init.h"
 #include "layers.h"
 #include "loss.h"
