@@ -7,6 +7,8 @@
 #include <ember/data/datasets.h>
 #include <ember/tensor/error.h>
 
+#include "gpt_setup.h"
+
 namespace fs = std::filesystem;
 
 namespace ember::apps {
@@ -58,6 +60,7 @@ void load_folder(const TrainOptions& o, DataSplits& d) {
 }  // namespace
 
 DataSplits load_data(const TrainOptions& o) {
+  if (o.dataset == "text") return load_text_data(o);
   std::string which = o.dataset;
   if (which == "auto")
     which = fs::exists(fs::path(o.data) / "cifar-10-batches-bin") ? "cifar10" : "fashion-mnist";
@@ -101,6 +104,7 @@ DataSplits load_data(const TrainOptions& o) {
 }
 
 std::shared_ptr<const data::Transform> train_transform(const DataSplits& d) {
+  if (d.vocabulary != nullptr) return nullptr;  // text windows go to the model as they are
   Transforms t;
   if (d.resize) t.push_back(std::make_shared<data::Resize>(d.image_size));
   t.push_back(std::make_shared<data::RandomCrop>(d.image_size, d.image_size, d.image_size / 8));
@@ -111,6 +115,7 @@ std::shared_ptr<const data::Transform> train_transform(const DataSplits& d) {
 }
 
 std::shared_ptr<const data::Transform> test_transform(const DataSplits& d) {
+  if (d.vocabulary != nullptr) return nullptr;
   Transforms t = eval_view(d);
   t.push_back(std::make_shared<data::Normalize>(d.mean, d.std));
   return std::make_shared<data::Compose>(std::move(t));

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include <ember/data/dataset.h>
+#include <ember/data/text.h>
 #include <ember/data/transforms.h>
 
 #include "train_options.h"
@@ -23,19 +24,25 @@ struct DataSplits {
   bool resize = false;
   // Image folders with --bad-images skip: the files left out, "path: reason".
   std::vector<std::string> bad_files;
+  // Text (--dataset text): the tokens' vocabulary (classes is its size) and the corpus length.
+  std::shared_ptr<const data::TextVocabulary> vocabulary;
+  int64_t tokens = 0;
 };
 
-// The data set options.dataset names. "folder": options.data/train/CLASS/* and
-// options.data/val/CLASS/* (classes by sorted folder name, as torchvision's ImageFolder; both
-// splits must hold the same classes), decoded as RGB (a file that does not decode fails the
-// run, or with --bad-images skip is left out and listed in bad_files), normalised with --mean/--std
-// or with statistics measured once over the training split (measure_mean_std).
+// The data set options.dataset names ("text": load_text_data in gpt_setup.h). "folder":
+// options.data/train/CLASS/* and options.data/val/CLASS/* (classes by sorted folder name, as
+// torchvision's ImageFolder; both splits must hold the same classes), decoded as RGB (a file that
+// does not decode fails the run, or with --bad-images skip is left out and listed in bad_files),
+// normalised with --mean/--std or with statistics measured once over the training split
+// (measure_mean_std).
 DataSplits load_data(const TrainOptions& options);
 
-// Training: (for folders: shorter side resized to image_size,) random crop image_size square
-// padded by image_size / 8, horizontal flip, to [C, H, W] f32 in [0, 1], normalised.
+// Training: none for text; for images (for folders: shorter side resized to image_size,) random
+// crop image_size square padded by image_size / 8, horizontal flip, to [C, H, W] f32 in [0, 1],
+// normalised.
 std::shared_ptr<const data::Transform> train_transform(const DataSplits& d);
-// Evaluation: (for folders: resized, then the centre square,) to tensor, normalised.
+// Evaluation: none for text; for images (for folders: resized, then the centre square,) to
+// tensor, normalised.
 std::shared_ptr<const data::Transform> test_transform(const DataSplits& d);
 
 // Per-channel mean and standard deviation of `dataset`'s images after `transform` (which

@@ -1,5 +1,6 @@
 // ember-train: trains a ResNet with ember's own stack (apps::Trainer) on a built-in data set
-// or an image folder, with a schedule laid out over the run's steps, and evaluates it.
+// or an image folder, or a GPT on text (--model gpt), with a schedule laid out over the run's
+// steps, and evaluates it. `ember-train sample` continues a prompt from a GPT snapshot.
 //
 // Runs alone, under `mpirun -np N`, `srun`, or with torchrun-style variables: rank 0 alone
 // prints and writes. See README.md for the recipes.
@@ -14,9 +15,12 @@
 #include <ember/dist/init.h>
 #include <ember/dist/metrics.h>
 #include <ember/dist/sync_batch_norm.h>
+#include <ember/dist/window_sampler.h>
 #include <ember/ember.h>
+#include <ember/optim/param_groups.h>
 
 #include "data_setup.h"
+#include "gpt_setup.h"
 #include "metrics_log.h"
 #include "precision.h"
 #include "progress.h"
@@ -53,10 +57,26 @@ int run(const apps::TrainOptions& o) {
   dist::DistributedSamplerOptions sampler_options;
   sampler_options.seed = o.seed;
   sampler_options.drop_last = true;
-  auto train_sampler =
-      std::make_shared<dist::DistributedSampler>(d.train->size(), *group, sampler_options);
-  auto test_sampler = std::make_shared<dist::DistributedSampler>(
-      d.test->size(), *group, dist::DistributedSamplerOptions{false, 0, false});
+  std::shared_ptr<dist::DistributedSampler> train_sampler, test_sampler;
+  if (apps::is_gpt(o)) {
+    // Random windows: an epoch holds the training tokens about once (or --windows-per-epoch);
+    // evaluation sees the same eval_windows validation windows each time.
+    const int64_t windows =
+        o.windows_per_epoch > 0
+            ? o.windows_per_epoch
+            : std::max<int64_t>(d.train->size() / o.block_size, o.batch_size * group->size());
+    train_sampler = std::make_shared<dist::DistributedWindowSampler>(
+        d.train->size(), std::min(windows, d.train->size()), *group,
+        dist::WindowSamplerOptions{o.seed, true});
+    test_sampler = std::make_shared<dist::DistributedWindowSampler>(
+        d.test->size(), std::min(o.eval_windows, d.test->size()), *group,
+        dist::WindowSamplerOptions{o.seed + 1, false});
+  } else {
+    train_sampler =
+        std::make_shared<dist::DistributedSampler>(d.train->size(), *group, sampler_options);
+    test_sampler = std::make_shared<dist::DistributedSampler>(
+        d.test->size(), *group, dist::DistributedSamplerOptions{false, 0, false});
+  }
   data::DataLoaderOptions loader_options;
   loader_options.batch_size = o.batch_size;
   loader_options.seed = o.seed;
@@ -73,7 +93,14 @@ int run(const apps::TrainOptions& o) {
 
   // --- model, optimizer, schedule ------------------------------------------------------------
   manual_seed(o.seed);
-  std::shared_ptr<nn::Module> model = nn::resnet(o.model, d.classes, d.channels);
+  std::shared_ptr<nn::Module> model;
+  nn::GPTConfig gpt;
+  if (apps::is_gpt(o)) {
+    gpt = apps::gpt_config(o, d.classes);
+    model = std::make_shared<nn::GPT>(gpt);
+  } else {
+    model = nn::resnet(o.model, d.classes, d.channels);
+  }
   if (o.sync_bn && group->size() > 1) model = dist::convert_sync_batchnorm(model, group);
   model->to(device);
   // Batches stay NCHW: the first convolution lays its input out as its weight's format.
@@ -85,10 +112,13 @@ int run(const apps::TrainOptions& o) {
     if (o.compression == "bf16") ddp.compression = kBF16;
     trained = std::make_shared<dist::DistributedDataParallel>(model, group, ddp);
   }
-  const double lr = o.lr * static_cast<double>(o.batch_size * group->size()) / 128.0;
+  // ResNet recipes give the lr of a global batch of 128 (scaled linearly); a GPT's is its own.
+  const double lr =
+      apps::is_gpt(o) ? o.lr : o.lr * static_cast<double>(o.batch_size * group->size()) / 128.0;
   std::unique_ptr<optim::Optimizer> optimizer;
   const std::vector<optim::ParamGroup> groups =
-      apps::parameter_groups(*model, o.no_decay_norm_bias);
+      apps::is_gpt(o) ? optim::weight_decay_groups(*model, o.weight_decay)
+                      : apps::parameter_groups(*model, o.no_decay_norm_bias);
   if (o.optimizer == "sgd") {
     optim::SGDOptions sgd;
     sgd.lr = lr;
@@ -100,6 +130,7 @@ int run(const apps::TrainOptions& o) {
     optim::AdamWOptions adamw;
     adamw.lr = lr;
     adamw.weight_decay = o.weight_decay;
+    if (apps::is_gpt(o)) adamw.betas = {0.9, 0.95};
     optimizer = std::make_unique<optim::AdamW>(groups, adamw);
   }
   const int64_t steps_per_epoch = train_loader.size();
@@ -123,20 +154,30 @@ int run(const apps::TrainOptions& o) {
   state.scheduler = schedule.get();
   state.generators = {{"default", &default_generator()}};
   state.sampler = train_sampler.get();
+  if (apps::is_gpt(o)) state.texts = apps::gpt_texts(gpt, *d.vocabulary);
   // A resumed run continues its metrics files (records after its snapshot are dropped).
   apps::MetricsLog metrics(o.out_dir, leader, !o.resume.empty());
   metrics.set_precision(&amp);
-  apps::Progress progress(leader, o.log_interval);
+  apps::Progress progress(leader, o.log_interval, apps::is_gpt(o) ? "tok" : "img");
   apps::Trainer trainer(o, *model, *trained, *optimizer, schedule.get(), *group, device);
   trainer.attach(train_loader, test_loader, &state, metrics, progress);
   trainer.set_precision(&amp);
   const int64_t first_epoch = trainer.resume();
   if (!o.resume.empty()) metrics.drop_after(trainer.step());
 
-  log.log("ember-train: " + o.model + " on " + d.name + " (" + std::to_string(d.train->size()) +
-          " train / " + std::to_string(d.test->size()) + " test, " + std::to_string(d.classes) +
-          " classes), " + std::to_string(group->size()) + " rank(s) on " + device.str() + " (" +
-          group->backend() + "), batch " + std::to_string(o.batch_size) + " per rank" +
+  const std::string what =
+      apps::is_gpt(o)
+          ? "gpt (" + std::to_string(nn::parameter_count(*model)) +
+                " parameters: " + std::to_string(o.n_layer) + " layers, " +
+                std::to_string(o.n_head) + " heads, " + std::to_string(o.n_embd) + " wide, block " +
+                std::to_string(o.block_size) + ") on " + d.name + " (" + std::to_string(d.tokens) +
+                " " + o.tokens + " tokens, vocabulary " + std::to_string(d.classes) + ")"
+          : o.model + " on " + d.name + " (" + std::to_string(d.train->size()) + " train / " +
+                std::to_string(d.test->size()) + " test, " + std::to_string(d.classes) +
+                " classes)";
+  log.log("ember-train: " + what + ", " + std::to_string(group->size()) + " rank(s) on " +
+          device.str() + " (" + group->backend() + "), batch " + std::to_string(o.batch_size) +
+          " per rank" +
           (o.accum_steps > 1 ? " in " + std::to_string(o.accum_steps) + " micro-batches" : "") +
           ", " + std::to_string(o.epochs) + " epochs, precision " + amp.name() +
           (apps::use_channels_last(o, device.is_cuda()) ? ", channels_last" : ""));
@@ -169,9 +210,9 @@ int run(const apps::TrainOptions& o) {
     if (!png.empty()) std::printf("plot: %s\n", png.c_str());
     const double total =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
-    std::printf("done: %ld steps in %s, final test accuracy %.2f%% (metrics: %s)\n",
+    std::printf("done: %ld steps in %s, final test accuracy %.2f%%, test loss %.4f (metrics: %s)\n",
                 static_cast<long>(trainer.step()), apps::format_duration(total).c_str(),
-                100 * last_eval.accuracy, metrics.jsonl_path().c_str());
+                100 * last_eval.accuracy, last_eval.loss, metrics.jsonl_path().c_str());
     if (!d.bad_files.empty())
       std::printf("skipped %zu image(s) that do not decode (listed at the start)\n",
                   d.bad_files.size());
@@ -183,9 +224,13 @@ int run(const apps::TrainOptions& o) {
 
 int main(int argc, char** argv) {
   apps::TrainOptions options;
-  if (const int code = apps::parse_train_options(argc, argv, options); code >= 0) return code;
+  apps::SampleOptions sample;
+  bool sampling = false;
+  if (const int code = apps::parse_train_options(argc, argv, options, &sample, &sampling);
+      code >= 0)
+    return code;
   try {
-    return run(options);
+    return sampling ? apps::run_sample(sample) : run(options);
   } catch (const Error& e) {
     std::fprintf(stderr, "%s\n", e.what());  // ember::Error names the operation
     return 1;

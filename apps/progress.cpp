@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <utility>
 
 namespace ember::apps {
 
@@ -21,9 +22,10 @@ std::string format_duration(double seconds) {
   return text;
 }
 
-Progress::Progress(bool enabled, int64_t log_interval)
+Progress::Progress(bool enabled, int64_t log_interval, std::string unit)
     : enabled_(enabled),
       terminal_(enabled && isatty(STDOUT_FILENO) == 1),
+      unit_(std::move(unit)),
       log_interval_(log_interval) {}
 
 void Progress::start_epoch(int64_t epoch, int64_t epochs, int64_t steps) {
@@ -43,15 +45,15 @@ void Progress::update(int64_t step, int64_t images, double loss) {
   if (terminal_) {
     constexpr int kWidth = 30;
     const int filled = steps_ > 0 ? static_cast<int>(kWidth * step / steps_) : kWidth;
-    std::printf("\repoch %ld/%ld [%.*s%*s] %ld/%ld | %.0f img/s | loss %.4f | ETA %s   ",
+    std::printf("\repoch %ld/%ld [%.*s%*s] %ld/%ld | %.0f %s/s | loss %.4f | ETA %s   ",
                 static_cast<long>(epoch_ + 1), static_cast<long>(epochs_), filled,
                 "##############################", kWidth - filled, "", static_cast<long>(step),
-                static_cast<long>(steps_), rate, loss, format_duration(eta).c_str());
+                static_cast<long>(steps_), rate, unit_.c_str(), loss, format_duration(eta).c_str());
     std::fflush(stdout);
   } else if (prints_line(step)) {
-    std::printf("epoch %ld/%ld step %ld/%ld | %.0f img/s | loss %.4f | ETA %s\n",
+    std::printf("epoch %ld/%ld step %ld/%ld | %.0f %s/s | loss %.4f | ETA %s\n",
                 static_cast<long>(epoch_ + 1), static_cast<long>(epochs_), static_cast<long>(step),
-                static_cast<long>(steps_), rate, loss, format_duration(eta).c_str());
+                static_cast<long>(steps_), rate, unit_.c_str(), loss, format_duration(eta).c_str());
     std::fflush(stdout);
   }
 }

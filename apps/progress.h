@@ -10,7 +10,9 @@ namespace ember::apps {
 class Progress {
  public:
   // `enabled` is false on every rank but 0.
-  Progress(bool enabled, int64_t log_interval);
+  // unit: what the rate counts per second ("img", or "tok" for a language model).
+  Progress(bool enabled, int64_t log_interval, std::string unit = "img");
+  const std::string& unit() const { return unit_; }
   void start_epoch(int64_t epoch, int64_t epochs, int64_t steps);
   // After each step: images/s over the epoch so far, the running loss and the ETA.
   void update(int64_t step, int64_t images, double loss);
@@ -22,6 +24,7 @@ class Progress {
 
  private:
   bool enabled_, terminal_;
+  std::string unit_;
   int64_t log_interval_, epoch_ = 0, epochs_ = 0, steps_ = 0;
   std::chrono::steady_clock::time_point start_;
 };

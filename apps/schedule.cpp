@@ -59,6 +59,9 @@ std::unique_ptr<optim::LRScheduler> make_schedule(const std::string& kind,
         group.count("beta1") > 0 || (group.count("momentum") > 0 && group.at("momentum") > 0);
     return std::make_unique<optim::OneCycleLR>(optimizer, peak_lr, total, options);
   }
+  if (kind == "warmup-cosine") {  // nanoGPT's: from 0 up, then down to peak / 10
+    return std::make_unique<optim::CosineWithWarmupLR>(optimizer, warmup, total, peak_lr / 10);
+  }
   std::unique_ptr<optim::LRScheduler> after;
   if (kind == "cosine") {
     after = std::make_unique<optim::CosineAnnealingLR>(optimizer, total - warmup);
@@ -67,7 +70,8 @@ std::unique_ptr<optim::LRScheduler> make_schedule(const std::string& kind,
         optimizer, std::vector<int64_t>{total / 2 - warmup, total * 3 / 4 - warmup}, 0.1);
   } else {
     EMBER_CHECK(kind == "constant" || kind == "onecycle", "ember-train schedule",
-                "unknown schedule '", kind, "' (onecycle, cosine, step or constant)");
+                "unknown schedule '", kind,
+                "' (onecycle, cosine, warmup-cosine, step or constant)");
   }
   if (warmup == 0) {
     if (after) return after;

@@ -37,6 +37,8 @@ SchedulePlan plan_schedule(const TrainOptions& options, int64_t steps_per_epoch)
 //             It needs warmup >= 2 and a step after it (plan_schedule sees to that); a
 //             run of under 3 steps keeps the peak lr.
 //   cosine:   LinearLR(1/3 -> 1 over warmup), then CosineAnnealingLR to 0 at total_steps.
+//   warmup-cosine: nanoGPT's CosineWithWarmupLR: linear from 0 over warmup, then cosine
+//             down to peak_lr / 10 at total_steps (ember-train --model gpt's default).
 //   step:     the same warm-up, then x0.1 at 50% and 75% of the run.
 //   constant: the same warm-up, then peak_lr.
 std::unique_ptr<optim::LRScheduler> make_schedule(const std::string& kind,

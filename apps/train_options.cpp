@@ -2,6 +2,7 @@
 
 #include <ember/tensor/version.h>
 #include <CLI/CLI.hpp>
+#include <cstdio>
 #include <string>
 
 namespace ember::apps {
@@ -23,7 +24,8 @@ const CLI::Validator kPositive = at_least(1e-300, "a positive number");
 const CLI::Validator kNonNegative = at_least(0.0, "a non-negative number");
 }  // namespace
 
-int parse_train_options(int argc, char** argv, TrainOptions& o) {
+int parse_train_options(int argc, char** argv, TrainOptions& o, SampleOptions* sample,
+                        bool* sampling) {
   CLI::App app{
       "ember-train: train a ResNet on CIFAR-10/100, (Fashion-)MNIST or a folder of your images, on "
       "one CPU, one GPU or many ranks under mpirun/srun/torchrun"};
@@ -35,7 +37,8 @@ int parse_train_options(int argc, char** argv, TrainOptions& o) {
   app.add_option("--dataset", o.dataset,
                  "auto: CIFAR-10 when present under --data, else Fashion-MNIST; folder: your "
                  "images in class subfolders")
-      ->check(CLI::IsMember({"auto", "cifar10", "cifar100", "fashion-mnist", "mnist", "folder"}));
+      ->check(CLI::IsMember(
+          {"auto", "cifar10", "cifar100", "fashion-mnist", "mnist", "folder", "text"}));
   app.add_option("--image-size", o.image_size,
                  "--dataset folder: shorter side resized to this, then cropped square")
       ->check(kPositive);
@@ -51,7 +54,8 @@ int parse_train_options(int argc, char** argv, TrainOptions& o) {
       ->expected(3)
       ->check(kPositive);
   app.add_option("--model", o.model,
-                 "resnet20|32|56|110, resnet18|34 (CIFAR stem), resnet18-imagenet ...");
+                 "resnet20|32|56|110, resnet18|34 (CIFAR stem), resnet18-imagenet ..., or gpt "
+                 "(a transformer language model on --data text)");
   app.add_option("--epochs", o.epochs)->check(kPositive);
   app.add_option("--batch-size", o.batch_size, "Images per rank and step")->check(kPositive);
   app.add_option("--optimizer", o.optimizer)->check(CLI::IsMember({"sgd", "adamw"}));
@@ -62,7 +66,7 @@ int parse_train_options(int argc, char** argv, TrainOptions& o) {
   app.add_option("--schedule", o.schedule,
                  "Over the run's optimizer steps: onecycle (PyTorch's OneCycleLR), cosine or step "
                  "after a linear warm-up, or constant")
-      ->check(CLI::IsMember({"cosine", "onecycle", "step", "constant"}));
+      ->check(CLI::IsMember({"cosine", "warmup-cosine", "onecycle", "step", "constant"}));
   app.add_option("--warmup-epochs", o.warmup_epochs,
                  "Warm-up length (default: 30% of the run for onecycle, 1 epoch otherwise; "
                  "never more than 30% of the run)")
@@ -137,10 +141,70 @@ int parse_train_options(int argc, char** argv, TrainOptions& o) {
                "Capture one training step (forward, loss, backward) in a CUDA graph after "
                "warm-up steps and replay it (one process on CUDA; otherwise it says why and "
                "runs eagerly)");
+  app.add_option("--n-layer", o.n_layer, "--model gpt: transformer blocks")->check(kPositive);
+  app.add_option("--n-head", o.n_head, "--model gpt: attention heads")->check(kPositive);
+  app.add_option("--n-embd", o.n_embd, "--model gpt: width (a multiple of --n-head)")
+      ->check(kPositive);
+  app.add_option("--block-size", o.block_size, "--model gpt: context length in tokens")
+      ->check(kPositive);
+  app.add_option("--dropout", o.dropout, "--model gpt: dropout probability")
+      ->check(CLI::Range(0.0, 0.99));
+  app.add_option("--tokens", o.tokens, "--model gpt: char (UTF-8 characters) or byte tokens")
+      ->check(CLI::IsMember({"char", "byte"}));
+  app.add_option("--windows-per-epoch", o.windows_per_epoch,
+                 "--model gpt: random windows per epoch over all ranks (0: the training tokens "
+                 "once over)")
+      ->check(kNonNegative);
+  app.add_option("--eval-windows", o.eval_windows, "--model gpt: validation windows per evaluation")
+      ->check(kPositive);
+
+  SampleOptions ignored;
+  SampleOptions& s = sample != nullptr ? *sample : ignored;
+  CLI::App* sample_command =
+      app.add_subcommand("sample", "Continue a prompt with a GPT snapshot and print the text");
+  sample_command->add_option("--checkpoint", s.checkpoint, "A snapshot of an --model gpt run")
+      ->required();
+  sample_command->add_option("--prompt", s.prompt, "Text to continue (default: a newline)");
+  sample_command->add_option("--tokens", s.tokens, "New tokens per sample")->check(kPositive);
+  sample_command->add_option("--samples", s.samples, "How many samples")->check(kPositive);
+  sample_command->add_option("--temperature", s.temperature, "0: the most likely token")
+      ->check(kNonNegative);
+  sample_command->add_option("--top-k", s.top_k, "Draw among the k most likely (0: all)")
+      ->check(kNonNegative);
+  sample_command->add_option("--seed", s.seed);
+  sample_command->add_option("--device", s.device)->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
+  }
+  if (sampling != nullptr) *sampling = sample_command->parsed();
+  if (sample_command->parsed()) return -1;
+  if (is_gpt(o)) {
+    // nanoGPT's recipe where the command line is silent.
+    auto unset = [&app](const char* name) { return app.count(name) == 0; };
+    if (unset("--dataset")) o.dataset = "text";
+    if (unset("--data")) o.data = "fortunes";
+    if (unset("--optimizer")) o.optimizer = "adamw";
+    if (unset("--lr")) o.lr = 6e-4;
+    if (unset("--weight-decay")) o.weight_decay = 0.1;
+    if (unset("--schedule")) o.schedule = "warmup-cosine";
+    if (unset("--label-smoothing")) o.label_smoothing = 0.0;
+    if (unset("--grad-clip")) o.grad_clip = 1.0;
+    if (unset("--batch-size")) o.batch_size = 64;
+    if (o.dataset != "text") {
+      std::fprintf(stderr, "ember-train: --model gpt trains on --dataset text, not %s\n",
+                   o.dataset.c_str());
+      return 2;
+    }
+    if (o.n_embd % o.n_head != 0) {
+      std::fprintf(stderr, "ember-train: --n-embd %ld is not a multiple of --n-head %ld\n",
+                   static_cast<long>(o.n_embd), static_cast<long>(o.n_head));
+      return 2;
+    }
+  } else if (o.dataset == "text") {
+    std::fprintf(stderr, "ember-train: --dataset text needs --model gpt\n");
+    return 2;
   }
   if (o.checkpoint_dir.empty() && (o.save_every_steps > 0 || !o.resume.empty()))
     o.checkpoint_dir = o.out_dir;  // snapshots beside the metrics

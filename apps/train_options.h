@@ -52,7 +52,29 @@ struct TrainOptions {
   // --cuda-graphs: after warm-up steps, one training step's forward and backward are captured
   // in a CUDA graph and replayed (see Trainer); one process on CUDA only.
   bool cuda_graphs = false;
+  // --model gpt (apps/gpt_setup.h): the transformer's shape and its text. --data names a text
+  // file, a folder of them, or "fortunes"; an epoch draws windows_per_epoch random windows
+  // (0: as many as hold the training tokens once).
+  int64_t n_layer = 6, n_head = 6, n_embd = 384, block_size = 256;
+  double dropout = 0.1;
+  std::string tokens = "char";  // char | byte
+  int64_t windows_per_epoch = 0;
+  int64_t eval_windows = 512;  // validation windows per evaluation (the same ones each time)
 };
+
+// `ember-train sample`: text from a GPT snapshot.
+struct SampleOptions {
+  std::string checkpoint;  // a snapshot of an ember-train --model gpt run
+  std::string prompt;      // "" starts from a newline
+  int64_t tokens = 200;    // new tokens per sample
+  int64_t samples = 1;
+  double temperature = 0.8;  // 0: always the most likely token
+  int64_t top_k = 0;         // 0: every token may be drawn
+  uint64_t seed = 0;
+  std::string device = "auto";
+};
+
+inline bool is_gpt(const TrainOptions& options) { return options.model == "gpt"; }
 
 // Whether the model trains in channels_last on a device that is (or is not) CUDA.
 inline bool use_channels_last(const TrainOptions& options, bool cuda) {
@@ -60,7 +82,12 @@ inline bool use_channels_last(const TrainOptions& options, bool cuda) {
 }
 
 // Parses argv; prints help or a clear message and returns the exit code to leave with when
-// the program should not run (0 for --help), or -1 to go on.
-int parse_train_options(int argc, char** argv, TrainOptions& options);
+// the program should not run (0 for --help), or -1 to go on. `sample` as the first argument
+// fills `sample` instead and sets *sampling. With --model gpt, the options a user did not
+// give take the GPT recipe's defaults (nanoGPT's: AdamW lr 6e-4, betas (0.9, 0.95), weight
+// decay 0.1 off biases, norms and embeddings, warmup-cosine, gradient clip 1, no label
+// smoothing, batch 64, the fortunes corpus).
+int parse_train_options(int argc, char** argv, TrainOptions& options,
+                        SampleOptions* sample = nullptr, bool* sampling = nullptr);
 
 }  // namespace ember::apps

@@ -15,6 +15,13 @@ namespace fs = std::filesystem;
 namespace ember::apps {
 
 namespace {
+// Logits and targets one row per prediction: a sequence model's [B, T, V] against [B, T]
+// become [B * T, V] against [B * T] (as minGPT flattens them); others pass as they are.
+std::pair<Tensor, Tensor> per_target(const Tensor& logits, const Tensor& y) {
+  if (y.dim() < 2 || logits.dim() != y.dim() + 1) return {logits, y};
+  return {logits.reshape({-1, logits.size(-1)}), y.reshape({-1})};
+}
+
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
@@ -49,12 +56,12 @@ std::string cuda_graphs_refusal(const TrainOptions& options, Device device, int 
   return "";
 }
 
-void Trainer::forward_backward(const Tensor& x, const Tensor& y, double scale,
+void Trainer::forward_backward(const Tensor& x, const Tensor& target, double scale,
                                BatchResult& result) {
-  Tensor logits, loss;
+  Tensor logits, y, loss;
   {
     const auto autocast = precision_ != nullptr ? precision_->autocast() : nullptr;
-    logits = trained_.forward(x);
+    std::tie(logits, y) = per_target(trained_.forward(x), target);
     loss = cross_entropy(logits, y, {.label_smoothing = options_.label_smoothing});
   }
   const Tensor mean_part = scale == 1.0 ? loss : loss * scale;
@@ -159,7 +166,7 @@ BatchResult Trainer::run_batch(const data::Batch& batch) {
   EMBER_CHECK(micro_steps >= 1 && size % micro_steps == 0, "Trainer::run_batch", "a batch of ",
               size, " does not split into ", micro_steps, " equal micro-batches");
   BatchResult result;
-  result.count = size;
+  result.count = batch.target.numel();  // images, or a sequence model's tokens
   if (use_cuda_graph(batch)) {
     captured_->x.copy_(batch.data, true);
     captured_->y.copy_(batch.target, true);
@@ -228,9 +235,9 @@ EvalResult Trainer::evaluate() {
   NoGradGuard no_grad;
   double loss_sum = 0, correct = 0, count = 0;
   for (const data::Batch& batch : *test_loader_) {
-    const Tensor x = batch.data.to(device_, true), y = batch.target.to(device_, true);
+    const Tensor x = batch.data.to(device_, true);
     const auto autocast = precision_ != nullptr ? precision_->autocast() : nullptr;
-    const Tensor logits = trained_.forward(x);
+    const auto [logits, y] = per_target(trained_.forward(x), batch.target.to(device_, true));
     loss_sum += cross_entropy(logits, y, {.reduction = Reduction::kSum}).item<double>();
     correct += sum(eq(argmax(logits, 1), y)).item<double>();
     count += static_cast<double>(y.numel());
@@ -339,11 +346,11 @@ void Trainer::finish_epoch(int64_t epoch, double images_per_s, double epoch_seco
                   e.accuracy, images_per_s, current_lr(), epoch_seconds, seconds_since(run_start_));
   if (metrics_->enabled()) {
     std::printf(
-        "epoch %ld/%ld: train loss %.4f acc %.2f%% | test loss %.4f acc %.2f%% | %.0f img/s | "
+        "epoch %ld/%ld: train loss %.4f acc %.2f%% | test loss %.4f acc %.2f%% | %.0f %s/s | "
         "%s\n",
         static_cast<long>(epoch + 1), static_cast<long>(options_.epochs), train_stats.at("loss"),
         100 * train_stats.at("accuracy"), e.loss, 100 * e.accuracy, images_per_s,
-        format_duration(epoch_seconds).c_str());
+        progress_->unit().c_str(), format_duration(epoch_seconds).c_str());
     std::fflush(stdout);
   }
 }

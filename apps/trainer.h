@@ -43,7 +43,7 @@ struct EvalResult {
 struct BatchResult {
   Tensor loss;        // the batch's mean loss (over all its micro-batches)
   Tensor correct;     // samples classified right (argmax of the logits)
-  int64_t count = 0;  // samples
+  int64_t count = 0;  // samples (images, or a sequence model's tokens)
   double loss_value() const { return loss.item<double>(); }
   double correct_value() const { return correct.item<double>(); }
 };
@@ -156,7 +156,8 @@ class Trainer {
   double current_lr() const;
   // One micro-batch's forward, loss (scaled by `scale`) and backward; its loss and right
   // answers added to `result` on the device.
-  void forward_backward(const Tensor& x, const Tensor& y, double scale, BatchResult& result);
+  // A sequence model's logits [B, T, V] against targets [B, T] count per token ([B * T, V]).
+  void forward_backward(const Tensor& x, const Tensor& target, double scale, BatchResult& result);
   // After the gradients: clipping, the optimizer step, the schedule step.
   void finish_step();
   // A batch tensor (pinned on CUDA runs) on the training device, copied without waiting.
@@ -200,7 +201,7 @@ class Trainer {
   struct DeviceSums {
     Tensor loss_sum, correct, window_loss, last_loss;
   } device_sums_;
-  double last_loss_ = 0;  // the last step's loss, as of the last read_back
+  double last_loss_ = 0;                     // the last step's loss, as of the last read_back
   std::optional<cuda::Stream> copy_stream_;  // CUDA: where batches are copied to the device
   // --cuda-graphs: the captured step, its static buffers and results.
   struct CapturedStep {
