@@ -118,7 +118,10 @@ TEST(Trainer, CudaGraphReplayEqualsEagerOverTwentySteps) {
   graphs.cuda_graphs = true;
   auto image_batch = [](uint64_t seed) {
     manual_seed(seed);
-    return data::Batch{randn({16, 3, 8, 8}), randint(0, 3, {16})};
+    data::Batch b;
+    b.data = randn({16, 3, 8, 8});
+    b.target = randint(0, 3, {16});
+    return b;
   };
   auto resnet = [gpu] {
     manual_seed(9);
