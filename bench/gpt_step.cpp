@@ -86,6 +86,10 @@ int main(int argc, char** argv) {
         .add("tokens_per_s", tokens / step_s)
         .add("achieved_tflops", flops / step_s / 1e12)
         .add("peak_rss_mb", static_cast<double>(usage.ru_maxrss) / 1024.0);
+    if (device.is_cuda()) {
+      line.add("peak_gpu_mb",
+               static_cast<double>(ember::cuda::memory_stats().peak_allocated_bytes) / (1 << 20));
+    }
     line.print();
   } catch (const ember::Error& e) {
     std::fprintf(stderr, "gpt_step: %s\n", e.what());

@@ -11,13 +11,17 @@
 #   build   configure and build in build-gpu/ (gpu_host.sh's build, without its ctest)  ~4 min
 #   test    the new GPU tests first (focused.log), then the whole suite under ctest
 #           (ctest.log, ctest-junit.xml)                                                  ~3 min
+#   gpt     bench/gpt_compare.sh --device cuda --precision bf16: the 6-layer 384-wide GPT at
+#           block 256 and a GPT-2-small-sized one (12 layers, 768 wide, block 1024), ember
+#           beside PyTorch eager (F.scaled_dot_product_attention), one JSON line each in
+#           gpt.jsonl                                                                      ~2 min
 #   bench   build/bench/train_step and bench/train_step_torch.py --device cuda for ResNet-18
 #           (CIFAR) and ResNet-20 at batch 128 and 512: (a) tf32, NCHW; (b) bf16 autocast and
 #           channels_last; ember eager and with --cuda-graphs, PyTorch eager, then PyTorch
 #           torch.compile at batch 512 (last: the slowest to start). One JSON line per run in
 #           bench.jsonl, a table at the end                                               ~5 min
 # Files under $OUT: session.log, build.log, focused.log, ctest.log, ctest-junit.xml,
-# bench.jsonl, bench.log (8 at most come back from a device call).
+# gpt.jsonl, bench.jsonl, bench.log (8 at most come back from a device call).
 #
 # MFU uses the H100 SXM's dense peaks (an H200 has the same): 494.7 TFLOP/s TF32 and 989
 # TFLOP/s bf16, and 3 x the forward FLOPs per image (ResNet-18-CIFAR 1.11 GFLOP forward).
@@ -33,7 +37,7 @@ fi
 debs="$1"
 shift
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(build test bench)
+[ ${#stages[@]} -eq 0 ] && stages=(build test gpt bench)
 mkdir -p "$OUT"
 export EMBER_BUILD_DIR="${EMBER_BUILD_DIR:-build-gpu}"
 b="$EMBER_BUILD_DIR"
@@ -117,6 +121,18 @@ stage_bench() {
   done
 }
 
+stage_gpt() {
+  say "gpt: ember beside PyTorch eager, bf16"
+  local sizes
+  for sizes in "--n-layer 6 --n-head 6 --n-embd 384 --block-size 256 --batch 64" \
+    "--n-layer 12 --n-head 12 --n-embd 768 --block-size 1024 --batch 8"; do
+    # shellcheck disable=SC2086
+    timeout "$run_timeout" bash bench/gpt_compare.sh --build "$b" --python python3 --device cuda \
+      --precision bf16 --steps 10 $sizes >>"$OUT/gpt.jsonl" 2>>"$OUT/bench.log"
+  done
+  say "gpt: $(grep -c ember_over_torch "$OUT/gpt.jsonl") comparisons"
+}
+
 # The table of bench.jsonl, for the end of the output.
 bench_table() {
   python3 - "$OUT/bench.jsonl" <<'EOF'
@@ -136,9 +152,9 @@ EOF
 status=0
 for stage in "${stages[@]}"; do
   case "$stage" in
-    build | test | bench) ;;
+    build | test | gpt | bench) ;;
     *)
-      say "unknown stage $stage (build, test or bench)"
+      say "unknown stage $stage (build, test, gpt or bench)"
       exit 2
       ;;
   esac
@@ -159,4 +175,5 @@ for stage in "${stages[@]}"; do
   fi
 done
 [ -s "$OUT/bench.jsonl" ] && bench_table
+[ -s "$OUT/gpt.jsonl" ] && cat "$OUT/gpt.jsonl"
 exit $status
