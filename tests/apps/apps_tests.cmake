@@ -27,4 +27,11 @@ if(TARGET ember_dist AND MPIEXEC_EXECUTABLE)
     PROPERTIES ENVIRONMENT
                "EMBER_TEST_MPIRUN_NP=${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe ${MPIEXEC_NUMPROC_FLAG}"
                TIMEOUT 120 LABELS "apps;mpi" PROCESSORS 2)
+  # A GPT on 2 ranks under mpirun, resumed under ember-run.
+  add_test(NAME apps_gpt_mpirun_np2 COMMAND ember_apps_tests --gtest_filter=GptTrain.TwoRanks*)
+  set_tests_properties(
+    apps_gpt_mpirun_np2
+    PROPERTIES ENVIRONMENT
+               "EMBER_TEST_MPIRUN_NP=${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe ${MPIEXEC_NUMPROC_FLAG}"
+               TIMEOUT 180 LABELS "apps;mpi" PROCESSORS 2)
 endif()

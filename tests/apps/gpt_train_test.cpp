@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -73,6 +74,32 @@ TEST_F(GptTrain, LossFallsOnFortunesAndTheSnapshotSamples) {
                 " --prompt 'The ' --tokens 40 --seed 3 --device cpu")
                 .output,
             s.output);
+}
+
+// Two ranks under DDP, started by mpirun (the ctest entry apps_gpt_mpirun_np2 sets
+// EMBER_TEST_MPIRUN_NP) and by ember-run: the same job, resumed from its snapshot by the other
+// launcher, continues to the same final loss.
+TEST_F(GptTrain, TwoRanksUnderMpirunThenEmberRun) {
+  const char* mpirun = std::getenv("EMBER_TEST_MPIRUN_NP");
+  if (mpirun == nullptr || mpirun[0] == '\0') GTEST_SKIP() << "run by apps_gpt_mpirun_np2";
+  const std::string small =
+      " --model gpt --n-layer 1 --n-head 2 --n-embd 32 --block-size 32 --batch-size 8 "
+      "--workers 0 --threads 1 --device cpu --deterministic --eval-windows 64 --out-dir " +
+      (root_ / "out").string();
+  const Result first = run(std::string(mpirun) + " 2 " + EMBER_TRAIN_BIN + small +
+                           " --max-steps 12 --save-every-steps 6");
+  ASSERT_EQ(first.code, 0) << first.output;
+  EXPECT_NE(first.output.find("2 rank(s) on cpu (mpi)"), std::string::npos) << first.output;
+  const double loss = final_test_loss(first.output);
+#ifdef EMBER_RUN_BIN
+  fs::remove(root_ / "out" / "checkpoint-step-12.safetensors");
+  const Result resumed =
+      run(std::string("timeout -k 5 150 ") + EMBER_RUN_BIN + " --nproc-per-node 2 " +
+          EMBER_TRAIN_BIN + small + " --max-steps 12 --save-every-steps 6 --resume auto");
+  ASSERT_EQ(resumed.code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("2 rank(s) on cpu (tcp)"), std::string::npos) << resumed.output;
+  EXPECT_NEAR(final_test_loss(resumed.output), loss, 1e-6) << resumed.output;
+#endif
 }
 
 TEST_F(GptTrain, BadOptionsAndSnapshotsAreNamed) {
