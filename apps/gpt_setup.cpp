@@ -96,9 +96,11 @@ std::map<std::string, std::string> gpt_texts(const nn::GPTConfig& c,
 }
 
 SnapshotGPT load_gpt_snapshot(const std::string& path, Device device) {
-  const auto metadata = dist::read_checkpoint_metadata(path);
+  // One read, validated by read_checkpoint; the shape the header claims is checked against the
+  // file's own tensors before a model of that shape is allocated.
+  const dist::CheckpointFile file = dist::read_checkpoint(path, kCPU);
   std::map<std::string, std::string> texts;
-  for (const auto& [key, value] : metadata)
+  for (const auto& [key, value] : file.metadata)
     if (key.rfind("texts.", 0) == 0) texts[key.substr(6)] = value;
   nn::GPTConfig c;
   c.vocab_size = text_int(texts, "gpt.vocab_size", path);
@@ -106,6 +108,18 @@ SnapshotGPT load_gpt_snapshot(const std::string& path, Device device) {
   c.n_layer = text_int(texts, "gpt.n_layer", path);
   c.n_head = text_int(texts, "gpt.n_head", path);
   c.n_embd = text_int(texts, "gpt.n_embd", path);
+  auto shape_of = [&](const std::string& name) {
+    const auto it = file.tensors.find("model." + name);
+    return it == file.tensors.end() ? Shape{} : it->second.sizes();
+  };
+  const std::string last_block = "h." + std::to_string(c.n_layer - 1) + ".ln_1.weight";
+  EMBER_CHECK(shape_of("wte.weight") == (Shape{c.vocab_size, c.n_embd}) &&
+                  shape_of("wpe.weight") == (Shape{c.block_size, c.n_embd}) &&
+                  shape_of(last_block) == (Shape{c.n_embd}) &&
+                  shape_of("h." + std::to_string(c.n_layer) + ".ln_1.weight").empty(),
+              "ember-train sample", path,
+              ": its tensors do not hold the GPT its header describes (", c.n_layer, " layers, ",
+              c.n_embd, " wide, vocabulary ", c.vocab_size, ", block ", c.block_size, ")");
   SnapshotGPT out;
   const std::string kind = texts.count("gpt.tokens") ? texts.at("gpt.tokens") : "";
   if (kind == "char" && texts.count("gpt.vocabulary")) {
@@ -118,9 +132,14 @@ SnapshotGPT load_gpt_snapshot(const std::string& path, Device device) {
               ": the vocabulary holds ", out.vocabulary.size(), " tokens but gpt.vocab_size is ",
               c.vocab_size);
   out.model = std::make_shared<nn::GPT>(c);
-  dist::Checkpoint state;
-  state.model = out.model.get();
-  dist::load_checkpoint(path, state, kCPU);
+  nn::NamedTensors state;
+  for (const auto& [key, t] : file.tensors)
+    if (key.rfind("model.", 0) == 0) state.emplace_back(key.substr(6), t);
+  try {
+    out.model->load_state_dict(state, /*strict=*/true);
+  } catch (const Error& e) {
+    EMBER_CHECK(false, "ember-train sample", path, ": ", e.what());
+  }
   out.model->to(device);
   out.model->eval();
   return out;

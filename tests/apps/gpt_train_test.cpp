@@ -69,6 +69,21 @@ TEST_F(GptTrain, LossFallsOnFortunesAndTheSnapshotSamples) {
   const ember::data::CharDataset corpus(ember::data::fortune_files(), 8);
   const std::string text = s.output.substr(0, s.output.size() - 1);  // the final newline
   EXPECT_EQ(corpus.vocabulary().encode(text).size(), 44u) << text;   // the prompt + 40
+  // A header that lies about the model's shape is refused before a model of that shape exists.
+  std::ifstream in(snapshot, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string layers = "\"texts.gpt.n_layer\":\"2\"";
+  const size_t at = bytes.find(layers);
+  ASSERT_NE(at, std::string::npos);
+  bytes[at + layers.size() - 2] = '7';
+  const fs::path forged = root_ / "forged.safetensors";
+  std::ofstream(forged, std::ios::binary) << bytes;
+  const Result lie = run(std::string(EMBER_TRAIN_BIN) + " sample --checkpoint " + forged.string() +
+                         " --device cpu");
+  EXPECT_EQ(lie.code, 1) << lie.output;
+  EXPECT_NE(lie.output.find("its tensors do not hold the GPT its header describes (7 layers"),
+            std::string::npos)
+      << lie.output;
   // The same seed samples the same text.
   EXPECT_EQ(run(std::string(EMBER_TRAIN_BIN) + " sample --checkpoint " + snapshot.string() +
                 " --prompt 'The ' --tokens 40 --seed 3 --device cpu")
