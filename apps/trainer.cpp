@@ -15,10 +15,12 @@ namespace fs = std::filesystem;
 namespace ember::apps {
 
 namespace {
-// Logits and targets one row per prediction: a sequence model's [B, T, V] against [B, T]
-// become [B * T, V] against [B * T] (as minGPT flattens them); others pass as they are.
-std::pair<Tensor, Tensor> per_target(const Tensor& logits, const Tensor& y) {
-  if (y.dim() < 2 || logits.dim() != y.dim() + 1) return {logits, y};
+// Logits and targets one row per prediction. A language model (--model gpt) gives its classes
+// last: [B, T, V] against [B, T] become [B * T, V] against [B * T], as minGPT flattens them.
+// Every other model keeps PyTorch's rule (classes in dim 1, e.g. [N, C, H, W] against
+// [N, H, W]): the shapes alone cannot tell the two apart, so the model kind decides.
+std::pair<Tensor, Tensor> per_target(const Tensor& logits, const Tensor& y, bool classes_last) {
+  if (!classes_last) return {logits, y};
   return {logits.reshape({-1, logits.size(-1)}), y.reshape({-1})};
 }
 
@@ -61,7 +63,7 @@ void Trainer::forward_backward(const Tensor& x, const Tensor& target, double sca
   Tensor logits, y, loss;
   {
     const auto autocast = precision_ != nullptr ? precision_->autocast() : nullptr;
-    std::tie(logits, y) = per_target(trained_.forward(x), target);
+    std::tie(logits, y) = per_target(trained_.forward(x), target, is_gpt(options_));
     loss = cross_entropy(logits, y, {.label_smoothing = options_.label_smoothing});
   }
   const Tensor mean_part = scale == 1.0 ? loss : loss * scale;
@@ -237,7 +239,8 @@ EvalResult Trainer::evaluate() {
   for (const data::Batch& batch : *test_loader_) {
     const Tensor x = batch.data.to(device_, true);
     const auto autocast = precision_ != nullptr ? precision_->autocast() : nullptr;
-    const auto [logits, y] = per_target(trained_.forward(x), batch.target.to(device_, true));
+    const auto [logits, y] =
+        per_target(trained_.forward(x), batch.target.to(device_, true), is_gpt(options_));
     loss_sum += cross_entropy(logits, y, {.reduction = Reduction::kSum}).item<double>();
     correct += sum(eq(argmax(logits, 1), y)).item<double>();
     count += static_cast<double>(y.numel());

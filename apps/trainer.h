@@ -156,7 +156,8 @@ class Trainer {
   double current_lr() const;
   // One micro-batch's forward, loss (scaled by `scale`) and backward; its loss and right
   // answers added to `result` on the device.
-  // A sequence model's logits [B, T, V] against targets [B, T] count per token ([B * T, V]).
+  // A GPT's logits [B, T, V] against targets [B, T] count per token ([B * T, V]); other
+  // models' logits keep their classes in dim 1, as cross_entropy reads them.
   void forward_backward(const Tensor& x, const Tensor& target, double scale, BatchResult& result);
   // After the gradients: clipping, the optimizer step, the schedule step.
   void finish_step();

@@ -53,6 +53,32 @@ TEST(Trainer, AccumulatedMicroBatchesEqualOneBatch) {
   EXPECT_THROW(b.run_batch(random_batch(10, 1)), Error);  // 10 is not 4 equal parts
 }
 
+// A model whose logits keep their classes in dim 1 beside extra dims ([N, C, L] against
+// targets [N, L], as a segmentation model's) is scored as PyTorch's cross_entropy reads it; only
+// --model gpt puts its classes last.
+TEST(Trainer, LogitsWithClassesInDimOneAreScoredAsCrossEntropyReadsThem) {
+  struct PerPosition : nn::Module {
+    PerPosition() { register_module("proj", proj); }
+    std::shared_ptr<nn::Linear> proj = std::make_shared<nn::Linear>(8, 12);
+    Tensor forward(const Tensor& x) override { return proj->forward(x).reshape({-1, 3, 4}); }
+    std::string name() const override { return "PerPosition"; }
+  };
+  dist::SingleProcessGroup group;
+  TrainOptions o;
+  manual_seed(3);
+  PerPosition model;
+  auto sgd = make_sgd(model);
+  Trainer trainer(o, model, model, *sgd, nullptr, group, kCPU);
+  data::Batch batch = random_batch(16, 7);
+  batch.target = randint(0, 3, {16, 4});
+  const double expected =
+      cross_entropy(model.forward(batch.data), batch.target, {.label_smoothing = 0.1})
+          .item<double>();
+  const BatchResult r = trainer.run_batch(batch);
+  EXPECT_NEAR(r.loss_value(), expected, 1e-6);
+  EXPECT_EQ(r.count, 64);
+}
+
 TEST(Trainer, ClippingIsClipGradNorm) {
   dist::SingleProcessGroup group;
   TrainOptions o;
