@@ -4,6 +4,7 @@
 #pragma once
 
 #include <optional>
+#include <type_traits>
 
 #include "random.h"
 #include "tensor.h"
@@ -28,5 +29,17 @@ Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, cons
                                     bool is_causal = false, double dropout_p = 0.0,
                                     std::optional<double> scale = std::nullopt,
                                     Generator* gen = nullptr);
+
+// PyTorch's fourth argument is attn_mask and its fifth dropout_p, so a call written from
+// PyTorch code such as scaled_dot_product_attention(q, k, v, 0.1) would otherwise turn 0.1
+// into is_causal = true. A number in the fourth place does not compile; name it instead:
+// scaled_dot_product_attention(q, k, v, /*is_causal=*/false, /*dropout_p=*/0.1).
+template <typename NotABool>
+requires(!std::is_same_v<NotABool, bool>) Tensor
+    scaled_dot_product_attention(const Tensor& query, const Tensor& key, const Tensor& value,
+                                 NotABool is_causal, double dropout_p = 0.0,
+                                 std::optional<double> scale = std::nullopt,
+                                 Generator* gen = nullptr)
+= delete;
 
 }  // namespace ember

@@ -1,7 +1,7 @@
 // nn::MultiheadSelfAttention: minGPT's CausalSelfAttention state dict loads into it and gives
 // PyTorch's output and gradients (golden/attention_module_golden.json, written by
 // make_attention_module_golden.py); causality; dropout only in training; errors; and the
-// nn::functional spelling of the attention op.
+// nn::functional spelling of the attention op, which refuses a number as its fourth argument.
 #include <fstream>
 #include <set>
 #include <string>
@@ -103,6 +103,17 @@ TEST(MultiheadSelfAttention, Errors) {
   nn::MultiheadSelfAttention attn(8, 2);
   EXPECT_EMBER_ERROR(attn(randn({2, 5, 6})), "expected an input [B, L, 8], got [2, 5, 6]");
 }
+
+// PyTorch's fourth argument is attn_mask and its fifth dropout_p: a number in the fourth place,
+// as in sdpa(q, k, v, 0.1) written from PyTorch code, must not compile into is_causal = true.
+template <typename Fourth>
+concept AttentionTakesAsFourth = requires(const Tensor& t, Fourth x) {
+  nn::functional::scaled_dot_product_attention(t, t, t, x);
+};
+static_assert(AttentionTakesAsFourth<bool>);
+static_assert(!AttentionTakesAsFourth<double>);
+static_assert(!AttentionTakesAsFourth<float>);
+static_assert(!AttentionTakesAsFourth<int>);
 
 TEST(MultiheadSelfAttention, FunctionalNamespaceSpellsTheOp) {
   namespace F = nn::functional;
