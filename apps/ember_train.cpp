@@ -156,7 +156,8 @@ int run(const apps::TrainOptions& o) {
   state.sampler = train_sampler.get();
   if (apps::is_gpt(o)) state.texts = apps::gpt_texts(gpt, *d.vocabulary);
   // A resumed run continues its metrics files (records after its snapshot are dropped).
-  apps::MetricsLog metrics(o.out_dir, leader, !o.resume.empty());
+  apps::MetricsLog metrics(o.out_dir, leader, !o.resume.empty(),
+                           apps::is_gpt(o) ? "tokens_per_s" : "images_per_s");
   metrics.set_precision(&amp);
   apps::Progress progress(leader, o.log_interval, apps::is_gpt(o) ? "tok" : "img");
   apps::Trainer trainer(o, *model, *trained, *optimizer, schedule.get(), *group, device);
@@ -175,11 +176,15 @@ int run(const apps::TrainOptions& o) {
           : o.model + " on " + d.name + " (" + std::to_string(d.train->size()) + " train / " +
                 std::to_string(d.test->size()) + " test, " + std::to_string(d.classes) +
                 " classes)";
+  // --max-steps shorter than the epochs asked for ends the run first: say so, not the epochs.
+  const bool cut_short = o.max_steps > 0 && o.max_steps < o.epochs * steps_per_epoch;
+  const std::string length = cut_short ? std::to_string(o.max_steps) + " steps (--max-steps)"
+                                       : std::to_string(o.epochs) + " epochs";
   log.log("ember-train: " + what + ", " + std::to_string(group->size()) + " rank(s) on " +
           device.str() + " (" + group->backend() + "), batch " + std::to_string(o.batch_size) +
           " per rank" +
           (o.accum_steps > 1 ? " in " + std::to_string(o.accum_steps) + " micro-batches" : "") +
-          ", " + std::to_string(o.epochs) + " epochs, precision " + amp.name() +
+          ", " + length + ", precision " + amp.name() +
           (apps::use_channels_last(o, device.is_cuda()) ? ", channels_last" : ""));
   char plan_line[256];
   std::snprintf(plan_line, sizeof plan_line,

@@ -3,13 +3,18 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <utility>
 
 namespace fs = std::filesystem;
 
 namespace ember::apps {
 
-MetricsLog::MetricsLog(const fs::path& out_dir, bool enabled, bool append)
-    : enabled_(enabled), dir_(out_dir), jsonl_path_(out_dir / "metrics.jsonl") {
+MetricsLog::MetricsLog(const fs::path& out_dir, bool enabled, bool append,
+                       std::string throughput_key)
+    : enabled_(enabled),
+      throughput_key_(std::move(throughput_key)),
+      dir_(out_dir),
+      jsonl_path_(out_dir / "metrics.jsonl") {
   if (!enabled_) return;
   fs::create_directories(dir_);
   open(append ? std::ios::app : std::ios::trunc);
@@ -74,14 +79,14 @@ std::string MetricsLog::precision_fields() const {
   return out;
 }
 
-void MetricsLog::step(int64_t step, double epoch, double loss, double lr, double images_per_s) {
+void MetricsLog::step(int64_t step, double epoch, double loss, double lr, double per_s) {
   if (!enabled_) return;
   char line[256];
   std::snprintf(
       line, sizeof line,
       "{\"kind\": \"step\", \"step\": %ld, \"epoch\": %.4f, \"loss\": %.5f, \"lr\": %.6g, "
-      "\"images_per_s\": %.1f",
-      static_cast<long>(step), epoch, loss, lr, images_per_s);
+      "\"%s\": %.1f",
+      static_cast<long>(step), epoch, loss, lr, throughput_key_.c_str(), per_s);
   write(line + precision_fields() + "}");
   steps_csv_ << step << "," << loss << "," << lr << "\n" << std::flush;
 }
@@ -98,16 +103,16 @@ void MetricsLog::eval(int64_t step, double epoch, double test_loss, double test_
 }
 
 void MetricsLog::epoch(int64_t step, int64_t epoch, double train_loss, double train_accuracy,
-                       double test_loss, double test_accuracy, double images_per_s, double lr,
+                       double test_loss, double test_accuracy, double per_s, double lr,
                        double epoch_s, double elapsed_s) {
   if (!enabled_) return;
   char line[512];
   std::snprintf(line, sizeof line,
                 "{\"kind\": \"epoch\", \"step\": %ld, \"epoch\": %ld, \"train_loss\": %.5f, "
                 "\"train_accuracy\": %.5f, \"test_loss\": %.5f, \"test_accuracy\": %.5f, "
-                "\"images_per_s\": %.1f, \"lr\": %.6g, \"epoch_s\": %.1f, \"elapsed_s\": %.1f",
+                "\"%s\": %.1f, \"lr\": %.6g, \"epoch_s\": %.1f, \"elapsed_s\": %.1f",
                 static_cast<long>(step), static_cast<long>(epoch), train_loss, train_accuracy,
-                test_loss, test_accuracy, images_per_s, lr, epoch_s, elapsed_s);
+                test_loss, test_accuracy, throughput_key_.c_str(), per_s, lr, epoch_s, elapsed_s);
   write(line + precision_fields() + "}");
 }
 

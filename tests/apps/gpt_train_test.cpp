@@ -55,10 +55,17 @@ TEST_F(GptTrain, LossFallsOnFortunesAndTheSnapshotSamples) {
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("gpt ("), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("on fortunes"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(", 200 steps (--max-steps), precision"), std::string::npos) << r.output;
   // 113 distinct characters: a uniform guess costs ln(113) = 4.73 nats, the validation
   // split's character frequencies alone 3.36. Measured: 2.73 after 150 steps, 2.61 after 300.
   const double loss = final_test_loss(r.output);
   EXPECT_LT(loss, 2.8) << r.output;
+  // Its throughput is counted in tokens, and metrics.jsonl names it so.
+  std::ifstream metrics(root_ / "out" / "metrics.jsonl");
+  const std::string records((std::istreambuf_iterator<char>(metrics)),
+                            std::istreambuf_iterator<char>());
+  EXPECT_NE(records.find("\"tokens_per_s\": "), std::string::npos) << records;
+  EXPECT_EQ(records.find("images_per_s"), std::string::npos) << records;
 
   const fs::path snapshot = root_ / "out" / "checkpoint-step-200.safetensors";
   ASSERT_TRUE(fs::exists(snapshot)) << r.output;
