@@ -5,6 +5,8 @@
 # fetched beforehand on a machine with apt and unpacked here with dpkg -x (no root install).
 #
 #   bash scripts/gpu_host.sh fetch DIR       on a Debian machine: download the .deb files into DIR
+#   bash scripts/gpu_host.sh fetch-data DIR  on a Debian machine: the dataset-fashion-mnist .deb
+#                                            (31 MB; a call of its own, see gpu_session.sh e2e)
 #   source scripts/gpu_host.sh env DIR       on the GPU machine: unpack DIR and set the paths
 #   bash scripts/gpu_host.sh build DIR       on the GPU machine: env, then configure, build and
 #                                            run the whole test suite in build-gpu/
@@ -37,6 +39,12 @@ gpu_host_fetch() {
   (cd "$dir" && apt-get download "${gpu_host_runtime_packages[@]}" "${gpu_host_build_packages[@]}")
 }
 
+# The data the e2e stage of gpu_session.sh trains on, in a folder of its own.
+gpu_host_fetch_data() {
+  local dir="$1"
+  mkdir -p "$dir"
+  (cd "$dir" && apt-get download dataset-fashion-mnist)
+}
 # Unpacks the .deb files into a private root and points the compiler, CMake, the loader and
 # Open MPI at it, and at the wheels' CUDA libraries.
 gpu_host_env() {
@@ -134,15 +142,15 @@ gpu_host_build() (
 gpu_host_main() {
   local command="${1:-}" dir="${2:-}"
   case "$command" in
-    fetch | env | build | bench)
+    fetch | fetch-data | env | build | bench)
       if [ -z "$dir" ]; then
         echo "gpu_host.sh $command: give the folder of the .deb files" >&2
         return 2
       fi
-      "gpu_host_$command" "$dir"
+      "gpu_host_${command//-/_}" "$dir"
       ;;
     *)
-      sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+      sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
       return 2
       ;;
   esac

@@ -20,18 +20,27 @@
 #           channels_last; ember eager and with --cuda-graphs, PyTorch eager, then PyTorch
 #           torch.compile at batch 512 (last: the slowest to start). One JSON line per run in
 #           bench.jsonl, a table at the end                                               ~5 min
+#   e2e     ember-train's default recipe end to end (ResNet-20 on Fashion-MNIST, E2E_EPOCHS
+#           epochs, default 10, bf16, channels_last) beside bench/fashion_recipe_torch.py, the
+#           same recipe in PyTorch on the GPU: wall time and final test accuracy, one JSON line
+#           each in e2e.jsonl. Not in the default list: the dataset's .deb (31 MB) does not fit
+#           beside DEBS in one call's 64 MiB, so it travels in a call of its own; its folder is
+#           FASHION_DEBS (default DEBS), filled by `bash scripts/gpu_host.sh fetch-data DIR`  ~4 min
 # Files under $OUT: session.log, build.log, focused.log, ctest.log, ctest-junit.xml,
-# gpt.jsonl, bench.jsonl, bench.log (8 at most come back from a device call).
+# gpt.jsonl, bench.jsonl, bench.log; e2e.jsonl, e2e-ember.log, e2e-torch.log (8 at most come
+# back from a device call).
 #
 # MFU uses the H100 SXM's dense peaks (an H200 has the same): 494.7 TFLOP/s TF32 and 989
 # TFLOP/s bf16, and 3 x the forward FLOPs per image (ResNet-18-CIFAR 1.11 GFLOP forward).
 # Environment: EMBER_BUILD_DIR (default build-gpu), BENCH_STEPS (timed steps, default 30),
-# STAGE_TIMEOUT_BUILD / _TEST / _BENCH (seconds; 420, 300, 420), RUN_TIMEOUT (one benchmark
-# run, seconds, default 120).
+# STAGE_TIMEOUT_BUILD / _TEST / _BENCH (seconds; 420, 300, 420), STAGE_TIMEOUT_E2E (each
+# side's run, default 240), E2E_DEVICE (default cuda) and E2E_EXTRA (flags both sides take,
+# e.g. "--max-steps 20" for a trial on the CPU), RUN_TIMEOUT (one benchmark run, seconds,
+# default 120).
 set -uo pipefail
 
 if [ $# -lt 1 ] || [ -z "${OUT:-}" ]; then
-  sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,39p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 fi
 debs="$1"
@@ -133,6 +142,34 @@ stage_gpt() {
   say "gpt: $(grep -c ember_over_torch "$OUT/gpt.jsonl") comparisons"
 }
 
+stage_e2e() {
+  local deb
+  deb="$(ls "${FASHION_DEBS:-$debs}"/dataset-fashion-mnist_*.deb 2>/dev/null | head -1)"
+  if [ -z "$deb" ]; then
+    say "e2e: no dataset-fashion-mnist .deb in ${FASHION_DEBS:-$debs} (bash scripts/gpu_host.sh fetch-data DIR)"
+    return 1
+  fi
+  local root=/tmp/ember-fashion epochs="${E2E_EPOCHS:-10}" device="${E2E_DEVICE:-cuda}"
+  local extra=()
+  read -r -a extra <<<"${E2E_EXTRA:-}"
+  rm -rf "$root" && dpkg -x "$deb" "$root" || return 1
+  local data="$root/usr/share/datasets/fashion-mnist"
+  say "e2e: ember-train, ResNet-20 on Fashion-MNIST, $epochs epochs, bf16"
+  local start=$SECONDS
+  timeout "${STAGE_TIMEOUT_E2E:-240}" "$b/apps/ember-train" --device "$device" --precision bf16 \
+    --epochs "$epochs" --data "$data" --workers 8 --out-dir /tmp/ember-e2e "${extra[@]}" \
+    >"$OUT/e2e-ember.log" 2>&1
+  local rc=$? seconds=$((SECONDS - start)) accuracy
+  accuracy="$(grep -o 'final test accuracy [0-9.]*%' "$OUT/e2e-ember.log" | tail -1 | grep -o '[0-9.]*' | head -1)"
+  printf '{"framework": "ember", "recipe": "resnet20 fashion-mnist onecycle", "precision": "bf16", "epochs": %s, "wall_s": %s, "final_test_accuracy": %s, "exit": %s}\n' \
+    "$epochs" "$seconds" "$(python3 -c "print(${accuracy:-nan} / 100)" 2>/dev/null || echo null)" "$rc" >>"$OUT/e2e.jsonl"
+  say "e2e: the same recipe in PyTorch"
+  timeout "${STAGE_TIMEOUT_E2E:-240}" python3 bench/fashion_recipe_torch.py --data "$data" \
+    --device "$device" --precision bf16 --epochs "$epochs" "${extra[@]}" 2>"$OUT/e2e-torch.log" |
+    grep '^{' | tail -1 >>"$OUT/e2e.jsonl"
+  cat "$OUT/e2e.jsonl"
+}
+
 # The table of bench.jsonl, for the end of the output.
 bench_table() {
   python3 - "$OUT/bench.jsonl" <<'EOF'
@@ -152,9 +189,9 @@ EOF
 status=0
 for stage in "${stages[@]}"; do
   case "$stage" in
-    build | test | gpt | bench) ;;
+    build | test | gpt | bench | e2e) ;;
     *)
-      say "unknown stage $stage (build, test, gpt or bench)"
+      say "unknown stage $stage (build, test, gpt, bench or e2e)"
       exit 2
       ;;
   esac
