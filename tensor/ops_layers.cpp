@@ -391,6 +391,13 @@ Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias) {
     return *out;
   check_linear("linear", input, weight, bias);
   if (input.dim() == 2 && bias.defined()) return addmm(bias, input, weight.t());
+  if (input.dim() > 2 && bias.defined() && input.is_contiguous() && input.numel() > 0) {
+    // [..., in] folds into one [rows, in] GEMM whose epilogue adds the bias (as PyTorch folds
+    // a contiguous input), instead of a matmul and a separate pass for + bias.
+    Shape out_shape = input.sizes();
+    out_shape.back() = weight.size(0);
+    return addmm(bias, input.reshape({-1, input.size(-1)}), weight.t()).reshape(out_shape);
+  }
   Tensor out = matmul(input, weight.t());
   return bias.defined() ? out + bias : out;
 }

@@ -94,9 +94,10 @@ Operand prepare(const Tensor& x) {
 }
 
 // c (contiguous [batch..., m, n]) = alpha * a @ b + beta * c, where a is [batch..., m, k]
-// and b [batch..., k, n] with the same (possibly stride-0) batch dims.
+// and b [batch..., k, n] with the same (possibly stride-0) batch dims; with a bias (contiguous
+// [n], c's dtype; beta 0) c = alpha * a @ b + bias, the bias added in the GEMM's epilogue.
 void run_gemm(const Tensor& c, const Tensor& a, const Tensor& b, double alpha, double beta,
-              const char* op) {
+              const char* op, const Tensor& bias = {}) {
   if (c.numel() == 0) return;
   const int64_t m = a.size(-2), k = a.size(-1), n = b.size(-1);
   const Operand pa = prepare(a);
@@ -121,6 +122,7 @@ void run_gemm(const Tensor& c, const Tensor& a, const Tensor& b, double alpha, d
   g.stride_c = m * n;
   g.alpha = alpha;
   g.beta = beta;
+  if (bias.defined()) g.bias = bias.data_ptr();
   detail::require_kernel(detail::kernels_for(c.device(), op).gemm, c.device(), op)(g);
 }
 
@@ -187,9 +189,18 @@ Tensor addmm(const Tensor& input, const Tensor& a, const Tensor& b, Scalar beta,
   detail::AutogradScope scope(detail::OpId::kAddmm, {&input, &a, &b});
   Tensor c = empty(out_shape, a.options());
   const double beta_value = beta.to_double();
-  // With beta == 0 the input is ignored, NaNs included (as in PyTorch).
-  if (beta_value != 0.0) c.copy_(input);
-  run_gemm(c, a, b, alpha.to_double(), beta_value, "addmm");
+  // A linear layer's bias ([n] or [1, n], beta 1) rides in the GEMM's epilogue instead of a
+  // copy into c that the GEMM reads back (cuBLASLt's bias epilogue on CUDA, as PyTorch's).
+  const bool bias_epilogue = beta_value == 1.0 && input.numel() == out_shape[1] &&
+                             input.size(-1) == out_shape[1] && input.is_contiguous() &&
+                             out_shape[1] > 0;
+  if (bias_epilogue) {
+    run_gemm(c, a, b, alpha.to_double(), 0.0, "addmm", input);
+  } else {
+    // With beta == 0 the input is ignored, NaNs included (as in PyTorch).
+    if (beta_value != 0.0) c.copy_(input);
+    run_gemm(c, a, b, alpha.to_double(), beta_value, "addmm");
+  }
   detail::OpArgs args;
   args.a = beta_value;
   args.b = alpha.to_double();

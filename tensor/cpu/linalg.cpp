@@ -6,6 +6,8 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <cstddef>
+#include <cstring>
 #include <limits>
 #include <map>
 #include <memory>
@@ -187,10 +189,25 @@ void gemm_widened(const GemmArgs& g) {
   }
 }
 
-void gemm_cpu(const GemmArgs& g) {
-  EMBER_ASSERT(g.device.is_cpu(), "gemm_cpu got a ", g.device.str(), " operand");
-  EMBER_ASSERT(g.m >= 0 && g.n >= 0 && g.k >= 0 && g.batch >= 0);
-  if (g.m == 0 || g.n == 0 || g.batch == 0) return;
+void gemm_cpu(const GemmArgs& args) {
+  EMBER_ASSERT(args.device.is_cpu(), "gemm_cpu got a ", args.device.str(), " operand");
+  EMBER_ASSERT(args.m >= 0 && args.n >= 0 && args.k >= 0 && args.batch >= 0);
+  if (args.m == 0 || args.n == 0 || args.batch == 0) return;
+  GemmArgs g = args;
+  if (g.bias != nullptr) {
+    // The bias epilogue as addmm's copy: every row of C starts as the bias, then beta 1.
+    EMBER_ASSERT(g.beta == 0.0, "gemm_cpu: a bias epilogue with beta ", g.beta);
+    const size_t row_bytes = static_cast<size_t>(g.n) * element_size(g.dtype);
+    auto* c = static_cast<std::byte*>(g.c);
+    const auto elem = static_cast<int64_t>(element_size(g.dtype));
+    for (int64_t i = 0; i < g.batch; ++i) {
+      for (int64_t r = 0; r < g.m; ++r) {
+        std::memcpy(c + (i * g.stride_c + r * g.ldc) * elem, g.bias, row_bytes);
+      }
+    }
+    g.bias = nullptr;
+    g.beta = 1.0;
+  }
   constexpr int64_t kBlasMax = std::numeric_limits<blasint>::max();
   EMBER_CHECK(g.m <= kBlasMax && g.n <= kBlasMax && g.k <= kBlasMax && g.lda <= kBlasMax &&
                   g.ldb <= kBlasMax && g.ldc <= kBlasMax,

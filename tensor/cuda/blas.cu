@@ -1,14 +1,25 @@
 // GEMM on cuBLAS: one handle per device, on the current stream, fp32 accumulation for the
 // 16-bit floats. f32 runs in full f32 (matching the CPU within float rounding) unless
-// set_float32_matmul_precision allows TF32 (tensor/precision.h).
+// set_float32_matmul_precision allows TF32 (tensor/precision.h). A GEMM with a bias (a linear
+// layer's addmm) runs on cuBLASLt with its bias epilogue, so the bias costs no pass of its own;
+// where cuBLASLt offers no algorithm, the bias is written into C and the GEMM adds onto it.
+#include <cublasLt.h>
+
+#include <algorithm>
 #include <climits>
+#include <cstdint>
+#include <cstring>
+#include <map>
 #include <mutex>
+#include <optional>
+#include <tuple>
 #include <vector>
 
 #include "../cuda.h"
 #include "../detail/dispatch.h"
 #include "../precision.h"
 #include "cuda_kernels.h"
+#include "cudnn_context.h"
 #include "launch.cuh"
 
 namespace ember::detail {
@@ -54,11 +65,195 @@ int blas_ld(int64_t ld, int64_t rows, int64_t cols) {
   return static_cast<int>(std::max<int64_t>(ld, 1));
 }
 
+// Every row of every C starts as the bias (the fallback of the bias epilogue, then beta 1).
+template <typename T>
+__global__ void fill_rows_kernel(T* c, const T* bias, int64_t batch, int64_t m, int64_t n,
+                                 int64_t ldc, int64_t stride_c) {
+  const int64_t total = batch * m * n;
+  for (int64_t i = global_thread(); i < total; i += grid_stride()) {
+    const int64_t col = i % n, row = (i / n) % m, b = i / (n * m);
+    c[b * stride_c + row * ldc + col] = bias[col];
+  }
+}
+
+void fill_rows_with_bias(const GemmArgs& g, cudaStream_t stream) {
+  dispatch_floating(g.dtype, "addmm", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    fill_rows_kernel<T><<<grid_for(g.batch * g.m * g.n), kBlockSize, 0, stream>>>(
+        static_cast<T*>(g.c), static_cast<const T*>(g.bias), g.batch, g.m, g.n, g.ldc, g.stride_c);
+    EMBER_CUDA_CHECK_LAUNCH();
+  });
+}
+
+// ---- cuBLASLt: the bias epilogue -----------------------------------------------------------
+
+// cuBLASLt handles are not tied to a stream (it is an argument of each call); one per device.
+cublasLtHandle_t lt_handle(int device) {
+  static std::mutex mutex;
+  static std::vector<cublasLtHandle_t>* handles =
+      new std::vector<cublasLtHandle_t>(static_cast<size_t>(cuda::device_count()), nullptr);
+  std::lock_guard<std::mutex> lock(mutex);
+  cublasLtHandle_t& h = (*handles)[static_cast<size_t>(device)];
+  if (h == nullptr) {
+    cuda::DeviceGuard guard(device);
+    EMBER_CUBLAS_CHECK(cublasLtCreate(&h));
+  }
+  return h;
+}
+
+// Workspace offered to cuBLASLt's kernels (split-K and the like), from the caching allocator.
+constexpr size_t kLtWorkspaceBytes = size_t{4} << 20;
+
+// The largest power of two (up to 16) dividing the address: cuBLASLt's algorithms state the
+// alignment they need, so the heuristic is told what the operands have.
+uint32_t alignment_of(const void* p) {
+  const auto address = reinterpret_cast<uintptr_t>(p);
+  uint32_t a = 16;
+  while (a > 1 && address % a != 0) a /= 2;
+  return a;
+}
+
+// RAII owners of cuBLASLt's descriptors.
+struct LtMatmulDesc {
+  cublasLtMatmulDesc_t desc = nullptr;
+  ~LtMatmulDesc() {
+    if (desc != nullptr) cublasLtMatmulDescDestroy(desc);
+  }
+};
+struct LtLayout {
+  cublasLtMatrixLayout_t layout = nullptr;
+  ~LtLayout() {
+    if (layout != nullptr) cublasLtMatrixLayoutDestroy(layout);
+  }
+};
+struct LtPreference {
+  cublasLtMatmulPreference_t pref = nullptr;
+  ~LtPreference() {
+    if (pref != nullptr) cublasLtMatmulPreferenceDestroy(pref);
+  }
+};
+
+// The heuristic's choice per problem (shapes, types, layouts, alignments), kept for the process
+// like the convolution algorithms; nullopt: cuBLASLt has no algorithm for it.
+using LtKey = std::tuple<int, int, int, int, int, int, int, int, int, int, int, uint32_t>;
+struct LtAlgoCache {
+  std::mutex mutex;
+  std::map<LtKey, std::optional<cublasLtMatmulAlgo_t>> algos;
+};
+LtAlgoCache& lt_algo_cache() {
+  static LtAlgoCache* cache = new LtAlgoCache();
+  return *cache;
+}
+
+// C = alpha * op(A) @ op(B) + bias in one cuBLASLt call (column-major view as in gemm below:
+// A' = B, B' = A, m' = n, n' = m). False, having written nothing, when cuBLASLt offers no
+// algorithm for the problem; then the caller takes the fill-and-add path.
+bool gemm_bias_lt(const GemmArgs& g, cudaDataType_t data_type, cublasComputeType_t compute_type,
+                  const void* alpha, int ld_a, int ld_b, int ld_c, cudaStream_t stream) {
+  if (g.batch != 1) return false;
+  const cudaDataType_t scale_type = compute_type == CUBLAS_COMPUTE_64F ? CUDA_R_64F : CUDA_R_32F;
+  const cublasOperation_t op_a = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;  // A' = B
+  const cublasOperation_t op_b = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;  // B' = A
+  const auto m = static_cast<uint64_t>(g.n), n = static_cast<uint64_t>(g.m),
+             k = static_cast<uint64_t>(g.k);
+  const uint32_t align =
+      std::min({alignment_of(g.a), alignment_of(g.b), alignment_of(g.c), alignment_of(g.bias)});
+
+  LtMatmulDesc desc;
+  EMBER_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc.desc, compute_type, scale_type));
+  EMBER_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(desc.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a));
+  EMBER_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(desc.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
+  const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+  EMBER_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.desc, CUBLASLT_MATMUL_DESC_EPILOGUE,
+                                                    &epilogue, sizeof epilogue));
+  EMBER_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                    &g.bias, sizeof g.bias));
+  // The bias has C's type (cuBLASLt's default for these types, said explicitly).
+  EMBER_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                                                    &data_type, sizeof data_type));
+
+  // Layouts of the stored (column-major) matrices, before op().
+  LtLayout a_layout, b_layout, c_layout;
+  EMBER_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(
+      &a_layout.layout, data_type, op_a == CUBLAS_OP_N ? m : k, op_a == CUBLAS_OP_N ? k : m, ld_b));
+  EMBER_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(
+      &b_layout.layout, data_type, op_b == CUBLAS_OP_N ? k : n, op_b == CUBLAS_OP_N ? n : k, ld_a));
+  EMBER_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&c_layout.layout, data_type, m, n, ld_c));
+
+  const cublasLtHandle_t handle = lt_handle(g.device.index);
+  const LtKey key{static_cast<int>(data_type),
+                  static_cast<int>(compute_type),
+                  static_cast<int>(op_a),
+                  static_cast<int>(op_b),
+                  static_cast<int>(m),
+                  static_cast<int>(n),
+                  static_cast<int>(k),
+                  ld_a,
+                  ld_b,
+                  ld_c,
+                  g.device.index,
+                  align};
+  LtAlgoCache& cache = lt_algo_cache();
+  std::optional<cublasLtMatmulAlgo_t> algo;
+  bool known = false;
+  {
+    std::lock_guard<std::mutex> lock(cache.mutex);
+    const auto it = cache.algos.find(key);
+    if (it != cache.algos.end()) {
+      algo = it->second;
+      known = true;
+    }
+  }
+  if (!known) {
+    LtPreference pref;
+    EMBER_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref.pref));
+    const uint64_t workspace = kLtWorkspaceBytes;
+    EMBER_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof workspace));
+    for (const auto attribute :
+         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+          CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
+      EMBER_CUBLAS_CHECK(
+          cublasLtMatmulPreferenceSetAttribute(pref.pref, attribute, &align, sizeof align));
+    }
+    cublasLtMatmulHeuristicResult_t result;
+    std::memset(&result, 0, sizeof result);
+    int found = 0;
+    const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
+        handle, desc.desc, a_layout.layout, b_layout.layout, c_layout.layout, c_layout.layout,
+        pref.pref, 1, &result, &found);
+    if (status == CUBLAS_STATUS_SUCCESS && found > 0 && result.workspaceSize <= workspace) {
+      algo = result.algo;
+    }
+    std::lock_guard<std::mutex> lock(cache.mutex);
+    cache.algos.emplace(key, algo);
+  }
+  if (!algo.has_value()) return false;
+
+  const Tensor workspace = cudnn_workspace(kLtWorkspaceBytes, g.device);
+  const double zero_d = 0.0;
+  const float zero_f = 0.0f;
+  const void* beta = compute_type == CUBLAS_COMPUTE_64F ? static_cast<const void*>(&zero_d)
+                                                        : static_cast<const void*>(&zero_f);
+  EMBER_CUBLAS_CHECK(cublasLtMatmul(handle, desc.desc, alpha, g.b, a_layout.layout, g.a,
+                                    b_layout.layout, beta, g.c, c_layout.layout, g.c,
+                                    c_layout.layout, &*algo, workspace.data_ptr(),
+                                    kLtWorkspaceBytes, stream));
+  return true;
+}
+
 void gemm(const GemmArgs& g) {
   EMBER_ASSERT(g.device.is_cuda(), "cuda gemm got a ", g.device.str(), " operand");
   EMBER_ASSERT(g.m >= 0 && g.n >= 0 && g.k >= 0 && g.batch >= 0);
   if (g.m == 0 || g.n == 0 || g.batch == 0) return;
   KernelContext ctx(g.device.index);
+  EMBER_ASSERT(g.bias == nullptr || g.beta == 0.0, "cuda gemm: a bias epilogue with beta ", g.beta);
+  if (g.k == 0 && g.bias != nullptr) {
+    fill_rows_with_bias(g, ctx.stream);  // the empty product plus the bias
+    return;
+  }
   if (g.k == 0) {
     dispatch_floating(g.dtype, "matmul", [&](auto tag) {
       using T = typename decltype(tag)::type;
@@ -92,16 +287,22 @@ void gemm(const GemmArgs& g) {
     default:
       throw Error(str_cat("matmul: dtype ", g.dtype, " is not supported on CUDA"));
   }
-  const float alpha_f = static_cast<float>(g.alpha), beta_f = static_cast<float>(g.beta);
+  // Without a cuBLASLt algorithm for the bias epilogue: C starts as the bias, beta 1.
+  const double beta_value = g.bias != nullptr ? 1.0 : g.beta;
+  const float alpha_f = static_cast<float>(g.alpha), beta_f = static_cast<float>(beta_value);
   const void* alpha = compute_type == CUBLAS_COMPUTE_64F ? static_cast<const void*>(&g.alpha)
                                                          : static_cast<const void*>(&alpha_f);
-  const void* beta = compute_type == CUBLAS_COMPUTE_64F ? static_cast<const void*>(&g.beta)
+  const void* beta = compute_type == CUBLAS_COMPUTE_64F ? static_cast<const void*>(&beta_value)
                                                         : static_cast<const void*>(&beta_f);
   // NOTE: GemmArgs is row-major and cuBLAS column-major. A row-major matrix read as
   // column-major is its transpose, so C^T = op(B)^T op(A)^T: swap A and B, and m and n.
   const int ld_b = g.trans_b ? blas_ld(g.ldb, g.n, g.k) : blas_ld(g.ldb, g.k, g.n);
   const int ld_a = g.trans_a ? blas_ld(g.lda, g.k, g.m) : blas_ld(g.lda, g.m, g.k);
   const int ld_c = blas_ld(g.ldc, g.m, g.n);
+  if (g.bias != nullptr) {
+    if (gemm_bias_lt(g, data_type, compute_type, alpha, ld_a, ld_b, ld_c, ctx.stream)) return;
+    fill_rows_with_bias(g, ctx.stream);
+  }
   BlasHandle& h = blas_handle(g.device.index);
   std::lock_guard<std::mutex> lock(h.mutex);
   EMBER_CUBLAS_CHECK(cublasSetStream(h.handle, ctx.stream));

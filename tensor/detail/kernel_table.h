@@ -83,6 +83,10 @@ struct GemmArgs {
   void* c = nullptr;
   int64_t ldc = 0, stride_c = 0;
   double alpha = 1.0, beta = 0.0;
+  // Optional bias epilogue: C = alpha * op(A) @ op(B) + bias, bias [n] contiguous, of C's
+  // dtype, added to every row (beta must be 0). The CPU writes bias into C and runs with
+  // beta 1 (the same arithmetic as addmm's copy); CUDA adds it in cuBLASLt's epilogue.
+  const void* bias = nullptr;
 };
 
 struct Conv2dParams {
