@@ -152,8 +152,8 @@ class Optimizer {
   // Throws ember::Error (naming the optimizer and the value) on an invalid option.
   virtual void check_options(const Options& options) const = 0;
   // Updates the group's parameters that have gradients; `state` runs parallel to params.
-  // With device.any(), every such parameter takes the multi-tensor update with those inputs
-  // (device_refusal said "" for the group first).
+  // The parameters that take the multi-tensor update read `device`'s inputs; with a scaling,
+  // device_refusal said "" for the group first, so every one of them does.
   virtual void step_group(ParamGroup& group, std::vector<ParamState>& state,
                           const DeviceInputs& device) = 0;
   // Why the group cannot update from device inputs now ("" when it can); the default: the
