@@ -1,6 +1,8 @@
 #include "precision.h"
 
 #include <ember/tensor/cuda.h>
+#include <ember/tensor/grad_mode.h>
+#include <ember/tensor/ops.h>
 
 namespace ember::apps {
 
@@ -36,8 +38,11 @@ PrecisionContext::PrecisionContext(Precision precision, Device device,
     : precision_(precision), device_(device) {
   if (precision == Precision::kFP32) tf32_policy_.emplace("highest", false);
   if (precision == Precision::kTF32) tf32_policy_.emplace("high", true);
-  if (precision == Precision::kFP16)
+  if (precision == Precision::kFP16) {
     scaler_.emplace(optim::GradScalerOptions{}, std::move(reducer));
+    // Made here, outside any graph capture, so a captured step adds to it in place.
+    skipped_on_device_ = zeros({}, TensorOptions(kF32, device));
+  }
 }
 
 std::unique_ptr<AutocastGuard> PrecisionContext::autocast() const {
@@ -52,15 +57,25 @@ void PrecisionContext::unscale_(optim::Optimizer& optimizer) {
   if (scaler_) scaler_->unscale_(optimizer);
 }
 
-bool PrecisionContext::step(optim::Optimizer& optimizer) {
+optim::ScaledStep PrecisionContext::step(optim::Optimizer& optimizer) {
   if (!scaler_) {
     optimizer.step();
-    return true;
+    return optim::ScaledStep(true);
   }
-  const bool ran = scaler_->step(optimizer);
+  const optim::ScaledStep ran = scaler_->step(optimizer);
   scaler_->update();
-  if (!ran) ++skipped_;
+  if (ran.decided()) {
+    if (!ran) ++skipped_;
+  } else {
+    NoGradGuard no_grad;
+    skipped_on_device_.add_(clamp(ran.found_inf().reshape({}), {}, 1.0));
+  }
   return ran;
+}
+
+int64_t PrecisionContext::skipped_steps() const {
+  if (!skipped_on_device_.defined()) return skipped_;
+  return skipped_ + static_cast<int64_t>(skipped_on_device_.item<float>());
 }
 
 }  // namespace ember::apps

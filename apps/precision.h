@@ -45,22 +45,24 @@ class PrecisionContext {
   // Before clipping: the gradients divided by the scale (fp16; else nothing to do).
   void unscale_(optim::Optimizer& optimizer);
   // optimizer.step(), skipped in fp16 when a gradient is inf/NaN; then the scale's update.
-  // Returns whether the step ran.
-  bool step(optim::Optimizer& optimizer);
+  // Returns whether the step ran; on the scaler's fused path the answer stays on the device
+  // (nothing here reads it back, so a step never waits and can be graph-captured).
+  optim::ScaledStep step(optim::Optimizer& optimizer);
 
   // The scaler in fp16 (what checkpoints save), else null.
   optim::GradScaler* scaler() { return scaler_ ? &*scaler_ : nullptr; }
   // The current loss scale in fp16, else 1.
   double loss_scale() const { return scaler_ ? scaler_->get_scale() : 1.0; }
-  // Optimizer steps skipped for inf/NaN gradients in this process.
-  int64_t skipped_steps() const { return skipped_; }
+  // Optimizer steps skipped for inf/NaN gradients in this process (reads the device count).
+  int64_t skipped_steps() const;
 
  private:
   Precision precision_;
   Device device_;
   std::optional<Float32PrecisionGuard> tf32_policy_;
   std::optional<optim::GradScaler> scaler_;
-  int64_t skipped_ = 0;
+  int64_t skipped_ = 0;       // steps the scaler skipped with a host read
+  Tensor skipped_on_device_;  // fp16: 0-d f32, steps skipped on the fused path (added in place)
 };
 
 }  // namespace ember::apps

@@ -138,9 +138,9 @@ int parse_train_options(int argc, char** argv, TrainOptions& o, SampleOptions* s
   app.add_flag_callback(
       "--no-channels-last", [&o] { o.channels_last = 0; }, "Train in NCHW (default on the CPU)");
   app.add_flag("--cuda-graphs", o.cuda_graphs,
-               "Capture one training step (forward, loss, backward) in a CUDA graph after "
-               "warm-up steps and replay it (one process on CUDA; otherwise it says why and "
-               "runs eagerly)");
+               "Capture the whole training step (forward, loss, backward, clipping, fp16 loss "
+               "scaling and the optimizer step) in a CUDA graph after warm-up steps and replay "
+               "it (one process on CUDA; otherwise it says why and runs eagerly)");
   app.add_option("--n-layer", o.n_layer, "--model gpt: transformer blocks")->check(kPositive);
   app.add_option("--n-head", o.n_head, "--model gpt: attention heads")->check(kPositive);
   app.add_option("--n-embd", o.n_embd, "--model gpt: width (a multiple of --n-head)")

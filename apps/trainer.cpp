@@ -47,14 +47,12 @@ Trainer::Trainer(const TrainOptions& options, nn::Module& model, nn::Module& tra
       group_(group),
       device_(device) {}
 
-std::string cuda_graphs_refusal(const TrainOptions& options, Device device, int world_size,
-                                bool fp16) {
+std::string cuda_graphs_refusal(const TrainOptions& options, Device device, int world_size) {
   if (!device.is_cuda()) return "CUDA graphs need a CUDA device";
   if (world_size > 1)
     return "not with " + std::to_string(world_size) +
            " processes (DDP's all-reduces run from backward hooks and wait on the host)";
   if (options.accum_steps > 1) return "not with --accum-steps (one micro-batch per step)";
-  if (fp16) return "not with fp16 (GradScaler reads its inf/NaN check back every step)";
   return "";
 }
 
@@ -93,7 +91,7 @@ Tensor Trainer::to_device(const Tensor& t) {
   return out;
 }
 
-void Trainer::finish_step() {
+void Trainer::update_parameters() {
   if (options_.grad_clip > 0) {
     if (precision_ != nullptr) precision_->unscale_(optimizer_);  // clip the true gradients
     optim::clip_grad_norm_(model_.parameters(), options_.grad_clip);
@@ -103,28 +101,52 @@ void Trainer::finish_step() {
   } else {
     optimizer_.step();
   }
+}
+
+void Trainer::advance() {
   if (schedule_ != nullptr) schedule_->step();
   ++step_;
+}
+
+void Trainer::cuda_graphs_off(const std::string& why) {
+  graphs_ = Graphs::kOff;
+  if (group_.rank() != 0) return;
+  std::printf("ember-train: --cuda-graphs: %s; running eagerly\n", why.c_str());
+  std::fflush(stdout);
 }
 
 bool Trainer::use_cuda_graph(const data::Batch& batch) {
   if (graphs_ == Graphs::kUndecided) {
     graphs_ = Graphs::kOff;
     if (options_.cuda_graphs) {
-      const bool fp16 = precision_ != nullptr && precision_->precision() == Precision::kFP16;
-      const std::string why = cuda_graphs_refusal(options_, device_, group_.size(), fp16);
+      std::string why = cuda_graphs_refusal(options_, device_, group_.size());
       if (why.empty()) {
-        graphs_ = Graphs::kOn;
-      } else if (group_.rank() == 0) {
-        std::printf("ember-train: --cuda-graphs: %s; running eagerly\n", why.c_str());
-        std::fflush(stdout);
+        try {
+          optimizer_.set_capturable(true);  // lr and step counts read on the device
+        } catch (const Error& e) {
+          why = e.what();
+        }
       }
+      if (why.empty())
+        graphs_ = Graphs::kOn;
+      else
+        cuda_graphs_off(why);
     }
   }
   if (graphs_ != Graphs::kOn) return false;
   if (captured_ != nullptr) return batch.data.sizes() == captured_->x.sizes();  // else eager
   if (graph_warmup_ < kGraphWarmupSteps) {
     ++graph_warmup_;
+    return false;
+  }
+  // The optimizer step goes into the graph once it reads nothing from the host: its state
+  // exists (an fp16 step skipped before SGD's momentum buffers did leaves them missing).
+  const std::string why = optimizer_.device_step_refusal();
+  if (!why.empty()) {
+    if (++graph_warmup_ < kGraphMaxWarmupSteps) return false;
+    cuda_graphs_off("the optimizer step cannot be captured after " +
+                    std::to_string(kGraphMaxWarmupSteps) + " warm-up steps (" + optimizer_.name() +
+                    ", " + why + ")");
     return false;
   }
   return capture_step(batch);
@@ -136,27 +158,23 @@ bool Trainer::capture_step(const data::Batch& batch) {
   step->x = batch.data.to(device_);
   step->y = batch.target.to(device_);
   // No gradients: the capture's backward allocates them from the graph's pool and each
-  // replay rewrites them there.
+  // replay rewrites them there. The lr scalars hold this step's lr before the capture, so
+  // the captured step writes none.
   optimizer_.zero_grad();
+  optimizer_.prepare_capturable();
   try {
     cuda::capture(step->graph, [&] {
       BatchResult r;
       r.loss = zeros({}, TensorOptions(kF64, device_));
       r.correct = zeros({}, TensorOptions(kF64, device_));
       forward_backward(step->x, step->y, 1.0, r);
+      update_parameters();
       step->loss = r.loss;
       step->correct = r.correct;
     });
   } catch (const Error& e) {
-    graphs_ = Graphs::kOff;
     optimizer_.zero_grad();
-    if (group_.rank() == 0) {
-      std::printf(
-          "ember-train: --cuda-graphs: the training step could not be captured (%s); "
-          "running eagerly\n",
-          e.what());
-      std::fflush(stdout);
-    }
+    cuda_graphs_off(std::string("the training step could not be captured (") + e.what() + ")");
     return false;
   }
   captured_ = std::move(step);
@@ -170,10 +188,13 @@ BatchResult Trainer::run_batch(const data::Batch& batch) {
   BatchResult result;
   result.count = batch.target.numel();  // images, or a sequence model's tokens
   if (use_cuda_graph(batch)) {
-    captured_->x.copy_(batch.data, true);
-    captured_->y.copy_(batch.target, true);
+    // Staged on the copy stream (overlapping the previous replay), then one copy on the
+    // device into the static buffers, ordered after that replay.
+    captured_->x.copy_(to_device(batch.data), true);
+    captured_->y.copy_(to_device(batch.target), true);
+    optimizer_.prepare_capturable();  // this step's lr, for the replay to read
     captured_->graph.replay();
-    finish_step();
+    advance();
     result.loss = captured_->loss.clone();  // the next replay rewrites the graph's own
     result.correct = captured_->correct.clone();
     return result;
@@ -199,7 +220,8 @@ BatchResult Trainer::run_batch(const data::Batch& batch) {
       micro_step(k);
     }
   }
-  finish_step();
+  update_parameters();
+  advance();
   return result;
 }
 

@@ -55,10 +55,9 @@ std::vector<optim::ParamGroup> parameter_groups(const nn::Module& model, bool no
 
 // Why --cuda-graphs cannot capture this run's steps, or "" when it can: it needs a CUDA
 // device, one process (DDP launches its all-reduces from autograd hooks and waits for them
-// on the host), one micro-batch per step, and no fp16 loss scaling (GradScaler reads its
-// found-inf flag back to the host every step).
-std::string cuda_graphs_refusal(const TrainOptions& options, Device device, int world_size,
-                                bool fp16);
+// on the host) and one micro-batch per step. (The optimizer's own conditions are checked
+// once it has warmed up: Optimizer::device_step_refusal.)
+std::string cuda_graphs_refusal(const TrainOptions& options, Device device, int world_size);
 
 struct SnapshotFile {
   std::string path;
@@ -87,15 +86,20 @@ class Trainer {
   // > 0), the optimizer steps and the schedule steps.
   //
   // With options.cuda_graphs (where cuda_graphs_refusal allows; else it says why once and
-  // runs eagerly): after kGraphWarmupSteps eager steps, the next step's forward, loss and
-  // backward are captured in a CUDA graph with static input and label buffers; every later
-  // batch of that size is copied into them and the graph replayed. Gradients live in the
-  // graph's memory and each replay rewrites them. Clipping, the optimizer step and the
-  // schedule run eagerly after the replay: their learning rate and Adam's bias corrections
-  // are host numbers that change every step. A step that cannot be captured prints one
-  // message and the run goes on eagerly.
+  // runs eagerly): the optimizer is made capturable (lr and Adam's step counts on the
+  // device), and after kGraphWarmupSteps eager steps, once the optimizer's step needs nothing
+  // from the host (Optimizer::device_step_refusal; up to kGraphMaxWarmupSteps, e.g. while
+  // fp16's first steps are skipped before SGD's momentum exists), the whole step is captured
+  // in one CUDA graph: forward, loss, backward, clipping, the GradScaler's check, unscale and
+  // scale update (fp16), and the optimizer step. Every later batch of that size is copied
+  // into the graph's static input and label buffers (staged on the copy stream while the
+  // previous replay runs, then one device-to-device copy), the lr scalars are written, and
+  // the graph replayed; only the schedule and the step counter run on the host. Gradients
+  // live in the graph's memory and each replay rewrites them. A step that cannot be captured
+  // prints one message and the run goes on eagerly.
   BatchResult run_batch(const data::Batch& batch);
   static constexpr int64_t kGraphWarmupSteps = 3;
+  static constexpr int64_t kGraphMaxWarmupSteps = 50;
   // Whether steps replay a captured CUDA graph now.
   bool replaying_cuda_graph() const { return captured_ != nullptr; }
 
@@ -159,14 +163,19 @@ class Trainer {
   // A GPT's logits [B, T, V] against targets [B, T] count per token ([B * T, V]); other
   // models' logits keep their classes in dim 1, as cross_entropy reads them.
   void forward_backward(const Tensor& x, const Tensor& target, double scale, BatchResult& result);
-  // After the gradients: clipping, the optimizer step, the schedule step.
-  void finish_step();
+  // After the gradients: clipping and the optimizer step (through the scaler in fp16), all on
+  // the device (what a captured step holds).
+  void update_parameters();
+  // After an update: the schedule's step and the step counter (host work, never captured).
+  void advance();
   // A batch tensor (pinned on CUDA runs) on the training device, copied without waiting.
   Tensor to_device(const Tensor& t);
   // --cuda-graphs: whether this batch runs through the graph (deciding once whether graphs
   // are allowed), and the capture of a step (false, after saying why, when it failed).
   bool use_cuda_graph(const data::Batch& batch);
   bool capture_step(const data::Batch& batch);
+  // Turns graphs off for the run, saying why once (rank 0).
+  void cuda_graphs_off(const std::string& why);
   bool snapshots() const { return checkpoint_ != nullptr && !options_.checkpoint_dir.empty(); }
   void delete_old_snapshots() const;
   // After a step of run_epoch: adds r to the device sums; the metrics record and evaluation

@@ -1,5 +1,6 @@
 #include "adam.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include <ember/tensor/multi_tensor.h>
@@ -31,29 +32,29 @@ Options AdamWOptions::to_options() const {
 
 Adam::Adam(std::vector<Tensor> params, AdamOptions options)
     : Adam("Adam", one_group(std::move(params)), options.to_options(), false, options.foreach,
-           options.fused) {}
+           options.fused, options.capturable) {}
 
 Adam::Adam(std::vector<ParamGroup> groups, AdamOptions defaults)
     : Adam("Adam", std::move(groups), defaults.to_options(), false, defaults.foreach,
-           defaults.fused) {}
+           defaults.fused, defaults.capturable) {}
 
 Adam::Adam(const char* name, std::vector<ParamGroup> groups, Options defaults, bool decoupled,
-           std::optional<bool> foreach, bool fused)
-    : Optimizer(name, std::move(defaults)),
-      decoupled_weight_decay_(decoupled),
-      multi_tensor_(detail::multi_tensor_mode(name, foreach, fused)) {
+           std::optional<bool> foreach, bool fused, bool capturable)
+    : MultiTensorOptimizer(name, std::move(defaults), foreach, fused),
+      decoupled_weight_decay_(decoupled) {
   check_options(this->defaults());
   EMBER_CHECK(!groups.empty(), this->name(), "got an empty parameter list");
   for (auto& group : groups) add_param_group(std::move(group));
+  set_capturable(capturable);
 }
 
 AdamW::AdamW(std::vector<Tensor> params, AdamWOptions options)
     : Adam("AdamW", one_group(std::move(params)), options.to_options(), true, options.foreach,
-           options.fused) {}
+           options.fused, options.capturable) {}
 
 AdamW::AdamW(std::vector<ParamGroup> groups, AdamWOptions defaults)
     : Adam("AdamW", std::move(groups), defaults.to_options(), true, defaults.foreach,
-           defaults.fused) {}
+           defaults.fused, defaults.capturable) {}
 
 void Adam::check_options(const Options& options) const {
   const double lr = options.at("lr");
@@ -71,7 +72,16 @@ void Adam::check_options(const Options& options) const {
   EMBER_CHECK(amsgrad == 0.0 || amsgrad == 1.0, name(), "amsgrad must be 0 or 1, got ", amsgrad);
 }
 
-void Adam::step_group(ParamGroup& group, std::vector<ParamState>& state) {
+std::string Adam::device_refusal(const ParamGroup& group,
+                                 const std::vector<ParamState>& state) const {
+  std::vector<const char*> required = {"exp_avg", "exp_avg_sq"};
+  if (group.option("amsgrad") != 0.0) required.push_back("max_exp_avg_sq");
+  return detail::device_update_refusal(
+      group, state, mode(), {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"}, required, capturable());
+}
+
+void Adam::step_group(ParamGroup& group, std::vector<ParamState>& state,
+                      const DeviceInputs& device) {
   const AdamUpdate update{group.option("lr"),
                           group.option("beta1"),
                           group.option("beta2"),
@@ -82,8 +92,8 @@ void Adam::step_group(ParamGroup& group, std::vector<ParamState>& state) {
   const double lr = update.lr, beta1 = update.beta1, beta2 = update.beta2, eps = update.eps;
   const double weight_decay = update.weight_decay;
   const bool amsgrad = update.amsgrad;
-  const detail::ParamSplit split = detail::split_params(
-      group, state, multi_tensor_, {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"});
+  const detail::ParamSplit split =
+      detail::split_params(group, state, mode(), {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"});
 
   // The parameter's buffers, created (zero) on its first update.
   auto buffer = [&](size_t i, const char* name) -> Tensor& {
@@ -94,7 +104,12 @@ void Adam::step_group(ParamGroup& group, std::vector<ParamState>& state) {
   };
 
   for (const detail::ParamBucket& bucket : split.buckets) {
-    std::vector<Tensor> params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs;
+    // Device inputs keep the counts on the device, where the pass increments them (unless
+    // found_inf); a count already there stays there.
+    const bool device_steps =
+        device.any() || std::any_of(bucket.indices.begin(), bucket.indices.end(),
+                                    [&](size_t i) { return state[i].device_step.defined(); });
+    std::vector<Tensor> params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, counts;
     std::vector<int64_t> steps;
     for (const size_t i : bucket.indices) {
       params.push_back(group.params[i]);
@@ -102,13 +117,26 @@ void Adam::step_group(ParamGroup& group, std::vector<ParamState>& state) {
       exp_avgs.push_back(buffer(i, "exp_avg"));
       exp_avg_sqs.push_back(buffer(i, "exp_avg_sq"));
       if (amsgrad) max_exp_avg_sqs.push_back(buffer(i, "max_exp_avg_sq"));
-      steps.push_back(++state[i].step);
+      ParamState& s = state[i];
+      if (!device_steps) {
+        steps.push_back(++s.step);
+        continue;
+      }
+      if (!s.device_step.defined())
+        s.device_step = scalar_tensor(s.step, TensorOptions(kI64, bucket.device));
+      counts.push_back(s.device_step);
     }
-    multi_tensor_adam_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, update);
+    MultiTensorDeviceArgs args = device.for_device(bucket.device);
+    args.steps = counts;
+    multi_tensor_adam_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, update, args);
   }
 
   for (const size_t i : split.single) {
     Tensor& p = group.params[i];
+    if (state[i].device_step.defined()) {  // back on the host path: the count comes back
+      state[i].step = state[i].step_count();
+      state[i].device_step = Tensor();
+    }
     Tensor& exp_avg = buffer(i, "exp_avg");
     Tensor& exp_avg_sq = buffer(i, "exp_avg_sq");
     const int64_t step = ++state[i].step;

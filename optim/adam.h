@@ -13,7 +13,10 @@
 // `foreach` / `fused` pick the multi-tensor update (all parameters of a group in one pass;
 // torch.optim.AdamW(..., fused=True)): see optim/multi_tensor.h. Unset, it is used for CUDA
 // parameters only, as PyTorch does; on CPU its results are bit-identical to the
-// per-parameter path in f32 and f64.
+// per-parameter path in f32 and f64, also when it unscales the gradients inside the pass
+// (step(StepScaling)) or reads lr and the step counts on the device (capturable): see
+// optim/optimizer.h. Those keep the step counts on the device (ParamState::device_step); a
+// parameter that leaves the pass for the per-parameter path reads its count back once.
 #pragma once
 
 #include <optional>
@@ -32,7 +35,8 @@ struct AdamOptions {
   bool amsgrad = false;
   // Execution only, not options: they are not in param groups or state dicts.
   std::optional<bool> foreach = std::nullopt;  // unset: multi-tensor on CUDA, per-parameter on CPU
-  bool fused = false;  // the same multi-tensor update; not with foreach = true
+  bool fused = false;       // the same multi-tensor update; not with foreach = true
+  bool capturable = false;  // lr and step counts on the device (CUDA graphs); multi-tensor
 
   Options to_options() const;
 };
@@ -46,12 +50,13 @@ struct AdamWOptions {
   bool amsgrad = false;
   // Execution only, not options: they are not in param groups or state dicts.
   std::optional<bool> foreach = std::nullopt;  // unset: multi-tensor on CUDA, per-parameter on CPU
-  bool fused = false;  // the same multi-tensor update; not with foreach = true
+  bool fused = false;       // the same multi-tensor update; not with foreach = true
+  bool capturable = false;  // lr and step counts on the device (CUDA graphs); multi-tensor
 
   Options to_options() const;
 };
 
-class Adam : public Optimizer {
+class Adam : public detail::MultiTensorOptimizer {
  public:
   Adam(std::vector<Tensor> params, AdamOptions options = {});
   // Groups with their own options ("lr", "beta1", "beta2", "eps", "weight_decay",
@@ -60,13 +65,15 @@ class Adam : public Optimizer {
 
  protected:
   Adam(const char* name, std::vector<ParamGroup> groups, Options defaults, bool decoupled,
-       std::optional<bool> foreach, bool fused);
+       std::optional<bool> foreach, bool fused, bool capturable);
   void check_options(const Options& options) const override;
-  void step_group(ParamGroup& group, std::vector<ParamState>& state) override;
+  void step_group(ParamGroup& group, std::vector<ParamState>& state,
+                  const DeviceInputs& device) override;
+  std::string device_refusal(const ParamGroup& group,
+                             const std::vector<ParamState>& state) const override;
 
  private:
   bool decoupled_weight_decay_;
-  detail::MultiTensorMode multi_tensor_;
 };
 
 class AdamW : public Adam {

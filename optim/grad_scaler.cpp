@@ -9,6 +9,8 @@
 
 namespace ember::optim {
 
+bool ScaledStep::ran() const { return decided() ? ran_ : found_inf_.item<float>() == 0.f; }
+
 GradScaler::GradScaler(GradScalerOptions options, FoundInfReducer reducer)
     : init_scale_(options.init_scale),
       growth_factor_(options.growth_factor),
@@ -63,6 +65,11 @@ void GradScaler::unscale_(Optimizer& optimizer) {
               "unscale_() has already been called on this optimizer since the last update()");
   EMBER_CHECK(state.stage != Stage::kStepped, "GradScaler::unscale_",
               "unscale_() is being called after step()");
+  check_gradients(optimizer, state, true);
+  state.stage = Stage::kUnscaled;
+}
+
+Tensor GradScaler::check_gradients(Optimizer& optimizer, PerOptimizer& state, bool unscale) {
   NoGradGuard no_grad;
   // 1 / scale in double, then f32, as PyTorch computes it.
   const Tensor inv_scale =
@@ -84,35 +91,53 @@ void GradScaler::unscale_(Optimizer& optimizer) {
       it->second.push_back(g);
     }
   }
+  // Multiplying by exactly 1 writes nothing: the check alone.
+  const Tensor factor = unscale ? inv_scale : ones({}, TensorOptions(kF32, scale_.device()));
   state.found_inf.clear();
   for (auto& [device, grads] : by_device) {
     const Tensor found_inf = zeros({}, TensorOptions(kF32, device));
-    amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale.to(device));
+    amp_foreach_non_finite_check_and_unscale_(grads, found_inf, factor.to(device));
     if (reducer_) reducer_(found_inf);
     state.found_inf.emplace_back(device, found_inf);
   }
-  state.stage = Stage::kUnscaled;
+  return inv_scale;
 }
 
-bool GradScaler::step(Optimizer& optimizer) {
+Tensor GradScaler::found_inf_of(const PerOptimizer& state) const {
+  NoGradGuard no_grad;
+  Tensor combined;
+  for (const auto& entry : state.found_inf) {
+    const Tensor f = entry.second.to(scale_.device());
+    combined = combined.defined() ? add(combined, f) : f;
+  }
+  return combined;
+}
+
+ScaledStep GradScaler::step(Optimizer& optimizer) {
   if (!enabled_) {
     optimizer.step();
-    return true;
+    return ScaledStep(true);
   }
   check_scale_created("GradScaler::step");
   PerOptimizer& state = per_optimizer_[&optimizer];
   EMBER_CHECK(state.stage != Stage::kStepped, "GradScaler::step",
               "step() has already been called since the last update()");
-  if (state.stage == Stage::kReady) unscale_(optimizer);
+  const bool on_device = optimizer.device_step_refusal().empty();
+  Tensor inv_scale;  // stays undefined once unscale_ ran: the gradients are unscaled
+  if (state.stage == Stage::kReady) inv_scale = check_gradients(optimizer, state, !on_device);
   EMBER_CHECK(!state.found_inf.empty(), "GradScaler::step",
               "no inf checks were recorded for this optimizer: none of its parameters has a "
               "gradient (did backward run on the scaled loss?)");
-  double found = 0;
-  for (const auto& entry : state.found_inf) found += entry.second.item<double>();
-  const bool run = found == 0;
+  const Tensor found = found_inf_of(state);
+  if (on_device) {
+    optimizer.step(StepScaling{inv_scale, found});
+    state.stage = Stage::kStepped;
+    return ScaledStep(found);
+  }
+  const bool run = found.item<float>() == 0.f;
   if (run) optimizer.step();
   state.stage = Stage::kStepped;
-  return run;
+  return ScaledStep(run);
 }
 
 void GradScaler::update() {
@@ -122,10 +147,8 @@ void GradScaler::update() {
   {
     NoGradGuard no_grad;
     for (const auto& [optimizer, state] : per_optimizer_) {
-      for (const auto& entry : state.found_inf) {
-        const Tensor f = entry.second.to(scale_.device());
-        combined = combined.defined() ? add(combined, f) : f;
-      }
+      const Tensor f = found_inf_of(state);
+      if (f.defined()) combined = combined.defined() ? add(combined, f) : f;
     }
   }
   EMBER_CHECK(combined.defined(), "GradScaler::update",

@@ -19,10 +19,20 @@
 //
 // The scale and growth tracker live in tensors on the loss's device; checking and unscaling
 // every gradient is one fused op (on CUDA a multi-tensor pass per gradient dtype: a few
-// launches for all gradients, none per parameter). step() reads the inf flag on the
-// host, as PyTorch's does. bf16 needs no scaler; an enabled one with bf16 is harmless.
-// Under data parallelism pass a FoundInfReducer (dist::make_found_inf_agreement) so that
-// every rank sees the same flag and all skip together.
+// launches for all gradients, none per parameter), and update() decides the new scale on the
+// device. bf16 needs no scaler; an enabled one with bf16 is harmless. Under data parallelism
+// pass a FoundInfReducer (dist::make_found_inf_agreement) so that every rank sees the same
+// flag and all skip together.
+//
+// NOTE: the fused path. When every parameter of the optimizer takes its multi-tensor update
+// (optimizer.device_step_refusal() is empty: SGD/Adam/AdamW with foreach or fused, or on
+// CUDA by default, once their state exists), step() reads nothing back, as PyTorch's
+// scaler.step with a fused optimizer: one read-only inf/NaN pass over the gradients (none
+// after unscale_), then the optimizer's pass multiplies each gradient by 1 / scale as it reads
+// it and skips the update on the device when the flag is set (parameters, state and step
+// counts unchanged). Its parameters end bit for bit where unscale_ + step() would leave them
+// (CPU, f32 and f64). Otherwise step() unscales, reads the flag on the host and steps or not,
+// as PyTorch's default path. Either way step() returns a ScaledStep.
 #pragma once
 
 #include <cstdint>
@@ -45,6 +55,28 @@ struct GradScalerOptions {
   bool enabled = true;  // false: scale() returns the loss, step() just steps, update() nothing
 };
 
+// What GradScaler::step returns: whether the optimizer's update ran. (PyTorch's scaler.step
+// returns the optimizer's own return value, None for a step without a closure; ember answers
+// the question its callers ask.) On the fused path the answer stays on the device until it is
+// asked for: converting to bool reads it back (a wait on the GPU), so a training loop that
+// never asks never waits.
+class ScaledStep {
+ public:
+  explicit ScaledStep(bool ran) : ran_(ran) {}
+  explicit ScaledStep(Tensor found_inf) : found_inf_(std::move(found_inf)) {}
+
+  bool ran() const;
+  operator bool() const { return ran(); }  // NOLINT: `if (scaler.step(opt))`, `bool ran = ...`
+  // Whether ran() is known on the host (no device read).
+  bool decided() const { return !found_inf_.defined(); }
+  // Undecided: the flag that decided it on the device (1-element f32, nonzero: skipped).
+  const Tensor& found_inf() const { return found_inf_; }
+
+ private:
+  bool ran_ = false;
+  Tensor found_inf_;
+};
+
 class GradScaler {
  public:
   // Makes found_inf (a 1-element f32 tensor, 0 or 1) the same on every process, in place
@@ -64,13 +96,14 @@ class GradScaler {
   void unscale_(Optimizer& optimizer);
 
   // Unscales (if unscale_ was not called) and runs optimizer.step() unless an inf/NaN was
-  // found. Returns whether the step ran. Once per optimizer between update()s; ember::Error
-  // when no parameter of the optimizer has a gradient, as PyTorch.
-  bool step(Optimizer& optimizer);
+  // found: on the device where the optimizer allows it (the fused path above), else with a
+  // host read. Returns whether the step ran. Once per optimizer between update()s;
+  // ember::Error when no parameter of the optimizer has a gradient, as PyTorch.
+  ScaledStep step(Optimizer& optimizer);
 
   // Backs the scale off (found inf in any optimizer this iteration) or grows it after
-  // growth_interval clean steps; then starts the next iteration. update(new_scale) sets the
-  // scale instead (positive, finite).
+  // growth_interval clean steps, on the device; then starts the next iteration.
+  // update(new_scale) sets the scale instead (positive, finite).
   void update();
   void update(double new_scale);
 
@@ -101,6 +134,11 @@ class GradScaler {
   };
 
   void check_scale_created(const char* op) const;
+  // Checks the optimizer's gradients for inf/NaN into state.found_inf (one flag per device),
+  // dividing them by the scale when `unscale`; returns 1 / scale (1-element f32).
+  Tensor check_gradients(Optimizer& optimizer, PerOptimizer& state, bool unscale);
+  // The optimizer's flags summed on the scale's device (undefined when none was recorded).
+  Tensor found_inf_of(const PerOptimizer& state) const;
   static void check_factors(double growth_factor, double backoff_factor, int64_t interval);
 
   double init_scale_;

@@ -55,4 +55,30 @@ ParamSplit split_params(const ParamGroup& group, const std::vector<ParamState>& 
   return split;
 }
 
+std::string device_update_refusal(const ParamGroup& group, const std::vector<ParamState>& state,
+                                  MultiTensorMode mode, std::initializer_list<const char*> buffers,
+                                  const std::vector<const char*>& required, bool device_steps) {
+  const ParamSplit split = split_params(group, state, mode, buffers);
+  if (!split.single.empty()) {
+    const size_t i = split.single.front();
+    const char* why = mode == MultiTensorMode::kOff ? "foreach = false"
+                      : mode == MultiTensorMode::kAuto && group.params[i].device().is_cpu()
+                          ? "foreach unset on the CPU"
+                          : "its tensors are not laid out for the pass";
+    return ember::detail::str_cat("parameter ", i, " takes the per-parameter update (", why, ")");
+  }
+  for (size_t i = 0; i < group.params.size(); ++i) {
+    if (!group.params[i].grad().defined()) continue;
+    for (const char* name : required) {
+      if (state[i].buffers.count(name) == 0)
+        return ember::detail::str_cat("parameter ", i, " has no ", name,
+                                      " yet (its first update creates it)");
+    }
+    if (device_steps && !state[i].empty() && !state[i].device_step.defined())
+      return ember::detail::str_cat("parameter ", i,
+                                    "'s step count is on the host (an eager step moves it)");
+  }
+  return "";
+}
+
 }  // namespace ember::optim::detail

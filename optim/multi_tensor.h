@@ -14,6 +14,8 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "optimizer.h"
@@ -24,6 +26,22 @@ enum class MultiTensorMode : uint8_t { kAuto, kOn, kOff };
 
 // The mode for the options; ember::Error naming `optimizer` for foreach = true with fused.
 MultiTensorMode multi_tensor_mode(const char* optimizer, std::optional<bool> foreach, bool fused);
+
+// The base of the optimizers that have a multi-tensor update (SGD, Adam, AdamW): the mode
+// their foreach / fused options chose, and the path an update takes.
+class MultiTensorOptimizer : public Optimizer {
+ protected:
+  MultiTensorOptimizer(const char* name, Options defaults, std::optional<bool> foreach, bool fused)
+      : Optimizer(name, std::move(defaults)),
+        multi_tensor_(multi_tensor_mode(name, foreach, fused)) {}
+
+  bool has_multi_tensor_update() const override { return multi_tensor_ != MultiTensorMode::kOff; }
+  // The multi-tensor update on every device once capturable, else the options' choice.
+  MultiTensorMode mode() const { return capturable() ? MultiTensorMode::kOn : multi_tensor_; }
+
+ private:
+  MultiTensorMode multi_tensor_;
+};
 
 // Parameters of one device and dtype that take the multi-tensor update together.
 struct ParamBucket {
@@ -42,5 +60,13 @@ struct ParamSplit {
 // contiguous or channels_last, for the multi-tensor path).
 ParamSplit split_params(const ParamGroup& group, const std::vector<ParamState>& state,
                         MultiTensorMode mode, std::initializer_list<const char*> buffers);
+
+// Why the group cannot update from device inputs now ("" when it can): a parameter with a
+// gradient that split_params leaves to the per-parameter path, one that lacks a buffer of
+// `required` (its first update creates it), or, with `device_steps`, one whose step count is
+// still on the host.
+std::string device_update_refusal(const ParamGroup& group, const std::vector<ParamState>& state,
+                                  MultiTensorMode mode, std::initializer_list<const char*> buffers,
+                                  const std::vector<const char*>& required, bool device_steps);
 
 }  // namespace ember::optim::detail

@@ -81,13 +81,98 @@ void Optimizer::add_param_group(ParamGroup group) {
   groups_.push_back(std::move(group));
 }
 
-void Optimizer::step() {
+void Optimizer::step() { run_step(nullptr); }
+
+void Optimizer::step(const StepScaling& scaling) {
+  const std::string op = name_ + "::step(scaling)";
+  const Tensor& found = scaling.found_inf;
+  const Tensor& inv = scaling.inv_scale;
+  EMBER_CHECK(found.defined() && found.dtype() == kF32 && found.numel() == 1, op,
+              "found_inf must be a 1-element f32 tensor, got ",
+              found.defined()
+                  ? detail::str_cat(found.dtype(), " of shape ", shape_str(found.sizes()))
+                  : std::string("an undefined tensor"));
+  EMBER_CHECK(!inv.defined() || (inv.dtype() == kF32 && inv.numel() == 1), op,
+              "inv_scale must be a 1-element f32 tensor, got ", inv.dtype(), " of shape ",
+              shape_str(inv.sizes()));
+  EMBER_CHECK(!inv.defined() || inv.device() == found.device(), op, "inv_scale is on ",
+              inv.device(), " but found_inf on ", found.device());
+  const std::string why = device_step_refusal();
+  EMBER_CHECK(why.empty(), op, why);
+  run_step(&scaling);
+}
+
+void Optimizer::run_step(const StepScaling* scaling) {
   NoGradGuard no_grad;
+  prepare_capturable();
   for (size_t g = 0; g < groups_.size(); ++g) {
     // param_groups() is mutable, so keep the state parallel to the parameters.
     state_[g].resize(groups_[g].params.size());
-    step_group(groups_[g], state_[g]);
+    DeviceInputs device;
+    device.scaling = scaling;
+    if (capturable_) device.lr = &device_lr_[g].scalars;
+    step_group(groups_[g], state_[g], device);
   }
+}
+
+std::string Optimizer::device_step_refusal() const {
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    // Parameters added to the group since the last step have no state yet.
+    std::vector<ParamState> grown;
+    if (state_[g].size() != groups_[g].params.size()) {
+      grown = state_[g];
+      grown.resize(groups_[g].params.size());
+    }
+    const std::string why = device_refusal(groups_[g], grown.empty() ? state_[g] : grown);
+    if (!why.empty()) return detail::str_cat("group ", g, ": ", why);
+  }
+  return "";
+}
+
+std::string Optimizer::device_refusal(const ParamGroup& /*group*/,
+                                      const std::vector<ParamState>& /*state*/) const {
+  return name_ + " has no multi-tensor update";
+}
+
+void Optimizer::set_capturable(bool capturable) {
+  EMBER_CHECK(!capturable || has_multi_tensor_update(), name_,
+              "capturable = true needs the multi-tensor update, which this optimizer does not "
+              "use (foreach = false selects the per-parameter one)");
+  capturable_ = capturable;
+}
+
+void Optimizer::prepare_capturable() {
+  if (!capturable_) return;
+  NoGradGuard no_grad;
+  device_lr_.resize(groups_.size());
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    DeviceLr& lr = device_lr_[g];
+    const double value = groups_[g].lr();
+    // NOTE: a fill only where the value changed, so a step captured in a CUDA graph records
+    // none (it would rewrite the capture's lr at every replay).
+    if (value != lr.written) {
+      for (auto& entry : lr.scalars) entry.second.fill_(value);
+      lr.written = value;
+    }
+    for (const Tensor& p : groups_[g].params) {
+      const auto has = [&](const auto& entry) { return entry.first == p.device(); };
+      if (std::none_of(lr.scalars.begin(), lr.scalars.end(), has))
+        lr.scalars.emplace_back(p.device(), scalar_tensor(value, TensorOptions(kF64, p.device())));
+    }
+  }
+}
+
+MultiTensorDeviceArgs Optimizer::DeviceInputs::for_device(Device device) const {
+  MultiTensorDeviceArgs args;
+  if (lr != nullptr) {
+    for (const auto& [on, value] : *lr)
+      if (on == device) args.lr = value;
+  }
+  if (scaling != nullptr) {
+    if (scaling->inv_scale.defined()) args.inv_scale = scaling->inv_scale.to(device);
+    args.found_inf = scaling->found_inf.to(device);
+  }
+  return args;
 }
 
 void Optimizer::zero_grad(bool set_to_none) {
@@ -123,7 +208,7 @@ StateDict Optimizer::state_dict() const {
       if (i >= state_[g].size() || state_[g][i].empty()) continue;
       const ParamState& s = state_[g][i];
       const std::string prefix = "state." + std::to_string(k) + ".";
-      dict.scalars[prefix + "step"] = static_cast<double>(s.step);
+      dict.scalars[prefix + "step"] = static_cast<double>(s.step_count());
       for (const auto& [name, buffer] : s.buffers) dict.tensors[prefix + name] = buffer;
     }
   }

@@ -11,6 +11,16 @@
 //   loss.backward();
 //   sgd.step();
 //   sgd.zero_grad();
+//
+// Device-side steps. SGD and Adam/AdamW can take what a step reads from the host on the
+// device instead, as torch.optim's fused and capturable optimizers do:
+// - step(StepScaling): GradScaler's 1 / scale multiplied into each gradient as the
+//   multi-tensor pass reads it, and its found-inf flag deciding on the device whether the
+//   update happens (GradScaler::step uses it where device_step_refusal() is empty);
+// - capturable (SGDOptions / AdamOptions::capturable, or set_capturable): each group's lr
+//   in a device scalar that step() refreshes from lr() where it changed, and Adam's step
+//   counts on the device, so a CUDA graph that captured step() replays it correctly under an
+//   LR schedule (call prepare_capturable() before each replay).
 #pragma once
 
 #include <cstdint>
@@ -20,6 +30,7 @@
 #include <vector>
 
 #include <ember/autograd/autograd.h>
+#include <ember/tensor/multi_tensor.h>
 #include <ember/tensor/tensor.h>
 
 namespace ember::optim {
@@ -50,10 +61,23 @@ struct StateDict {
 // The state of one parameter: how many updates it has had and its named buffers
 // (each shaped like the parameter, on its device and in its dtype).
 struct ParamState {
-  int64_t step = 0;
+  int64_t step = 0;  // the count while device_step is undefined
+  // The count on the parameter's device (0-d i64), where steps run on the device (Adam under
+  // capturable or step(StepScaling)); once defined it is the count and `step` is stale.
+  Tensor device_step;
   std::map<std::string, Tensor> buffers;
 
-  bool empty() const { return step == 0 && buffers.empty(); }
+  // The count: `step`, or device_step read back (which waits for the device).
+  int64_t step_count() const { return device_step.defined() ? device_step.item<int64_t>() : step; }
+  bool empty() const { return step == 0 && !device_step.defined() && buffers.empty(); }
+};
+
+// Loss scaling applied inside the update (GradScaler's, as the grad_scale and found_inf that
+// torch's fused optimizers take), both tensors on one device.
+struct StepScaling {
+  Tensor inv_scale;  // 1-element f32: each gradient is multiplied by it as it is read
+                     // (undefined: the gradients were unscaled already)
+  Tensor found_inf;  // 1-element f32: nonzero leaves parameters, state and step counts as they are
 };
 
 class Optimizer {
@@ -68,6 +92,25 @@ class Optimizer {
 
   // One update of every parameter that has a gradient, under NoGradGuard.
   void step();
+  // One update with `scaling` applied on the device: nothing is read back to the host, and a
+  // nonzero found_inf leaves everything as it was. ember::Error (naming why) unless
+  // device_step_refusal() is empty, or when the scaling tensors are not as described.
+  void step(const StepScaling& scaling);
+  // Why the next step cannot run with device-side inputs alone, or "" when it can: every
+  // parameter with a gradient must take the multi-tensor update and already have its state
+  // (a first update creates it, SGD's momentum buffer from the gradient), and a capturable
+  // Adam's step counts must be on the device.
+  std::string device_step_refusal() const;
+
+  // Capturable: lr and step counts read on the device (see the top of this file). Turning it
+  // on needs the multi-tensor update (ember::Error with foreach = false); it is an execution
+  // option, in no state dict.
+  bool capturable() const { return capturable_; }
+  void set_capturable(bool capturable);
+  // Writes every group's lr() into its device scalar where it changed since the last write
+  // (step() does this first; a graph replay does not, so call this before replaying one).
+  // Nothing when not capturable.
+  void prepare_capturable();
 
   // Drops the gradients (set_to_none), or zeroes them in place.
   void zero_grad(bool set_to_none = true);
@@ -95,16 +138,45 @@ class Optimizer {
  protected:
   Optimizer(std::string name, Options defaults);
 
+  // What one group's update reads on the device: the step's scaling and the group's lr
+  // scalars (capturable), each null when absent.
+  struct DeviceInputs {
+    const StepScaling* scaling = nullptr;
+    const std::vector<std::pair<Device, Tensor>>* lr = nullptr;
+
+    bool any() const { return scaling != nullptr || lr != nullptr; }
+    // The multi-tensor pass's inputs for parameters on `device` (Adam adds its steps).
+    MultiTensorDeviceArgs for_device(Device device) const;
+  };
+
   // Throws ember::Error (naming the optimizer and the value) on an invalid option.
   virtual void check_options(const Options& options) const = 0;
   // Updates the group's parameters that have gradients; `state` runs parallel to params.
-  virtual void step_group(ParamGroup& group, std::vector<ParamState>& state) = 0;
+  // The parameters that take the multi-tensor update read `device`'s inputs; with a scaling,
+  // device_refusal said "" for the group first, so every one of them does.
+  virtual void step_group(ParamGroup& group, std::vector<ParamState>& state,
+                          const DeviceInputs& device) = 0;
+  // Why the group cannot update from device inputs now ("" when it can); the default: the
+  // optimizer has no multi-tensor update.
+  virtual std::string device_refusal(const ParamGroup& group,
+                                     const std::vector<ParamState>& state) const;
+  // Whether the optimizer has a multi-tensor update it may use (capturable needs one).
+  virtual bool has_multi_tensor_update() const { return false; }
 
  private:
+  void run_step(const StepScaling* scaling);
+
   std::string name_;
   Options defaults_;
   std::vector<ParamGroup> groups_;
   std::vector<std::vector<ParamState>> state_;
+  bool capturable_ = false;
+  // Capturable: per group, its lr on each device its parameters use, and the value written.
+  struct DeviceLr {
+    std::vector<std::pair<Device, Tensor>> scalars;
+    double written = 0.0;
+  };
+  std::vector<DeviceLr> device_lr_;
 };
 
 }  // namespace ember::optim

@@ -17,11 +17,11 @@ SGD::SGD(std::vector<Tensor> params, SGDOptions options)
     : SGD(std::vector<ParamGroup>{ParamGroup(std::move(params))}, options) {}
 
 SGD::SGD(std::vector<ParamGroup> groups, SGDOptions defaults)
-    : Optimizer("SGD", defaults.to_options()),
-      multi_tensor_(detail::multi_tensor_mode("SGD", defaults.foreach, defaults.fused)) {
+    : MultiTensorOptimizer("SGD", defaults.to_options(), defaults.foreach, defaults.fused) {
   check_options(this->defaults());
   EMBER_CHECK(!groups.empty(), "SGD", "got an empty parameter list");
   for (auto& group : groups) add_param_group(std::move(group));
+  set_capturable(defaults.capturable);
 }
 
 void SGD::check_options(const Options& options) const {
@@ -39,12 +39,19 @@ void SGD::check_options(const Options& options) const {
               ", dampening ", dampening, ")");
 }
 
-void SGD::step_group(ParamGroup& group, std::vector<ParamState>& state) {
+std::string SGD::device_refusal(const ParamGroup& group,
+                                const std::vector<ParamState>& state) const {
+  std::vector<const char*> required;
+  if (group.option("momentum") != 0.0) required.push_back("momentum_buffer");
+  return detail::device_update_refusal(group, state, mode(), {"momentum_buffer"}, required, false);
+}
+
+void SGD::step_group(ParamGroup& group, std::vector<ParamState>& state,
+                     const DeviceInputs& device) {
   const SGDUpdate update{group.option("lr"), group.option("momentum"), group.option("dampening"),
                          group.option("weight_decay"), group.option("nesterov") != 0.0};
   const bool momentum = update.momentum != 0.0;
-  const detail::ParamSplit split =
-      detail::split_params(group, state, multi_tensor_, {"momentum_buffer"});
+  const detail::ParamSplit split = detail::split_params(group, state, mode(), {"momentum_buffer"});
 
   for (const detail::ParamBucket& bucket : split.buckets) {
     std::vector<Tensor> params, grads, buffers;
@@ -60,7 +67,7 @@ void SGD::step_group(ParamGroup& group, std::vector<ParamState>& state) {
         it = state_buffers.emplace("momentum_buffer", empty_like(params.back())).first;
       buffers.push_back(it->second);
     }
-    multi_tensor_sgd_(params, grads, buffers, fresh, update);
+    multi_tensor_sgd_(params, grads, buffers, fresh, update, device.for_device(bucket.device));
   }
 
   for (const size_t i : split.single) {

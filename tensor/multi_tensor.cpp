@@ -65,6 +65,25 @@ std::vector<Tensor> grads_like_params(std::span<const Tensor> params,
   return out;
 }
 
+// One device input: `elements` elements of `dtype` on the parameters' device.
+void check_device_input(const char* op, const char* what, const Tensor& t, DType dtype,
+                        int64_t dims, Device device) {
+  if (!t.defined()) return;
+  EMBER_CHECK(t.dtype() == dtype && t.numel() == 1 && (dims < 0 || t.dim() == dims), op, what,
+              " must be a ", dims == 0 ? "0-d " : "1-element ", dtype, " tensor, got ", t.dtype(),
+              " of shape ", shape_str(t.sizes()));
+  EMBER_CHECK(t.device() == device, op, what, " is on ", t.device(), " but the parameters are on ",
+              device);
+}
+
+void check_device_args(const char* op, std::span<const Tensor> params,
+                       const MultiTensorDeviceArgs& device) {
+  const Device on = params[0].device();
+  check_device_input(op, "lr", device.lr, kF64, 0, on);
+  check_device_input(op, "inv_scale", device.inv_scale, kF32, -1, on);
+  check_device_input(op, "found_inf", device.found_inf, kF32, -1, on);
+}
+
 [[maybe_unused]] [[noreturn]] void no_cuda(const char* op) {
   throw Error(detail::str_cat(op, ": ember was built without CUDA"));
 }
@@ -84,10 +103,13 @@ bool same_flat_order(const Tensor& a, const Tensor& b) {
 
 void multi_tensor_sgd_(std::span<const Tensor> params, std::span<const Tensor> grads,
                        std::span<const Tensor> momentum_buffers,
-                       std::span<const uint8_t> new_buffer, const SGDUpdate& update) {
+                       std::span<const uint8_t> new_buffer, const SGDUpdate& update,
+                       const MultiTensorDeviceArgs& device) {
   constexpr const char* op = "multi_tensor_sgd_";
   if (params.empty()) return;
   check_params(op, params);
+  check_device_args(op, params, device);
+  EMBER_CHECK(device.steps.empty(), op, "SGD keeps no step counts, got ", device.steps.size());
   check_list(op, "grads", params, grads, false, true);
   const bool momentum = update.momentum != 0.0;
   EMBER_CHECK(
@@ -104,10 +126,10 @@ void multi_tensor_sgd_(std::span<const Tensor> params, std::span<const Tensor> g
   const std::span<const Tensor> buffers = momentum ? momentum_buffers : std::span<const Tensor>{};
   const std::span<const uint8_t> fresh = momentum ? new_buffer : std::span<const uint8_t>{};
   if (params[0].device().is_cpu()) {
-    detail::cpu_multi_tensor_sgd(params, g, buffers, fresh, update);
+    detail::cpu_multi_tensor_sgd(params, g, buffers, fresh, update, device);
   } else {
 #if EMBER_WITH_CUDA
-    detail::cuda_multi_tensor_sgd(params, g, buffers, fresh, update);
+    detail::cuda_multi_tensor_sgd(params, g, buffers, fresh, update, device);
 #else
     no_cuda(op);
 #endif
@@ -117,10 +139,11 @@ void multi_tensor_sgd_(std::span<const Tensor> params, std::span<const Tensor> g
 void multi_tensor_adam_(std::span<const Tensor> params, std::span<const Tensor> grads,
                         std::span<const Tensor> exp_avgs, std::span<const Tensor> exp_avg_sqs,
                         std::span<const Tensor> max_exp_avg_sqs, std::span<const int64_t> steps,
-                        const AdamUpdate& update) {
+                        const AdamUpdate& update, const MultiTensorDeviceArgs& device) {
   constexpr const char* op = "multi_tensor_adam_";
   if (params.empty()) return;
   check_params(op, params);
+  check_device_args(op, params, device);
   check_list(op, "grads", params, grads, false, true);
   check_list(op, "exp_avgs", params, exp_avgs, false);
   check_list(op, "exp_avg_sqs", params, exp_avg_sqs, false);
@@ -128,17 +151,31 @@ void multi_tensor_adam_(std::span<const Tensor> params, std::span<const Tensor> 
               update.amsgrad ? "on" : "off", " but max_exp_avg_sqs has ", max_exp_avg_sqs.size(),
               " tensors for ", params.size(), " parameters");
   check_list(op, "max_exp_avg_sqs", params, max_exp_avg_sqs, true);
-  EMBER_CHECK(steps.size() == params.size(), op, "steps has ", steps.size(), " counts for ",
-              params.size(), " parameters");
-  for (size_t i = 0; i < steps.size(); ++i)
-    EMBER_CHECK(steps[i] >= 1, op, "steps[", i, "] is ", steps[i], " (must be >= 1)");
+  if (device.steps.empty()) {
+    EMBER_CHECK(steps.size() == params.size(), op, "steps has ", steps.size(), " counts for ",
+                params.size(), " parameters");
+    for (size_t i = 0; i < steps.size(); ++i)
+      EMBER_CHECK(steps[i] >= 1, op, "steps[", i, "] is ", steps[i], " (must be >= 1)");
+  } else {
+    EMBER_CHECK(steps.empty() && device.steps.size() == params.size(), op, "device steps has ",
+                device.steps.size(), " counts and steps ", steps.size(), " for ", params.size(),
+                " parameters (one list, one count per parameter)");
+    for (size_t i = 0; i < params.size(); ++i) {
+      const Tensor& t = device.steps[i];
+      EMBER_CHECK(t.defined() && t.dtype() == kI64 && t.dim() == 0, op, "device steps[", i,
+                  "] must be a 0-d i64 tensor");
+      EMBER_CHECK(t.device() == params[0].device(), op, "device steps[", i, "] is on ", t.device(),
+                  " but the parameters are on ", params[0].device());
+    }
+  }
   const std::vector<Tensor> g = grads_like_params(params, grads);
   if (params[0].device().is_cpu()) {
-    detail::cpu_multi_tensor_adam(params, g, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, update);
+    detail::cpu_multi_tensor_adam(params, g, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, update,
+                                  device);
   } else {
 #if EMBER_WITH_CUDA
-    detail::cuda_multi_tensor_adam(params, g, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps,
-                                   update);
+    detail::cuda_multi_tensor_adam(params, g, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, update,
+                                   device);
 #else
     no_cuda(op);
 #endif

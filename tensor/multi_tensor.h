@@ -15,6 +15,11 @@
 // each tensor's memory as one flat run, so a parameter may be contiguous or channels_last
 // (is_flat). Inputs that break this throw ember::Error naming the function, the list and the
 // index.
+//
+// MultiTensorDeviceArgs hands a pass the values it would otherwise take from the host (the
+// grad_scale / found_inf of torch's fused optimizers, the lr and step tensors of capturable
+// ones): the pass reads them on the device, so it never waits for the GPU and a CUDA graph
+// that captured it replays with whatever they hold at replay time.
 #pragma once
 
 #include <cstdint>
@@ -29,6 +34,18 @@ namespace ember {
 bool is_flat(const Tensor& t);
 // True when a and b have one shape, are flat, and element i of a's run is element i of b's.
 bool same_flat_order(const Tensor& a, const Tensor& b);
+
+// Optional device-side inputs of multi_tensor_sgd_ / multi_tensor_adam_; each defined tensor
+// sits on the parameters' device.
+struct MultiTensorDeviceArgs {
+  Tensor lr;         // 0-d f64: the learning rate, in place of the update's lr
+  Tensor inv_scale;  // 1-element f32: every gradient is multiplied by it as it is read
+                     // (GradScaler's 1 / scale, in the compute type: as unscale_ would write it)
+  Tensor found_inf;  // 1-element f32: nonzero leaves parameters, buffers and steps untouched
+  // Adam only: per-parameter 0-d i64 step counts before this update, in place of the host
+  // `steps` (pass those empty); each is incremented unless found_inf is set.
+  std::span<const Tensor> steps;
+};
 
 struct SGDUpdate {
   double lr = 0.0;
@@ -45,7 +62,8 @@ struct SGDUpdate {
 // allocated (its contents are overwritten). grads may be non-contiguous (they are read only).
 void multi_tensor_sgd_(std::span<const Tensor> params, std::span<const Tensor> grads,
                        std::span<const Tensor> momentum_buffers,
-                       std::span<const uint8_t> new_buffer, const SGDUpdate& update);
+                       std::span<const uint8_t> new_buffer, const SGDUpdate& update,
+                       const MultiTensorDeviceArgs& device = {});
 
 struct AdamUpdate {
   double lr = 0.0;
@@ -58,12 +76,12 @@ struct AdamUpdate {
 };
 
 // torch.optim.Adam's / AdamW's update of every params[i], whose step count after this update
-// is steps[i] (>= 1; it sets the bias corrections): see optim/adam.h for the formulas.
-// max_exp_avg_sqs is empty unless amsgrad.
+// is steps[i] (>= 1; it sets the bias corrections), or device.steps[i] + 1: see optim/adam.h
+// for the formulas. max_exp_avg_sqs is empty unless amsgrad.
 void multi_tensor_adam_(std::span<const Tensor> params, std::span<const Tensor> grads,
                         std::span<const Tensor> exp_avgs, std::span<const Tensor> exp_avg_sqs,
                         std::span<const Tensor> max_exp_avg_sqs, std::span<const int64_t> steps,
-                        const AdamUpdate& update);
+                        const AdamUpdate& update, const MultiTensorDeviceArgs& device = {});
 
 // The p-norm of all elements of all tensors together, (sum |x|^p)^(1/p) (p = infinity: the
 // largest |x|; NaN anywhere gives NaN), as a 0-d tensor of their dtype on their device, with

@@ -1,7 +1,7 @@
 // Front ends of the loss-scaling ops: argument checks, then the device's kernel.
 #include "ops_amp.h"
 
-#include <cmath>
+#include <cstdint>
 
 #include "detail/op_utils.h"
 #include "grad_mode.h"
@@ -55,8 +55,8 @@ void amp_foreach_non_finite_check_and_unscale_(const std::vector<Tensor>& tensor
   }
 }
 
-double amp_update_scale_(const Tensor& scale, const Tensor& growth_tracker, const Tensor& found_inf,
-                         double growth_factor, double backoff_factor, int64_t growth_interval) {
+void amp_update_scale_(const Tensor& scale, const Tensor& growth_tracker, const Tensor& found_inf,
+                       double growth_factor, double backoff_factor, int64_t growth_interval) {
   constexpr const char* op = "_amp_update_scale_";
   check_one_f32(scale, op, "scale");
   check_one_f32(growth_tracker, op, "growth_tracker", kI32);
@@ -65,26 +65,13 @@ double amp_update_scale_(const Tensor& scale, const Tensor& growth_tracker, cons
               "scale (", scale.device().str(), "), growth_tracker (", growth_tracker.device().str(),
               ") and found_inf (", found_inf.device().str(), ") must share a device");
   EMBER_CHECK(growth_interval > 0, op, "growth_interval must be positive, got ", growth_interval);
-  NoGradGuard no_grad;
-  // As PyTorch's kernel: the arithmetic happens in f32 (the scale's dtype).
-  auto current = scale.item<float>();
-  auto tracker = growth_tracker.item<int32_t>();
-  if (found_inf.item<float>() != 0.f) {
-    current *= static_cast<float>(backoff_factor);
-    tracker = 0;
-  } else {
-    const int64_t successful = static_cast<int64_t>(tracker) + 1;
-    if (successful == growth_interval) {
-      const float grown = current * static_cast<float>(growth_factor);
-      if (std::isfinite(grown)) current = grown;
-      tracker = 0;
-    } else {
-      tracker = static_cast<int32_t>(successful);
-    }
-  }
-  Tensor(scale).fill_(current);
-  Tensor(growth_tracker).fill_(tracker);
-  return current;
+  EMBER_CHECK(growth_interval <= INT32_MAX, op, "growth_interval ", growth_interval,
+              " does not fit growth_tracker's i32");
+  EMBER_CHECK(scale.is_contiguous() && growth_tracker.is_contiguous() && found_inf.is_contiguous(),
+              op, "scale, growth_tracker and found_inf must be contiguous");
+  const auto& table = detail::kernels_for(scale.device(), op);
+  detail::require_kernel(table.amp_update_scale, scale.device(), op)(
+      scale, growth_tracker, found_inf, growth_factor, backoff_factor, growth_interval);
 }
 
 }  // namespace ember

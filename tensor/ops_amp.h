@@ -25,8 +25,9 @@ void amp_foreach_non_finite_check_and_unscale_(const std::vector<Tensor>& tensor
 // growth_tracker = 0; otherwise growth_tracker += 1, and when it reaches growth_interval,
 // scale *= growth_factor (kept only if the product is finite, in f32) and growth_tracker = 0.
 // scale and found_inf are 1-element f32, growth_tracker 1-element i32, all on one device.
-// Reads the three values on the host (a device sync on CUDA). Returns the new scale.
-double amp_update_scale_(const Tensor& scale, const Tensor& growth_tracker, const Tensor& found_inf,
-                         double growth_factor, double backoff_factor, int64_t growth_interval);
+// Decided where the values lie (one thread of one kernel on CUDA): nothing is read back, so
+// the update never waits for the GPU and can be graph-captured.
+void amp_update_scale_(const Tensor& scale, const Tensor& growth_tracker, const Tensor& found_inf,
+                       double growth_factor, double backoff_factor, int64_t growth_interval);
 
 }  // namespace ember

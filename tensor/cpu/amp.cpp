@@ -1,8 +1,10 @@
-// CPU kernels for loss scaling: the inf/NaN check and unscale of every gradient in one pass.
+// CPU kernels for loss scaling: the inf/NaN check and unscale of every gradient in one pass,
+// and the scale's update.
 #include <cmath>
 #include <type_traits>
 #include <vector>
 
+#include "../detail/amp_math.h"
 #include "../detail/dispatch.h"
 #include "cpu_kernels.h"
 
@@ -36,10 +38,19 @@ void amp_non_finite_check_and_unscale(const std::vector<Tensor>& tensors, const 
   if (any_non_finite) *found = 1.f;
 }
 
+void amp_update_scale(const Tensor& scale, const Tensor& growth_tracker, const Tensor& found_inf,
+                      double growth_factor, double backoff_factor, int64_t growth_interval) {
+  amp_update_scale_value(*static_cast<float*>(scale.data_ptr()),
+                         *static_cast<int32_t*>(growth_tracker.data_ptr()),
+                         *static_cast<const float*>(found_inf.data_ptr()), growth_factor,
+                         backoff_factor, growth_interval);
+}
+
 }  // namespace
 
 void register_cpu_amp_kernels(KernelTable& table) {
   table.amp_non_finite_check_and_unscale = amp_non_finite_check_and_unscale;
+  table.amp_update_scale = amp_update_scale;
 }
 
 }  // namespace ember::detail

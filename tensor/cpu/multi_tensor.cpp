@@ -55,6 +55,21 @@ T* ptr(const Tensor& t) {
   return static_cast<T*>(t.data_ptr());
 }
 
+// The device inputs, read where they lie (CPU memory): whether found_inf stops the pass, the
+// learning rate, and the factor each gradient is multiplied by as it is read (1 when none: an
+// exact product, so the unscaled pass is the plain one bit for bit).
+struct DeviceValues {
+  bool skip;
+  double lr;
+  float inv_scale;
+
+  DeviceValues(const MultiTensorDeviceArgs& d, double host_lr)
+      : skip(d.found_inf.defined() && *static_cast<const float*>(d.found_inf.data_ptr()) != 0.f),
+        lr(d.lr.defined() ? *static_cast<const double*>(d.lr.data_ptr()) : host_lr),
+        inv_scale(d.inv_scale.defined() ? *static_cast<const float*>(d.inv_scale.data_ptr())
+                                        : 1.f) {}
+};
+
 // f(std::bool_constant<b>{}): a runtime flag as a compile-time one, so the loops below have no
 // branches left for the vectoriser to give up on.
 template <typename F>
@@ -68,9 +83,12 @@ void with_flag(bool b, const F& f) {
 template <typename T>
 void sgd_typed(std::span<const Tensor> params, std::span<const Tensor> grads,
                std::span<const Tensor> buffers, std::span<const uint8_t> fresh,
-               const SGDUpdate& update) {
+               const SGDUpdate& update, const MultiTensorDeviceArgs& device) {
   using A = acc_t<T>;
-  const SGDConsts<A> consts(update);
+  const DeviceValues values(device, update.lr);
+  if (values.skip) return;
+  const SGDConsts<A> consts(update, values.lr);
+  const auto inv = static_cast<A>(values.inv_scale);
   for_each_chunk(params, [&](const Chunk& chunk) {
     T* __restrict p = ptr<T>(params[chunk.tensor]) + chunk.begin;
     const T* __restrict g = ptr<const T>(grads[chunk.tensor]) + chunk.begin;
@@ -87,7 +105,7 @@ void sgd_typed(std::span<const Tensor> params, std::span<const Tensor> grads,
             c.has_weight_decay = weight_decay;
             for (int64_t i = 0; i < n; ++i) {
               A buffer = (momentum && !new_buffer) ? static_cast<A>(b[i]) : A(0);
-              p[i] = static_cast<T>(sgd_element<A>(static_cast<A>(p[i]), static_cast<A>(g[i]),
+              p[i] = static_cast<T>(sgd_element<A>(static_cast<A>(p[i]), static_cast<A>(g[i]) * inv,
                                                    buffer, new_buffer, c));
               if constexpr (momentum) b[i] = static_cast<T>(buffer);
             }
@@ -102,11 +120,18 @@ template <typename T>
 void adam_typed(std::span<const Tensor> params, std::span<const Tensor> grads,
                 std::span<const Tensor> exp_avgs, std::span<const Tensor> exp_avg_sqs,
                 std::span<const Tensor> max_exp_avg_sqs, std::span<const int64_t> steps,
-                const AdamUpdate& update) {
+                const AdamUpdate& update, const MultiTensorDeviceArgs& device) {
   using A = acc_t<T>;
-  const AdamConsts<A> c(update);
+  const DeviceValues values(device, update.lr);
+  if (values.skip) return;
+  const AdamConsts<A> c(update, values.lr);
+  const auto inv = static_cast<A>(values.inv_scale);
   std::vector<AdamStepConsts<A>> per_tensor(params.size());
-  for (size_t t = 0; t < params.size(); ++t) per_tensor[t] = adam_step_consts<A>(update, steps[t]);
+  for (size_t t = 0; t < params.size(); ++t) {
+    const int64_t step =
+        device.steps.empty() ? steps[t] : *static_cast<int64_t*>(device.steps[t].data_ptr()) + 1;
+    per_tensor[t] = adam_step_consts<A>(update, values.lr, step);
+  }
   for_each_chunk(params, [&](const Chunk& chunk) {
     const size_t t = chunk.tensor;
     T* __restrict p = ptr<T>(params[t]) + chunk.begin;
@@ -126,8 +151,8 @@ void adam_typed(std::span<const Tensor> params, std::span<const Tensor> grads,
           for (int64_t i = 0; i < n; ++i) {
             A mi = static_cast<A>(m[i]), vi = static_cast<A>(v[i]);
             A vmi = amsgrad ? static_cast<A>(v_max[i]) : A(0);
-            p[i] = static_cast<T>(
-                adam_element<A>(static_cast<A>(p[i]), static_cast<A>(g[i]), mi, vi, vmi, local, s));
+            p[i] = static_cast<T>(adam_element<A>(static_cast<A>(p[i]), static_cast<A>(g[i]) * inv,
+                                                  mi, vi, vmi, local, s));
             m[i] = static_cast<T>(mi);
             v[i] = static_cast<T>(vi);
             if constexpr (amsgrad) v_max[i] = static_cast<T>(vmi);
@@ -136,6 +161,7 @@ void adam_typed(std::span<const Tensor> params, std::span<const Tensor> grads,
       });
     });
   });
+  for (const Tensor& step : device.steps) ++*static_cast<int64_t*>(step.data_ptr());
 }
 
 }  // namespace
@@ -196,19 +222,21 @@ void cpu_multi_tensor_mul(std::span<const Tensor> tensors, const Tensor& scale) 
 
 void cpu_multi_tensor_sgd(std::span<const Tensor> params, std::span<const Tensor> grads,
                           std::span<const Tensor> momentum_buffers,
-                          std::span<const uint8_t> new_buffer, const SGDUpdate& update) {
+                          std::span<const uint8_t> new_buffer, const SGDUpdate& update,
+                          const MultiTensorDeviceArgs& device) {
   dispatch_floating(params[0].dtype(), "multi_tensor_sgd_", [&](auto tag) {
-    sgd_typed<typename decltype(tag)::type>(params, grads, momentum_buffers, new_buffer, update);
+    sgd_typed<typename decltype(tag)::type>(params, grads, momentum_buffers, new_buffer, update,
+                                            device);
   });
 }
 
 void cpu_multi_tensor_adam(std::span<const Tensor> params, std::span<const Tensor> grads,
                            std::span<const Tensor> exp_avgs, std::span<const Tensor> exp_avg_sqs,
                            std::span<const Tensor> max_exp_avg_sqs, std::span<const int64_t> steps,
-                           const AdamUpdate& update) {
+                           const AdamUpdate& update, const MultiTensorDeviceArgs& device) {
   dispatch_floating(params[0].dtype(), "multi_tensor_adam_", [&](auto tag) {
     adam_typed<typename decltype(tag)::type>(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs,
-                                             steps, update);
+                                             steps, update, device);
   });
 }
 

@@ -1,11 +1,13 @@
-// CUDA kernel for loss scaling: the inf/NaN check and unscale of every gradient of a step
+// CUDA kernels for loss scaling: the inf/NaN check and unscale of every gradient of a step
 // through multi_tensor_apply, one pass per dtype among the gradients (a few launches for all
-// of them, never one per tensor), as PyTorch's _amp_foreach_non_finite_check_and_unscale_.
-// The scale is read and the flag written on the device, so a step can be graph-captured.
+// of them, never one per tensor), as PyTorch's _amp_foreach_non_finite_check_and_unscale_;
+// and the scale's update in one thread. The scale is read and the flag written on the
+// device, so a step can be graph-captured.
 #include <array>
 #include <cstdint>
 #include <vector>
 
+#include "../detail/amp_math.h"
 #include "../detail/dispatch.h"
 #include "../ops.h"
 #include "cuda_kernels.h"
@@ -63,10 +65,28 @@ void amp_non_finite_check_and_unscale(const std::vector<Tensor>& tensors, const 
   }
 }
 
+__global__ void amp_update_scale_kernel(float* scale, int32_t* tracker, const float* found_inf,
+                                        double growth_factor, double backoff_factor,
+                                        int64_t growth_interval) {
+  amp_update_scale_value(*scale, *tracker, *found_inf, growth_factor, backoff_factor,
+                         growth_interval);
+}
+
+void amp_update_scale(const Tensor& scale, const Tensor& growth_tracker, const Tensor& found_inf,
+                      double growth_factor, double backoff_factor, int64_t growth_interval) {
+  const KernelContext ctx(scale);
+  amp_update_scale_kernel<<<1, 1, 0, ctx.stream>>>(static_cast<float*>(scale.data_ptr()),
+                                                   static_cast<int32_t*>(growth_tracker.data_ptr()),
+                                                   static_cast<const float*>(found_inf.data_ptr()),
+                                                   growth_factor, backoff_factor, growth_interval);
+  EMBER_CUDA_CHECK_LAUNCH();
+}
+
 }  // namespace
 
 void register_cuda_amp_kernels(KernelTable& table) {
   table.amp_non_finite_check_and_unscale = amp_non_finite_check_and_unscale;
+  table.amp_update_scale = amp_update_scale;
 }
 
 }  // namespace ember::detail

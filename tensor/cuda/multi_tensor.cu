@@ -1,7 +1,10 @@
 // CUDA multi-tensor updates: SGD and Adam/AdamW over all tensors of a call in
 // ceil(chunks / 320) launches of multi_tensor_apply, the element math shared with the CPU
 // loop (detail/multi_tensor_math.h); the gradient norm's per-chunk partials and the scaling
-// of clip_grad_norm_.
+// of clip_grad_norm_. The learning rate, the gradients' unscale factor, the skip flag and
+// Adam's step counts may be read on the device (MultiTensorDeviceArgs), so the launches can
+// be graph-captured and replayed with new values; the step-dependent scalars are then formed
+// in the kernel (in double, as on the host).
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -16,8 +19,30 @@
 namespace ember::detail {
 namespace {
 
-constexpr int kSGDMaxTensors = 64;   // 3 lists
-constexpr int kAdamMaxTensors = 36;  // 5 lists and two scalars per tensor
+constexpr int kSGDMaxTensors = 64;    // 3 lists
+constexpr int kAdamMaxTensors = 36;   // 5 lists and a step (count, pointer) per tensor
+constexpr int kStepMaxTensors = 110;  // 1 list of one-element step counts
+
+// The device inputs as the kernels read them (null where the pass has none).
+struct DeviceReads {
+  const double* lr = nullptr;
+  const float* inv_scale = nullptr;
+  const float* found_inf = nullptr;
+
+  explicit DeviceReads(const MultiTensorDeviceArgs& d)
+      : lr(d.lr.defined() ? static_cast<const double*>(d.lr.data_ptr()) : nullptr),
+        inv_scale(d.inv_scale.defined() ? static_cast<const float*>(d.inv_scale.data_ptr())
+                                        : nullptr),
+        found_inf(d.found_inf.defined() ? static_cast<const float*>(d.found_inf.data_ptr())
+                                        : nullptr) {}
+  __device__ bool skip() const { return found_inf != nullptr && *found_inf != 0.f; }
+  __device__ double lr_or(double host_lr) const { return lr != nullptr ? *lr : host_lr; }
+  // 1 without a scale: an exact product, so the unscaled pass is the plain one.
+  template <typename A>
+  __device__ A inv() const {
+    return inv_scale != nullptr ? static_cast<A>(*inv_scale) : A(1);
+  }
+};
 
 struct SGDExtra {
   int32_t fresh;  // the momentum buffer is new: it takes the gradient
@@ -26,39 +51,56 @@ struct SGDExtra {
 template <typename T>
 struct SGDOp {
   using A = compute_t<T>;
-  SGDConsts<A> c;
+  SGDUpdate update;
+  DeviceReads device;
 
   __device__ void operator()(const TensorListMeta<3, SGDExtra, kSGDMaxTensors>& meta, int tensor,
                              int64_t begin, int64_t end) const {
+    if (device.skip()) return;
+    const SGDConsts<A> c(update, device.lr_or(update.lr));
+    const A inv = device.inv<A>();
     T* p = list_ptr<T>(meta, 0, tensor);
     const T* g = list_ptr<T>(meta, 1, tensor);
     T* b = list_ptr<T>(meta, 2, tensor);
     const bool fresh = meta.extra[tensor].fresh != 0;
     for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
       A buffer = (c.has_momentum && !fresh) ? cast_to<A>(b[i]) : A(0);
-      p[i] = cast_to<T>(sgd_element<A>(cast_to<A>(p[i]), cast_to<A>(g[i]), buffer, fresh, c));
+      p[i] = cast_to<T>(sgd_element<A>(cast_to<A>(p[i]), cast_to<A>(g[i]) * inv, buffer, fresh, c));
       if (c.has_momentum) b[i] = cast_to<T>(buffer);
     }
   }
 };
 
+struct AdamExtra {
+  int64_t step;              // the count after this update (host steps)
+  const int64_t* on_device;  // or the count before it, on the device
+};
+
 template <typename T>
 struct AdamOp {
   using A = compute_t<T>;
-  AdamConsts<A> c;
+  AdamUpdate update;
+  DeviceReads device;
 
-  __device__ void operator()(const TensorListMeta<5, AdamStepConsts<A>, kAdamMaxTensors>& meta,
-                             int tensor, int64_t begin, int64_t end) const {
+  __device__ void operator()(const TensorListMeta<5, AdamExtra, kAdamMaxTensors>& meta, int tensor,
+                             int64_t begin, int64_t end) const {
+    if (device.skip()) return;
+    const double lr = device.lr_or(update.lr);
+    const AdamConsts<A> c(update, lr);
+    const AdamExtra extra = meta.extra[tensor];
+    const AdamStepConsts<A> s = adam_step_consts<A>(
+        update, lr, extra.on_device != nullptr ? *extra.on_device + 1 : extra.step);
+    const A inv = device.inv<A>();
     T* p = list_ptr<T>(meta, 0, tensor);
     const T* g = list_ptr<T>(meta, 1, tensor);
     T* m = list_ptr<T>(meta, 2, tensor);
     T* v = list_ptr<T>(meta, 3, tensor);
     T* v_max = list_ptr<T>(meta, 4, tensor);
-    const AdamStepConsts<A> s = meta.extra[tensor];
     for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
       A mi = cast_to<A>(m[i]), vi = cast_to<A>(v[i]);
       A vmi = c.amsgrad ? cast_to<A>(v_max[i]) : A(0);
-      p[i] = cast_to<T>(adam_element<A>(cast_to<A>(p[i]), cast_to<A>(g[i]), mi, vi, vmi, c, s));
+      p[i] =
+          cast_to<T>(adam_element<A>(cast_to<A>(p[i]), cast_to<A>(g[i]) * inv, mi, vi, vmi, c, s));
       m[i] = cast_to<T>(mi);
       v[i] = cast_to<T>(vi);
       if (c.amsgrad) v_max[i] = cast_to<T>(vmi);
@@ -103,6 +145,16 @@ struct NormOp {
     }
     if (threadIdx.x == 0)
       partials[meta.extra[tensor].partial_base + begin / kMultiTensorChunk] = total;
+  }
+};
+
+// Adds 1 to every step count unless found_inf is set (after the update read the old counts).
+struct StepIncrementOp {
+  DeviceReads device;
+
+  __device__ void operator()(const TensorListMeta<1, NoExtra, kStepMaxTensors>& meta, int tensor,
+                             int64_t /*begin*/, int64_t /*end*/) const {
+    if (threadIdx.x == 0 && !device.skip()) ++*list_ptr<int64_t>(meta, 0, tensor);
   }
 };
 
@@ -173,7 +225,8 @@ void cuda_multi_tensor_mul(std::span<const Tensor> tensors, const Tensor& scale)
 
 void cuda_multi_tensor_sgd(std::span<const Tensor> params, std::span<const Tensor> grads,
                            std::span<const Tensor> momentum_buffers,
-                           std::span<const uint8_t> new_buffer, const SGDUpdate& update) {
+                           std::span<const uint8_t> new_buffer, const SGDUpdate& update,
+                           const MultiTensorDeviceArgs& device) {
   const KernelContext ctx(params[0]);
   std::vector<std::array<void*, 3>> addresses(params.size());
   std::vector<int64_t> numels(params.size());
@@ -186,7 +239,7 @@ void cuda_multi_tensor_sgd(std::span<const Tensor> params, std::span<const Tenso
   }
   dispatch_floating(params[0].dtype(), "multi_tensor_sgd_", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    const SGDOp<T> op{SGDConsts<compute_t<T>>(update)};
+    const SGDOp<T> op{update, DeviceReads(device)};
     multi_tensor_apply<3, SGDExtra, kSGDMaxTensors>(
         ctx.stream, std::span<const std::array<void*, 3>>(addresses), numels,
         std::span<const SGDExtra>(extras), op);
@@ -196,26 +249,37 @@ void cuda_multi_tensor_sgd(std::span<const Tensor> params, std::span<const Tenso
 void cuda_multi_tensor_adam(std::span<const Tensor> params, std::span<const Tensor> grads,
                             std::span<const Tensor> exp_avgs, std::span<const Tensor> exp_avg_sqs,
                             std::span<const Tensor> max_exp_avg_sqs, std::span<const int64_t> steps,
-                            const AdamUpdate& update) {
+                            const AdamUpdate& update, const MultiTensorDeviceArgs& device) {
   const KernelContext ctx(params[0]);
   std::vector<std::array<void*, 5>> addresses(params.size());
   std::vector<int64_t> numels(params.size());
+  std::vector<AdamExtra> extras(params.size());
   for (size_t i = 0; i < params.size(); ++i) {
     addresses[i] = {params[i].data_ptr(), grads[i].data_ptr(), exp_avgs[i].data_ptr(),
                     exp_avg_sqs[i].data_ptr(),
                     max_exp_avg_sqs.empty() ? nullptr : max_exp_avg_sqs[i].data_ptr()};
     numels[i] = params[i].numel();
+    extras[i] = device.steps.empty()
+                    ? AdamExtra{steps[i], nullptr}
+                    : AdamExtra{0, static_cast<const int64_t*>(device.steps[i].data_ptr())};
   }
+  const DeviceReads reads(device);
   dispatch_floating(params[0].dtype(), "multi_tensor_adam_", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    using A = compute_t<T>;
-    std::vector<AdamStepConsts<A>> extras(params.size());
-    for (size_t i = 0; i < params.size(); ++i) extras[i] = adam_step_consts<A>(update, steps[i]);
-    const AdamOp<T> op{AdamConsts<A>(update)};
-    multi_tensor_apply<5, AdamStepConsts<A>, kAdamMaxTensors>(
+    multi_tensor_apply<5, AdamExtra, kAdamMaxTensors>(
         ctx.stream, std::span<const std::array<void*, 5>>(addresses), numels,
-        std::span<const AdamStepConsts<A>>(extras), op);
+        std::span<const AdamExtra>(extras), AdamOp<T>{update, reads});
   });
+  if (device.steps.empty()) return;
+  // The counts go up after the update has read them (a launch of its own: blocks of the
+  // update may still be reading a count when another would have written it).
+  std::vector<std::array<void*, 1>> counts(device.steps.size());
+  for (size_t i = 0; i < counts.size(); ++i) counts[i] = {device.steps[i].data_ptr()};
+  const std::vector<int64_t> ones(counts.size(), 1);
+  const std::vector<NoExtra> none(counts.size());
+  multi_tensor_apply<1, NoExtra, kStepMaxTensors>(
+      ctx.stream, std::span<const std::array<void*, 1>>(counts), ones,
+      std::span<const NoExtra>(none), StepIncrementOp{reads});
 }
 
 }  // namespace ember::detail

@@ -212,6 +212,11 @@ struct KernelTable {
   void (*amp_non_finite_check_and_unscale)(const std::vector<Tensor>& tensors,
                                            const Tensor& found_inf,
                                            const Tensor& inv_scale) = nullptr;
+  // The dynamic loss scale's update (amp_update_scale_), decided on this device: scale and
+  // found_inf f32, growth_tracker i32, one element each.
+  void (*amp_update_scale)(const Tensor& scale, const Tensor& growth_tracker,
+                           const Tensor& found_inf, double growth_factor, double backoff_factor,
+                           int64_t growth_interval) = nullptr;
   // --- scaled-dot-product attention: q [BH, Lq, E], k [BH, Lk, E], v [BH, Lk, Ev],
   // out [BH, Lq, Ev], one dtype, all contiguous; lse [BH, Lq] (f64 for f64 inputs, else f32)
   // receives each query row's logsumexp of its (masked, scaled) scores.

@@ -13,17 +13,17 @@
 
 namespace ember::detail {
 
-// SGD's scalars in the compute type.
+// SGD's scalars in the compute type; lr is u.lr, or the device's lr read in the kernel.
 template <typename A>
 struct SGDConsts {
   A weight_decay, momentum, one_minus_dampening, neg_lr;
   bool has_weight_decay, has_momentum, nesterov;
 
-  explicit SGDConsts(const SGDUpdate& u)
+  EMBER_HOST_DEVICE SGDConsts(const SGDUpdate& u, double lr)
       : weight_decay(static_cast<A>(u.weight_decay)),
         momentum(static_cast<A>(u.momentum)),
         one_minus_dampening(static_cast<A>(1.0 - u.dampening)),
-        neg_lr(static_cast<A>(-u.lr)),
+        neg_lr(static_cast<A>(-lr)),
         has_weight_decay(u.weight_decay != 0.0),
         has_momentum(u.momentum != 0.0),
         nesterov(u.nesterov) {}
@@ -47,37 +47,39 @@ EMBER_HOST_DEVICE inline A sgd_element(A p, A g, A& buffer, bool fresh, const SG
   return p + c.neg_lr * d;
 }
 
-// Adam's scalars shared by all tensors, in the compute type.
+// Adam's scalars shared by all tensors, in the compute type; lr as SGDConsts'.
 template <typename A>
 struct AdamConsts {
   A beta1, one_minus_beta1, beta2, one_minus_beta2, eps, weight_decay, decay;
   bool has_weight_decay, decoupled, amsgrad;
 
-  explicit AdamConsts(const AdamUpdate& u)
+  EMBER_HOST_DEVICE AdamConsts(const AdamUpdate& u, double lr)
       : beta1(static_cast<A>(u.beta1)),
         one_minus_beta1(static_cast<A>(1.0 - u.beta1)),
         beta2(static_cast<A>(u.beta2)),
         one_minus_beta2(static_cast<A>(1.0 - u.beta2)),
         eps(static_cast<A>(u.eps)),
         weight_decay(static_cast<A>(u.weight_decay)),
-        decay(static_cast<A>(1.0 - u.lr * u.weight_decay)),
+        decay(static_cast<A>(1.0 - lr * u.weight_decay)),
         has_weight_decay(u.weight_decay != 0.0),
         decoupled(u.decoupled_weight_decay),
         amsgrad(u.amsgrad) {}
 };
 
-// The scalars that depend on a tensor's step count (computed in double, as optim/adam.cpp).
+// The scalars that depend on a tensor's step count (computed in double, as optim/adam.cpp;
+// on the host or, from a device step count, in the kernel).
 template <typename A>
 struct AdamStepConsts {
   A neg_step_size, bias_correction2_sqrt;
 };
 
 template <typename A>
-inline AdamStepConsts<A> adam_step_consts(const AdamUpdate& u, int64_t step) {
+EMBER_HOST_DEVICE inline AdamStepConsts<A> adam_step_consts(const AdamUpdate& u, double lr,
+                                                            int64_t step) {
   const double t = static_cast<double>(step);
-  const double bias_correction1 = 1.0 - std::pow(u.beta1, t);
-  const double bias_correction2_sqrt = std::sqrt(1.0 - std::pow(u.beta2, t));
-  return {static_cast<A>(-(u.lr / bias_correction1)), static_cast<A>(bias_correction2_sqrt)};
+  const double bias_correction1 = 1.0 - ::pow(u.beta1, t);
+  const double bias_correction2_sqrt = ::sqrt(1.0 - ::pow(u.beta2, t));
+  return {static_cast<A>(-(lr / bias_correction1)), static_cast<A>(bias_correction2_sqrt)};
 }
 
 template <typename A>
@@ -120,21 +122,24 @@ EMBER_HOST_DEVICE inline A adam_element(A p, A g, A& m, A& v, A& v_max, const Ad
 }
 
 // Backends, called by tensor/multi_tensor.cpp with validated lists (every tensor contiguous,
-// grads included; one device, one dtype).
+// grads included; one device, one dtype) and device inputs (on that device, of their dtypes;
+// steps holds either host or device counts).
 void cpu_multi_tensor_sgd(std::span<const Tensor> params, std::span<const Tensor> grads,
                           std::span<const Tensor> momentum_buffers,
-                          std::span<const uint8_t> new_buffer, const SGDUpdate& update);
+                          std::span<const uint8_t> new_buffer, const SGDUpdate& update,
+                          const MultiTensorDeviceArgs& device);
 void cpu_multi_tensor_adam(std::span<const Tensor> params, std::span<const Tensor> grads,
                            std::span<const Tensor> exp_avgs, std::span<const Tensor> exp_avg_sqs,
                            std::span<const Tensor> max_exp_avg_sqs, std::span<const int64_t> steps,
-                           const AdamUpdate& update);
+                           const AdamUpdate& update, const MultiTensorDeviceArgs& device);
 void cuda_multi_tensor_sgd(std::span<const Tensor> params, std::span<const Tensor> grads,
                            std::span<const Tensor> momentum_buffers,
-                           std::span<const uint8_t> new_buffer, const SGDUpdate& update);
+                           std::span<const uint8_t> new_buffer, const SGDUpdate& update,
+                           const MultiTensorDeviceArgs& device);
 void cuda_multi_tensor_adam(std::span<const Tensor> params, std::span<const Tensor> grads,
                             std::span<const Tensor> exp_avgs, std::span<const Tensor> exp_avg_sqs,
                             std::span<const Tensor> max_exp_avg_sqs, std::span<const int64_t> steps,
-                            const AdamUpdate& update);
+                            const AdamUpdate& update, const MultiTensorDeviceArgs& device);
 
 // Norm backends. CPU: the sum of |x|^p over all tensors (the largest |x| for p = infinity),
 // in double. CUDA: a 1-D device tensor of per-chunk partial sums (maxima), float (double

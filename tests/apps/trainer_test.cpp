@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -105,13 +106,45 @@ TEST(Trainer, ClippingIsClipGradNorm) {
 
 TEST(Trainer, CudaGraphsRefusalSaysWhy) {
   TrainOptions o;
-  EXPECT_EQ(cuda_graphs_refusal(o, cuda_device(0), 1, false), "");
-  EXPECT_NE(cuda_graphs_refusal(o, kCPU, 1, false).find("CUDA device"), std::string::npos);
-  EXPECT_NE(cuda_graphs_refusal(o, cuda_device(0), 4, false).find("DDP"), std::string::npos);
-  EXPECT_NE(cuda_graphs_refusal(o, cuda_device(0), 1, true).find("fp16"), std::string::npos);
+  EXPECT_EQ(cuda_graphs_refusal(o, cuda_device(0), 1), "");
+  EXPECT_NE(cuda_graphs_refusal(o, kCPU, 1).find("CUDA device"), std::string::npos);
+  EXPECT_NE(cuda_graphs_refusal(o, cuda_device(0), 4).find("DDP"), std::string::npos);
   o.accum_steps = 2;
-  EXPECT_NE(cuda_graphs_refusal(o, cuda_device(0), 1, false).find("--accum-steps"),
-            std::string::npos);
+  EXPECT_NE(cuda_graphs_refusal(o, cuda_device(0), 1).find("--accum-steps"), std::string::npos);
+}
+
+// fp16 on a multi-tensor optimizer: the scaler's check, unscale and skip happen inside the
+// optimizer's pass and nothing is read back; a batch whose loss is inf still leaves the
+// parameters alone, backs the scale off and counts as skipped (read when asked for), and the
+// run ends where the per-parameter path's does.
+TEST(Trainer, Fp16OnTheFusedPathSkipsOnTheDevice) {
+  dist::SingleProcessGroup group;
+  TrainOptions o;
+  auto model_a = small_model(), model_b = small_model();
+  auto make = [](nn::Module& m, bool foreach) {
+    return std::make_unique<optim::SGD>(
+        m.parameters(), optim::SGDOptions{.lr = 0.1, .momentum = 0.9, .foreach = foreach});
+  };
+  auto fused = make(*model_a, true), per_param = make(*model_b, false);
+  PrecisionContext fp16_a(Precision::kFP16, kCPU), fp16_b(Precision::kFP16, kCPU);
+  Trainer a(o, *model_a, *model_a, *fused, nullptr, group, kCPU);
+  Trainer b(o, *model_b, *model_b, *per_param, nullptr, group, kCPU);
+  a.set_precision(&fp16_a);
+  b.set_precision(&fp16_b);
+  for (uint64_t step = 0; step < 6; ++step) {
+    data::Batch batch = random_batch(16, 40 + step);
+    if (step == 3) batch.data.narrow(0, 2, 1).fill_(std::numeric_limits<float>::infinity());
+    const auto before = flat_parameters(*model_a);
+    a.run_batch(batch);
+    b.run_batch(batch);
+    if (step == 3) {
+      EXPECT_EQ(flat_parameters(*model_a), before);
+    }
+    EXPECT_EQ(fused->device_step_refusal(), "") << "step " << step;  // momentum exists
+  }
+  EXPECT_EQ(fp16_a.skipped_steps(), 1);
+  EXPECT_EQ(fp16_a.loss_scale(), 32768.0);
+  EXPECT_EQ(flat_parameters(*model_a), flat_parameters(*model_b));
 }
 
 TEST(Trainer, CudaGraphsOnTheCpuSayWhyOnceAndRunEagerly) {
@@ -135,13 +168,17 @@ TEST(Trainer, CudaGraphsOnTheCpuSayWhyOnceAndRunEagerly) {
 
 // On a GPU, 20 steps replayed from a captured graph (after the eager warm-up) leave the same
 // parameters as 20 eager steps: an MLP, and a small ResNet (convolutions, batch norm and its
-// running statistics, the fused batch norm + ReLU ops) in channels_last.
+// running statistics, the fused batch norm + ReLU ops) in channels_last; the whole step is in
+// the graph (clipping and the optimizer too: SGD with Nesterov momentum, and AdamW), the lr
+// changes every step (a schedule the host steps between replays), and an fp16 run's
+// GradScaler checks, unscales, skips and updates its scale inside the graph as well.
 TEST(Trainer, CudaGraphReplayEqualsEagerOverTwentySteps) {
   EMBER_REQUIRE_CUDA();
   dist::SingleProcessGroup group;
   const Device gpu = cuda_device(0);
   TrainOptions graphs, eager;
   graphs.cuda_graphs = true;
+  graphs.grad_clip = eager.grad_clip = 2.0;
   auto image_batch = [](uint64_t seed) {
     manual_seed(seed);
     data::Batch b;
@@ -167,22 +204,45 @@ TEST(Trainer, CudaGraphReplayEqualsEagerOverTwentySteps) {
     std::function<std::shared_ptr<nn::Module>()> make;
     std::function<data::Batch(uint64_t)> batch;
   };
+  auto adamw = [](nn::Module& m) -> std::unique_ptr<optim::Optimizer> {
+    return std::make_unique<optim::AdamW>(m.parameters(),
+                                          optim::AdamWOptions{.lr = 3e-3, .weight_decay = 0.05});
+  };
+  auto sgd = [](nn::Module& m) -> std::unique_ptr<optim::Optimizer> { return make_sgd(m); };
+  struct Run {
+    const char* name;
+    std::function<std::unique_ptr<optim::Optimizer>(nn::Module&)> optimizer;
+    Precision precision;
+  };
   for (const Case& c : {Case{"mlp", mlp, [](uint64_t seed) { return random_batch(16, seed); }},
                         Case{"resnet", resnet, image_batch}}) {
-    SCOPED_TRACE(c.name);
-    auto model_a = c.make(), model_b = c.make();
-    auto sgd_a = make_sgd(*model_a), sgd_b = make_sgd(*model_b);
-    Trainer a(graphs, *model_a, *model_a, *sgd_a, nullptr, group, gpu);
-    Trainer b(eager, *model_b, *model_b, *sgd_b, nullptr, group, gpu);
-    for (uint64_t step = 0; step < 20; ++step) {
-      const data::Batch batch = c.batch(300 + step);
-      EXPECT_NEAR(a.run_batch(batch).loss_value(), b.run_batch(batch).loss_value(), 1e-4);
-    }
-    EXPECT_TRUE(a.replaying_cuda_graph());
-    const auto sa = model_a->state_dict(), sb = model_b->state_dict();
-    for (size_t i = 0; i < sa.size(); ++i) {
-      SCOPED_TRACE(sa[i].first);
-      EXPECT_TRUE(allclose(sa[i].second.cpu().to(kF64), sb[i].second.cpu().to(kF64), 1e-4, 1e-5));
+    for (const Run& run :
+         {Run{"sgd", sgd, Precision::kFP32}, Run{"adamw", adamw, Precision::kFP32},
+          Run{"sgd fp16", sgd, Precision::kFP16}, Run{"adamw fp16", adamw, Precision::kFP16}}) {
+      SCOPED_TRACE(std::string(c.name) + " " + run.name);
+      auto model_a = c.make(), model_b = c.make();
+      auto opt_a = run.optimizer(*model_a), opt_b = run.optimizer(*model_b);
+      optim::StepLR schedule_a(*opt_a, 1, 0.93), schedule_b(*opt_b, 1, 0.93);
+      PrecisionContext precision_a(run.precision, gpu), precision_b(run.precision, gpu);
+      Trainer a(graphs, *model_a, *model_a, *opt_a, &schedule_a, group, gpu);
+      Trainer b(eager, *model_b, *model_b, *opt_b, &schedule_b, group, gpu);
+      a.set_precision(&precision_a);
+      b.set_precision(&precision_b);
+      for (uint64_t step = 0; step < 20; ++step) {
+        const data::Batch batch = c.batch(300 + step);
+        EXPECT_NEAR(a.run_batch(batch).loss_value(), b.run_batch(batch).loss_value(), 2e-3);
+      }
+      EXPECT_TRUE(a.replaying_cuda_graph());
+      EXPECT_TRUE(opt_a->capturable());
+      EXPECT_EQ(precision_a.skipped_steps(), precision_b.skipped_steps());
+      EXPECT_EQ(precision_a.loss_scale(), precision_b.loss_scale());
+      const double tolerance = run.precision == Precision::kFP16 ? 2e-3 : 1e-4;
+      const auto sa = model_a->state_dict(), sb = model_b->state_dict();
+      for (size_t i = 0; i < sa.size(); ++i) {
+        SCOPED_TRACE(sa[i].first);
+        EXPECT_TRUE(allclose(sa[i].second.cpu().to(kF64), sb[i].second.cpu().to(kF64), tolerance,
+                             tolerance / 10));
+      }
     }
   }
 }

@@ -189,7 +189,7 @@ class PlainDescent : public Optimizer {
   void check_options(const Options& options) const override {
     EMBER_CHECK(options.at("lr") >= 0, "PlainDescent", "invalid lr ", options.at("lr"));
   }
-  void step_group(ParamGroup& group, std::vector<ParamState>&) override {
+  void step_group(ParamGroup& group, std::vector<ParamState>&, const DeviceInputs&) override {
     for (auto& p : group.params)
       if (p.grad().defined()) p.sub_(p.grad(), group.lr());
   }

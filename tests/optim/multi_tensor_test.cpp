@@ -1,16 +1,24 @@
 // The multi-tensor (foreach / fused) optimizer updates against the per-parameter path: bit
 // for bit on CPU in f32 and f64, within rounding in bf16 and on CUDA; state dicts moving
-// between the two; the options that are refused.
+// between the two; the options that are refused. GradScaler's fused path (unscale and skip
+// inside the pass) and capturable optimizers (lr and step counts on the device) against the
+// per-parameter path.
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <map>
 #include <memory>
 #include <optional>
+#include <string>
+#include <tuple>
 
 #include <ember/optim/adam.h>
 #include <ember/optim/clip_grad.h>
+#include <ember/optim/grad_scaler.h>
+#include <ember/optim/lr_scheduler.h>
 #include <ember/optim/multi_tensor.h>
 #include <ember/optim/sgd.h>
+#include <ember/tensor/cuda_graph.h>
 #include <ember/tensor/multi_tensor.h>
 
 #include "test_util.h"
@@ -146,13 +154,23 @@ void expect_same_state(const Optimizer& a, const Optimizer& b) {
   }
 }
 
+// The case's per-parameter optimizer on CPU parameters and another (`foreach`) on a copy.
+struct TwoRuns {
+  std::vector<Tensor> reference, other;
+  std::unique_ptr<Optimizer> per_param, multi;
+
+  TwoRuns(const Case& c, DType dtype, std::optional<bool> foreach)
+      : reference(make_params(param_shapes(false), dtype, kCPU, 7)),
+        other(clone_params(reference, kCPU)),
+        per_param(c.make(two_groups(reference), false)),
+        multi(c.make(two_groups(other), foreach)) {}
+};
+
 void check_bit_identical(DType dtype) {
   for (const Case& c : all_cases()) {
     SCOPED_TRACE(c.name);
-    std::vector<Tensor> reference = make_params(param_shapes(false), dtype, kCPU, 7);
-    std::vector<Tensor> fused = clone_params(reference, kCPU);
-    auto per_param = c.make(two_groups(reference), false);
-    auto multi = c.make(two_groups(fused), true);
+    TwoRuns runs(c, dtype, true);
+    auto& [reference, fused, per_param, multi] = runs;
     run_steps(*per_param, reference, *multi, fused, 0, 20);
     expect_bit_identical(reference, fused);
     expect_same_state(*per_param, *multi);
@@ -478,6 +496,302 @@ TEST(MultiTensorOptimizer, MultiTensorCallsRejectMismatchedLists) {
   EXPECT_EMBER_ERROR(
       multi_tensor_adam_(params, grads, grads, grads, {}, ok_steps, {.lr = 0.1, .amsgrad = true}),
       "amsgrad is on but max_exp_avg_sqs has 0 tensors");
+}
+
+// The gradients of set_grads times `scale`, with +inf in one element of parameter 3 when
+// `inject`.
+void set_scaled_grads(std::vector<Tensor>& a, std::vector<Tensor>& b, int step, double scale,
+                      bool inject) {
+  set_grads(a, b, step);
+  NoGradGuard no_grad;
+  for (size_t k = 0; k < a.size(); ++k) {
+    if (!a[k].grad().defined()) continue;
+    Tensor g = a[k].grad() * scale;
+    if (inject && k == 3)
+      g.view({-1}).narrow(0, 5, 1).fill_(std::numeric_limits<double>::infinity());
+    a[k].set_grad(g);
+    b[k].set_grad(g.clone());
+  }
+}
+
+// GradScaler on a multi-tensor optimizer takes the fused path (a read-only inf check, then
+// the pass unscales each gradient as it reads it and skips on the device) wherever the state
+// exists; on the per-parameter one it unscales and reads the flag. Over 20 steps, three of
+// them with an inf that must change nothing (parameters, buffers, step counts) and back the
+// scale off, both end bit for bit alike in f32 and f64 (both multiply each gradient by the
+// same f32 1 / scale in the compute type). With `clip`, unscale_ and clip_grad_norm_ come
+// first (the same foreach clip on both sides), and the fused step skips on the device alone.
+void check_fused_scaling(DType dtype, bool clip) {
+  for (const Case& c : all_cases()) {
+    SCOPED_TRACE(c.name);
+    TwoRuns runs(c, dtype, true);
+    auto& [reference, fused, per_param, multi] = runs;
+    const GradScalerOptions options{.init_scale = 1024.0, .growth_interval = 4};
+    GradScaler scaler_a(options), scaler_b(options);
+    int on_device = 0;
+    for (int step = 0; step < 20; ++step) {
+      SCOPED_TRACE(step);
+      const bool inject = step == 5 || step == 6 || step == 13;
+      scaler_a.scale(scalar_tensor(1.0));  // creates the scale; its value is get_scale()
+      scaler_b.scale(scalar_tensor(1.0));
+      ASSERT_EQ(scaler_a.get_scale(), scaler_b.get_scale());
+      set_scaled_grads(reference, fused, step, scaler_a.get_scale(), inject);
+      const StateDict before = multi->state_dict();  // its tensors alias the live state
+      std::map<std::string, std::vector<double>> buffers_before;
+      for (const auto& [key, t] : before.tensors) buffers_before[key] = t.to_vector<double>();
+      std::vector<Tensor> params_before = clone_params(fused, kCPU);
+      if (clip) {
+        for (auto [scaler, opt, params] : {std::tuple{&scaler_a, per_param.get(), &reference},
+                                           std::tuple{&scaler_b, multi.get(), &fused}}) {
+          scaler->unscale_(*opt);
+          clip_grad_norm_(*params, 5.0, 2.0, true);
+        }
+      }
+      const ScaledStep ran_a = scaler_a.step(*per_param);
+      const ScaledStep ran_b = scaler_b.step(*multi);
+      EXPECT_TRUE(ran_a.decided());  // the per-parameter path reads the flag
+      on_device += ran_b.decided() ? 0 : 1;
+      EXPECT_EQ(ran_a.ran(), !inject);
+      EXPECT_EQ(ran_b.ran(), !inject);
+      if (inject) {
+        expect_bit_identical(fused, params_before);
+        const StateDict after = multi->state_dict();
+        EXPECT_EQ(after.scalars, before.scalars);  // step counts included
+        for (const auto& [key, values] : buffers_before)
+          EXPECT_EQ(after.tensors.at(key).to_vector<double>(), values) << key;
+      }
+      scaler_a.update();
+      scaler_b.update();
+      EXPECT_EQ(scaler_b.get_scale(), scaler_a.get_scale());
+      EXPECT_EQ(scaler_b.get_growth_tracker(), scaler_a.get_growth_tracker());
+    }
+    EXPECT_GE(on_device, 15) << "the fused path was not taken";
+    expect_bit_identical(reference, fused);
+    expect_same_state(*per_param, *multi);
+  }
+}
+
+TEST(FusedGradScaling, EqualsUnscaleThenPerParameterStepF32) { check_fused_scaling(kF32, false); }
+TEST(FusedGradScaling, EqualsUnscaleThenPerParameterStepF64) { check_fused_scaling(kF64, false); }
+TEST(FusedGradScaling, AfterUnscaleAndClipEqualsPerParameterStep) {
+  check_fused_scaling(kF32, true);
+}
+
+// The optimizer's own refusals: step(scaling) needs the multi-tensor pass and the state the
+// first step creates; the scaling tensors and the pass's device inputs are checked by name.
+TEST(FusedGradScaling, BadInputIsRefusedByName) {
+  std::vector<Tensor> params = make_params({{3}, {2, 2}}, kF32, kCPU, 2);
+  for (Tensor& p : params) p.set_grad(ones_like(p));
+  const StepScaling ok{full({}, 0.5f), zeros({})};
+  SGD per_param(params, {.lr = 0.1, .foreach = false});
+  EXPECT_EMBER_ERROR(per_param.step(ok),
+                     "SGD::step(scaling): group 0: parameter 0 takes the per-parameter update "
+                     "(foreach = false)");
+  SGD defaults(params, {.lr = 0.1});  // foreach unset: the CPU takes the per-parameter path
+  EXPECT_EMBER_ERROR(defaults.step(ok), "(foreach unset on the CPU)");
+  SGD momentum(params, {.lr = 0.1, .momentum = 0.9, .foreach = true});
+  EXPECT_EMBER_ERROR(momentum.step(ok), "parameter 0 has no momentum_buffer yet");
+  momentum.step();
+  momentum.step(ok);  // the buffers exist now
+  EXPECT_EMBER_ERROR(momentum.step({full({}, 0.5, kF64), zeros({})}),
+                     "SGD::step(scaling): inv_scale must be a 1-element f32 tensor, got f64");
+  EXPECT_EMBER_ERROR(momentum.step({full({}, 0.5f), Tensor()}),
+                     "found_inf must be a 1-element f32 tensor, got an undefined tensor");
+  EXPECT_EMBER_ERROR(momentum.step({full({}, 0.5f), zeros({2})}), "got f32 of shape [2]");
+  EXPECT_EMBER_ERROR(SGD(params, {.foreach = false, .capturable = true}),
+                     "SGD: capturable = true needs the multi-tensor update");
+  EXPECT_EMBER_ERROR(AdamW(params, {.foreach = false, .capturable = true}), "AdamW: capturable");
+
+  const std::vector<Tensor> grads = {ones({3}), ones({2, 2})};
+  MultiTensorDeviceArgs lr_f32, inv_i32, f32_steps, both_steps;
+  lr_f32.lr = full({}, 0.1f);
+  EXPECT_EMBER_ERROR(multi_tensor_sgd_(params, grads, {}, {}, {.lr = 0.1}, lr_f32),
+                     "multi_tensor_sgd_: lr must be a 0-d f64 tensor, got f32");
+  inv_i32.inv_scale = ones({}, kI32);
+  EXPECT_EMBER_ERROR(multi_tensor_sgd_(params, grads, {}, {}, {.lr = 0.1}, inv_i32),
+                     "multi_tensor_sgd_: inv_scale must be a 1-element f32 tensor, got i32");
+  const std::vector<Tensor> f32_counts = {zeros({}), zeros({})};
+  const std::vector<Tensor> exp_avgs = {zeros({3}), zeros({2, 2})};
+  f32_steps.steps = f32_counts;
+  EXPECT_EMBER_ERROR(
+      multi_tensor_adam_(params, grads, exp_avgs, exp_avgs, {}, {}, {.lr = 0.1}, f32_steps),
+      "multi_tensor_adam_: device steps[0] must be a 0-d i64 tensor");
+  const std::vector<int64_t> host_steps = {1, 1};
+  const std::vector<Tensor> i64_counts = {zeros({}, kI64), zeros({}, kI64)};
+  both_steps.steps = i64_counts;
+  EXPECT_EMBER_ERROR(multi_tensor_adam_(params, grads, exp_avgs, exp_avgs, {}, host_steps,
+                                        {.lr = 0.1}, both_steps),
+                     "one list, one count per parameter");
+}
+
+// The passes read lr, 1 / scale and Adam's counts from the tensors (not the host numbers
+// beside them), increment the counts, and change nothing where found_inf is set.
+TEST(FusedGradScaling, DeviceInputsReplaceTheHostValues) {
+  for (const DType dtype : {kF32, kF64}) {
+    SCOPED_TRACE(dtype);
+    std::vector<Tensor> host = make_params({{7}, {3, 4}}, dtype, kCPU, 9);
+    std::vector<Tensor> device = clone_params(host, kCPU);
+    std::vector<Tensor> grads, scaled, m1, v1, m2, v2;
+    for (const Tensor& p : host) {
+      grads.push_back(randn(p.sizes(), TensorOptions(dtype)));
+      scaled.push_back(grads.back() * 4.0);
+      for (auto* list : {&m1, &v1, &m2, &v2}) list->push_back(zeros_like(p));
+    }
+    MultiTensorDeviceArgs args;
+    args.lr = scalar_tensor(0.3, kF64);
+    args.inv_scale = full({}, 0.25f);
+    args.found_inf = zeros({});
+    multi_tensor_sgd_(host, grads, {}, {}, {.lr = 0.3});
+    multi_tensor_sgd_(device, scaled, {}, {}, {.lr = 99.0}, args);
+    expect_bit_identical(host, device);
+
+    const std::vector<int64_t> fifth = {5, 5};
+    const std::vector<Tensor> counts = {full({}, 4, kI64), full({}, 4, kI64)};
+    args.steps = counts;
+    multi_tensor_adam_(host, grads, m1, v1, {}, fifth, {.lr = 0.3, .weight_decay = 0.1});
+    multi_tensor_adam_(device, scaled, m2, v2, {}, {}, {.lr = 99.0, .weight_decay = 0.1}, args);
+    expect_bit_identical(host, device);
+    expect_bit_identical(m1, m2);
+    EXPECT_EQ(counts[0].item<int64_t>(), 5);
+
+    args.found_inf.fill_(1.0);
+    const std::vector<Tensor> before = clone_params(device, kCPU);
+    multi_tensor_adam_(device, scaled, m2, v2, {}, {}, {.lr = 0.3}, args);
+    args.steps = {};
+    multi_tensor_sgd_(device, scaled, {}, {}, {.lr = 0.3}, args);
+    expect_bit_identical(device, before);
+    expect_bit_identical(m1, m2);
+    EXPECT_EQ(counts[1].item<int64_t>(), 5);
+  }
+}
+
+TEST(FusedGradScaling, DeviceInputsOnAnotherDeviceAreRefused) {
+  EMBER_REQUIRE_CUDA();
+  std::vector<Tensor> params = make_params({{3}}, kF32, kCPU, 2);
+  const std::vector<Tensor> grads = {ones({3})};
+  MultiTensorDeviceArgs elsewhere;
+  elsewhere.found_inf = zeros({}, TensorOptions(kF32, cuda_device(0)));
+  EXPECT_EMBER_ERROR(multi_tensor_sgd_(params, grads, {}, {}, {.lr = 0.1}, elsewhere),
+                     "multi_tensor_sgd_: found_inf is on cuda:0 but the parameters are on cpu");
+}
+
+// Capturable (lr and Adam's step counts on the device) against the per-parameter path under a
+// schedule that changes lr every step: bit for bit on the CPU in f32 and f64, the state dict
+// holding the same keys and counts, and a capturable optimizer restored from it goes on alike.
+void check_capturable(DType dtype) {
+  for (const Case& c : all_cases()) {
+    SCOPED_TRACE(c.name);
+    TwoRuns runs(c, dtype, std::nullopt);
+    auto& [reference, captured, per_param, capturable] = runs;
+    capturable->set_capturable(true);  // the multi-tensor pass on the CPU too
+    StepLR schedule_a(*per_param, 1, 0.9), schedule_b(*capturable, 1, 0.9);
+    for (int step = 0; step < 20; ++step) {
+      set_grads(reference, captured, step);
+      per_param->step();
+      capturable->step();
+      schedule_a.step();
+      schedule_b.step();
+    }
+    expect_bit_identical(reference, captured);
+    expect_same_state(*per_param, *capturable);
+    if (capturable->name() != "SGD") {
+      EXPECT_TRUE(capturable->state(0, 0).device_step.defined());
+      EXPECT_EQ(capturable->state(0, 0).step_count(), per_param->state(0, 0).step);
+    }
+
+    std::vector<Tensor> resumed = clone_params(captured, kCPU);
+    auto restored = c.make(two_groups(resumed), std::nullopt);
+    restored->set_capturable(true);
+    restored->load_state_dict(capturable->state_dict());
+    StepLR schedule_c(*restored, 1, 0.9);
+    for (int step = 20; step < 25; ++step) {
+      set_grads(captured, resumed, step);
+      capturable->step();
+      restored->step();
+      schedule_b.step();
+      schedule_c.step();
+      for (size_t g = 0; g < 2; ++g)  // the schedule restarts from the restored lr
+        restored->param_groups()[g].set_lr(capturable->param_groups()[g].lr());
+    }
+    expect_bit_identical(captured, resumed);
+    expect_same_state(*capturable, *restored);
+  }
+}
+
+TEST(CapturableOptimizer, EqualsPerParameterUnderAnLrScheduleF32) { check_capturable(kF32); }
+TEST(CapturableOptimizer, EqualsPerParameterUnderAnLrScheduleF64) { check_capturable(kF64); }
+
+// Adam's counts leave the device when a parameter leaves the pass (foreach = false after a
+// capturable run is not possible, but a state dict of device counts loads into the
+// per-parameter path and counts on from there).
+TEST(CapturableOptimizer, DeviceCountsLoadIntoThePerParameterPath) {
+  std::vector<Tensor> pa = make_params({{4}, {3}}, kF32, kCPU, 3);
+  std::vector<Tensor> pb = clone_params(pa, kCPU);
+  AdamW capturable(pa, {.lr = 0.01, .capturable = true});
+  AdamW plain(pb, {.lr = 0.01, .foreach = false});
+  for (int step = 0; step < 3; ++step) {
+    set_grads(pa, pb, step);
+    capturable.step();
+    plain.step();
+  }
+  AdamW reloaded(clone_params(pa, kCPU), {.lr = 0.01, .foreach = false});
+  reloaded.load_state_dict(capturable.state_dict());
+  expect_same_state(reloaded, plain);
+  EXPECT_FALSE(reloaded.state(0, 0).device_step.defined());
+  EXPECT_EQ(reloaded.state(0, 0).step, plain.state(0, 0).step);
+}
+
+// On a GPU: a capturable AdamW's and SGD's step captured once in a CUDA graph and replayed 20
+// times, the lr changing before every replay (prepare_capturable), a step with an inf
+// gradient skipped on the device, against eager per-parameter steps.
+TEST(CapturableOptimizer, CudaGraphReplayEqualsEagerSteps) {
+  EMBER_REQUIRE_CUDA();
+  const Device gpu = cuda_device(0);
+  for (const Case& c : all_cases()) {
+    SCOPED_TRACE(c.name);
+    std::vector<Tensor> reference = make_params(param_shapes(true), kF32, gpu, 7);
+    std::vector<Tensor> captured = clone_params(reference, gpu);
+    auto eager = c.make(two_groups(reference), false);
+    auto graphed = c.make(two_groups(captured), std::nullopt);
+    graphed->set_capturable(true);
+    // Static gradients and scaling inputs: each replay reads what they hold.
+    std::vector<Tensor> grads;
+    for (Tensor& p : captured) {
+      grads.push_back(zeros_like(p));
+      p.set_grad(grads.back());
+    }
+    const Tensor inv_scale = full({}, 0.25f, TensorOptions(kF32, gpu));
+    Tensor found_inf = zeros({}, TensorOptions(kF32, gpu));
+    // Step `step`'s gradients (the graphed ones times grad_factor) and lr.
+    auto set_step = [&](int step, double grad_factor) {
+      Generator gen(2000 + static_cast<uint64_t>(step));
+      for (size_t k = 0; k < reference.size(); ++k) {
+        const Tensor g = randn(reference[k].sizes(), TensorOptions(kF32, gpu), &gen);
+        reference[k].set_grad(g.clone());
+        grads[k].copy_(g * grad_factor);
+      }
+      for (size_t g = 0; g < 2; ++g) {
+        const double lr = 0.01 * (1.0 + 0.1 * step) * static_cast<double>(g + 1);
+        eager->param_groups()[g].set_lr(lr);
+        graphed->param_groups()[g].set_lr(lr);
+      }
+    };
+    set_step(0, 1.0);
+    eager->step();
+    graphed->step();  // warm-up: the state exists before the capture
+    cuda::CUDAGraph graph;
+    graphed->prepare_capturable();
+    cuda::capture(graph, [&] { graphed->step({inv_scale, found_inf}); });
+    for (int step = 1; step < 20; ++step) {
+      set_step(step, 4.0);  // scaled by 1 / inv_scale
+      const bool bad = step == 7;
+      found_inf.fill_(bad ? 1.0 : 0.0);
+      if (!bad) eager->step();
+      graphed->prepare_capturable();
+      graph.replay();
+    }
+    expect_close_on_device(captured, reference, 1e-5, 1e-6);
+  }
 }
 
 // CUDA: the multi-tensor kernels (86 tensors in several launches, one tensor split across

@@ -90,15 +90,39 @@ TEST(AmpOps, NonFiniteCheckAndUnscaleOnCuda) {
 TEST(AmpOps, UpdateScaleBacksOffAndGrows) {
   const Tensor scale = full({1}, 1024.0), tracker = zeros({1}, kI32);
   const Tensor clean = zeros({1}), bad = ones({1});
-  EXPECT_EQ(amp_update_scale_(scale, tracker, clean, 2.0, 0.5, 3), 1024.0);
+  // The new scale after each update (decided where the tensors lie, read back here).
+  auto update = [&](const Tensor& found) {
+    amp_update_scale_(scale, tracker, found, 2.0, 0.5, 3);
+    return scale.item<float>();
+  };
+  EXPECT_EQ(update(clean), 1024.f);
   EXPECT_EQ(tracker.item<int>(), 1);
-  EXPECT_EQ(amp_update_scale_(scale, tracker, clean, 2.0, 0.5, 3), 1024.0);
-  EXPECT_EQ(amp_update_scale_(scale, tracker, clean, 2.0, 0.5, 3), 2048.0);
+  EXPECT_EQ(update(clean), 1024.f);
+  EXPECT_EQ(update(clean), 2048.f);
   EXPECT_EQ(tracker.item<int>(), 0);
-  EXPECT_EQ(amp_update_scale_(scale, tracker, clean, 2.0, 0.5, 3), 2048.0);
-  EXPECT_EQ(amp_update_scale_(scale, tracker, bad, 2.0, 0.5, 3), 1024.0);
+  EXPECT_EQ(update(clean), 2048.f);
+  EXPECT_EQ(update(bad), 1024.f);
   EXPECT_EQ(tracker.item<int>(), 0);
-  EXPECT_EQ(scale.item<float>(), 1024.f);
+  // A grown scale that would overflow f32 is not kept.
+  const Tensor huge = full({1}, 3e38);
+  amp_update_scale_(huge, tracker, clean, 2.0, 0.5, 1);
+  EXPECT_EQ(huge.item<float>(), 3e38f);
+}
+
+// On a GPU the update runs in a kernel and agrees with the CPU's, growth, backoff and the
+// overflow guard included.
+TEST(AmpOps, UpdateScaleOnCudaMatchesCpu) {
+  EMBER_REQUIRE_CUDA();
+  const TensorOptions on_gpu(kF32, cuda_device());
+  const Tensor scale = full({1}, 1024.0, on_gpu),
+               tracker = zeros({1}, TensorOptions(kI32, cuda_device()));
+  const Tensor cpu_scale = full({1}, 1024.0), cpu_tracker = zeros({1}, kI32);
+  for (const float found : {0.f, 0.f, 0.f, 1.f, 0.f, 0.f, 0.f}) {
+    amp_update_scale_(scale, tracker, full({1}, found, on_gpu), 2.0, 0.5, 3);
+    amp_update_scale_(cpu_scale, cpu_tracker, full({1}, found), 2.0, 0.5, 3);
+    EXPECT_EQ(scale.item<float>(), cpu_scale.item<float>());
+    EXPECT_EQ(tracker.item<int>(), cpu_tracker.item<int>());
+  }
 }
 
 TEST(AmpOps, BadArgumentsAreNamed) {
