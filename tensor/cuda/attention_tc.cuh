@@ -1,0 +1,652 @@
+// Tensor-core scaled-dot-product attention for f16/bf16 and head dims 64 and 128 (sm_80+),
+// after FlashAttention-2. This header holds the kernel bodies, written against a small
+// execution context `ctx` (thread index, block barrier, warp shuffle, mma.m16n8k16), so the
+// same code runs on the GPU (attention_tc.cu, one CUDA block per call of a body) and on the
+// CPU with an emulated warp (tests/tensor/attention_tc_test.cpp checks it there). Private to
+// tensor/cuda/.
+//
+// Tiling. A block is kThreads = 128 threads, 4 warps; every matrix product is a sequence of
+// mma.m16n8k16 (16x16 bf16/f16 A times 16x8 B into 16x8 f32 C) whose fragments follow the
+// PTX ISA's layouts (g = lane / 4, t = lane % 4):
+//   A (16x16): reg0 = (g, 2t..2t+1), reg1 = (g+8, 2t..), reg2 = (g, 2t+8..), reg3 = (g+8, 2t+8..)
+//   B (16x8):  reg0 = (k 2t..2t+1, n g), reg1 = (k 2t+8..2t+9, n g)
+//   C (16x8):  c0, c1 = (g, 2t..2t+1), c2, c3 = (g+8, 2t..2t+1)
+// so the C fragments of two neighbouring 16x8 score tiles are, packed in pairs, the A
+// fragment of the 16x16 tile they form: probabilities never leave registers.
+//   forward:  a block owns 64 query rows of one batch-head, 16 per warp, with the warp's Q
+//     fragments in registers; it walks the keys 64 at a time (K and V tiles in shared memory,
+//     rows padded by 8 elements so fragment loads hit 32 different banks): S = Q K^T in f32,
+//     scaled to log2 units, causal and tail columns set to -inf before the row maximum
+//     (shuffles across the 4 lanes that share a row), online softmax (running max m, sum l),
+//     P (dropped out when asked) rounded to 16 bits as the A operand of O += P V. At the end
+//     O / l is rounded once to T and lse = m ln 2 + ln l is saved per row (f32).
+//   backward: D = rowsum(dO * O) first (row_dot_block); then two kernels, no atomics, so the
+//     result does not depend on timing:
+//     dq:   as the forward, a block owns 64 query rows (Q and dO fragments in registers) and
+//           walks key tiles (64 keys for D 64, 32 for D 128): P = exp2(S - lse), dP = dO V^T,
+//           dS = P * (dP * z - D), dQ += dS K; dQ * scale stored once.
+//     dk/dv: a block owns 64 keys (16 per warp, K and V in shared memory) and walks query
+//           tiles (64 queries for D 64, 32 for D 128; Q, dO, lse, D in shared memory): S^T =
+//           K Q^T, dP^T = V dO^T, dV += (P * z)^T dO, dK += dS^T Q; dK * scale stored once.
+//   Causal blocks stop at the diagonal (and warps skip tiles wholly above it); rows and keys
+//   past the ends load as zeros and are masked, never stored. Dropout: the factor of weight
+//   (b, i, j) is attention_keep(seed, offset, (b Lq + i) Lk + j) as on the CPU (attention.h).
+#pragma once
+
+#include <math.h>
+
+#include <cstdint>
+#include <cstring>
+#include <initializer_list>
+#include <type_traits>
+
+#include "../detail/attention.h"
+#include "../dtype.h"
+
+#if defined(__CUDACC__)
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#define EMBER_TC_FN __device__ __forceinline__
+#else
+#define EMBER_TC_FN inline
+#endif
+
+namespace ember::detail::attention_tc {
+
+constexpr int kThreads = 128;  // 4 warps
+constexpr int kWarpRows = 16;  // rows (queries, or keys for dk/dv) per warp
+constexpr int kBlockRows = 64;  // rows per block
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// Shared-memory row stride of a tile, in elements: 16 bytes of padding per row.
+template <int D>
+constexpr int kLd = D + 8;
+// Keys per tile of the dq kernel and queries per tile of the dk/dv kernel (registers bound
+// them at D 128).
+template <int D>
+constexpr int kDqKeys = D <= 64 ? 64 : 32;
+template <int D>
+constexpr int kDkvQueries = D <= 64 ? 64 : 32;
+
+template <int D>
+constexpr size_t forward_smem_bytes() {
+  return 2 * kBlockRows * kLd<D> * sizeof(uint16_t);  // K and V tiles
+}
+template <int D>
+constexpr size_t grad_q_smem_bytes() {
+  return 2 * kDqKeys<D> * kLd<D> * sizeof(uint16_t);  // K and V tiles
+}
+template <int D>
+constexpr size_t grad_kv_smem_bytes() {
+  // The block's K and V, a Q and a dO tile, and the tile's lse and D.
+  return (2 * kBlockRows + 2 * kDkvQueries<D>) * kLd<D> * sizeof(uint16_t) +
+         2 * kDkvQueries<D> * sizeof(float);
+}
+constexpr int kRowDotRows = kThreads / 8;  // row_dot_block: 8 threads per row
+
+// One call's geometry and pointers; tensors are contiguous [bh, rows, D].
+struct Params {
+  const void* q;
+  const void* k;
+  const void* v;
+  void* out;        // forward: [bh, lq, D]
+  float* lse;       // forward writes, backward reads: [bh, lq], natural log
+  const void* grad_out;
+  float* dsum;      // backward: rowsum(dO * O), [bh, lq]
+  void* grad_q;
+  void* grad_k;
+  void* grad_v;
+  int64_t bh, lq, lk;
+  float scale;       // softmax scale
+  float scale_log2;  // scale * log2(e)
+  bool causal;
+  bool dropout;
+  uint64_t seed, offset;
+  float keep;     // float(1 - p)
+  float rescale;  // 1 / (1 - p), 0 at p = 1
+};
+
+constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Blocks per launch of each body.
+inline int64_t forward_blocks(const Params& p) { return p.bh * ceil_div(p.lq, kBlockRows); }
+inline int64_t grad_q_blocks(const Params& p) { return forward_blocks(p); }
+inline int64_t grad_kv_blocks(const Params& p) { return p.bh * ceil_div(p.lk, kBlockRows); }
+inline int64_t row_dot_blocks(const Params& p) { return ceil_div(p.bh * p.lq, kRowDotRows); }
+
+// ---------------------------------------------------------------------------------------
+// Register and memory helpers. 16-bit elements travel as raw bits (uint16_t).
+
+EMBER_TC_FN uint32_t load_u32(const uint16_t* p) {
+#if defined(__CUDA_ARCH__)
+  return *reinterpret_cast<const uint32_t*>(p);
+#else
+  uint32_t v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+#endif
+}
+
+EMBER_TC_FN void store_u32(uint16_t* p, uint32_t v) {
+#if defined(__CUDA_ARCH__)
+  *reinterpret_cast<uint32_t*>(p) = v;
+#else
+  std::memcpy(p, &v, sizeof(v));
+#endif
+}
+
+// 16 bytes (8 elements) from src to dst, or zeros.
+EMBER_TC_FN void copy16(uint16_t* dst, const uint16_t* src) {
+#if defined(__CUDA_ARCH__)
+  *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+#else
+  std::memcpy(dst, src, 16);
+#endif
+}
+EMBER_TC_FN void zero16(uint16_t* dst) {
+#if defined(__CUDA_ARCH__)
+  *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+#else
+  std::memset(dst, 0, 16);
+#endif
+}
+
+EMBER_TC_FN uint32_t pack_bits(uint16_t lo, uint16_t hi) {
+  return static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
+}
+
+// Two floats rounded to T (nearest even), `lo` in the low half (the lower column).
+template <typename T>
+EMBER_TC_FN uint32_t pack_floats(float lo, float hi) {
+#if defined(__CUDA_ARCH__)
+  if constexpr (std::is_same_v<T, BFloat16>) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  } else {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  }
+#else
+  return pack_bits(T::from_float(lo), T::from_float(hi));
+#endif
+}
+
+template <typename T>
+EMBER_TC_FN float to_float(uint16_t bits) {
+#if defined(__CUDA_ARCH__)
+  if constexpr (std::is_same_v<T, BFloat16>) {
+    return __bfloat162float(__ushort_as_bfloat16(bits));
+  } else {
+    return __half2float(__ushort_as_half(bits));
+  }
+#else
+  return T::to_float(bits);
+#endif
+}
+
+// The fragments of one warp. g = lane / 4, t = lane % 4.
+struct Lane {
+  int g, t;
+};
+
+// A: the 16x16 tile at (r0, c0) of a row-major matrix s with row stride ld.
+EMBER_TC_FN void load_a(uint32_t (&a)[4], const uint16_t* s, int ld, int r0, int c0, Lane ln) {
+  const uint16_t* p = s + (r0 + ln.g) * ld + c0 + 2 * ln.t;
+  a[0] = load_u32(p);
+  a[1] = load_u32(p + 8 * ld);
+  a[2] = load_u32(p + 8);
+  a[3] = load_u32(p + 8 * ld + 8);
+}
+
+// A from global memory: rows r0 .. r0 + 15 of an [n, ld] matrix, rows >= n as zeros.
+EMBER_TC_FN void load_a_rows(uint32_t (&a)[4], const uint16_t* base, int ld, int64_t r0, int c0,
+                             int64_t n, Lane ln) {
+  const int64_t lo = r0 + ln.g, hi = lo + 8;
+  const int c = c0 + 2 * ln.t;
+  a[0] = lo < n ? load_u32(base + lo * ld + c) : 0u;
+  a[1] = hi < n ? load_u32(base + hi * ld + c) : 0u;
+  a[2] = lo < n ? load_u32(base + lo * ld + c + 8) : 0u;
+  a[3] = hi < n ? load_u32(base + hi * ld + c + 8) : 0u;
+}
+
+// B (16x8) whose transpose is stored row-major: B[k][n] = s[(n0 + n) * ld + k0 + k] (the
+// keys of S = Q K^T, the values of dP = dO V^T).
+EMBER_TC_FN void load_b_t(uint32_t (&b)[2], const uint16_t* s, int ld, int n0, int k0, Lane ln) {
+  const uint16_t* p = s + (n0 + ln.g) * ld + k0 + 2 * ln.t;
+  b[0] = load_u32(p);
+  b[1] = load_u32(p + 8);
+}
+
+// B (16x8) stored row-major: B[k][n] = s[(k0 + k) * ld + n0 + n] (the values of O = P V, the
+// keys of dQ = dS K).
+EMBER_TC_FN void load_b(uint32_t (&b)[2], const uint16_t* s, int ld, int k0, int n0, Lane ln) {
+  const uint16_t* p = s + (k0 + 2 * ln.t) * ld + n0 + ln.g;
+  b[0] = pack_bits(p[0], p[ld]);
+  b[1] = pack_bits(p[8 * ld], p[9 * ld]);
+}
+
+// The A fragment of columns 16 kk .. 16 kk + 15 of a 16-row f32 C tile set (n-tiles of 8
+// columns), rounded to T.
+template <typename T, int N>
+EMBER_TC_FN void c_to_a(uint32_t (&a)[4], const float (&c)[N][4], int kk) {
+  a[0] = pack_floats<T>(c[2 * kk][0], c[2 * kk][1]);
+  a[1] = pack_floats<T>(c[2 * kk][2], c[2 * kk][3]);
+  a[2] = pack_floats<T>(c[2 * kk + 1][0], c[2 * kk + 1][1]);
+  a[3] = pack_floats<T>(c[2 * kk + 1][2], c[2 * kk + 1][3]);
+}
+
+// rows [row0, row0 + rows) of an [n, D] row-major matrix into shared memory (row stride
+// kLd<D>), 16 bytes per thread per step; rows at or past n become zeros.
+template <int D, typename Ctx>
+EMBER_TC_FN void load_tile(const Ctx& ctx, uint16_t* dst, const uint16_t* src, int64_t row0,
+                           int rows, int64_t n) {
+  constexpr int kChunks = D / 8;
+  for (int c = ctx.thread(); c < rows * kChunks; c += kThreads) {
+    const int r = c / kChunks, col = (c % kChunks) * 8;
+    uint16_t* d = dst + r * kLd<D> + col;
+    if (row0 + r < n) {
+      copy16(d, src + (row0 + r) * D + col);
+    } else {
+      zero16(d);
+    }
+  }
+}
+
+// The dropout factor of weight (b, i, j): 0 or 1 / (1 - p).
+EMBER_TC_FN float dropout_factor(const Params& p, int64_t b, int64_t i, int64_t j) {
+  const auto index = static_cast<uint64_t>((b * p.lq + i) * p.lk + j);
+  return attention_keep(p.seed, p.offset, index, p.keep) ? p.rescale : 0.0f;
+}
+
+// Row maximum and sum across the 4 lanes (t = 0..3) that hold one row.
+template <typename Ctx>
+EMBER_TC_FN float quad_max(const Ctx& ctx, float v) {
+  v = fmaxf(v, ctx.shfl_xor(v, 1));
+  return fmaxf(v, ctx.shfl_xor(v, 2));
+}
+template <typename Ctx>
+EMBER_TC_FN float quad_sum(const Ctx& ctx, float v) {
+  v += ctx.shfl_xor(v, 1);
+  return v + ctx.shfl_xor(v, 2);
+}
+
+// ---------------------------------------------------------------------------------------
+// Forward: out and lse for 64 query rows of one batch-head.
+
+template <typename T, int D, typename Ctx>
+EMBER_TC_FN void forward_block(const Ctx& ctx, const Params& p, int64_t block,
+                               unsigned char* smem) {
+  constexpr int kLdD = kLd<D>, kKeys = kBlockRows, kKd = D / 16, kNd = D / 8;
+  constexpr int kNs = kKeys / 8, kKs = kKeys / 16;
+  // Heaviest (causal: last) query blocks first.
+  const int64_t nqb = ceil_div(p.lq, kBlockRows);
+  const int64_t qb = nqb - 1 - block / p.bh, b = block % p.bh;
+  const int tid = ctx.thread(), warp = tid / 32;
+  const Lane ln{(tid % 32) / 4, tid % 4};
+  uint16_t* ks = reinterpret_cast<uint16_t*>(smem);
+  uint16_t* vs = ks + kKeys * kLdD;
+  const uint16_t* q = static_cast<const uint16_t*>(p.q) + b * p.lq * D;
+  const uint16_t* k = static_cast<const uint16_t*>(p.k) + b * p.lk * D;
+  const uint16_t* v = static_cast<const uint16_t*>(p.v) + b * p.lk * D;
+  const int64_t i0 = qb * kBlockRows, w0 = i0 + kWarpRows * warp;
+  const int64_t row[2] = {w0 + ln.g, w0 + ln.g + 8};
+  const bool live = w0 < p.lq;  // the warp has rows to compute
+
+  uint32_t qf[kKd][4];
+#pragma unroll
+  for (int kk = 0; kk < kKd; ++kk) load_a_rows(qf[kk], q, D, w0, 16 * kk, p.lq, ln);
+  float o[kNd][4];
+#pragma unroll
+  for (int n = 0; n < kNd; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // m in log2 units
+
+  const int64_t key_end = p.causal && i0 + kBlockRows < p.lk ? i0 + kBlockRows : p.lk;
+  for (int64_t j0 = 0; j0 < key_end; j0 += kKeys) {
+    ctx.sync();  // every warp is done with the previous tiles
+    load_tile<D>(ctx, ks, k, j0, kKeys, p.lk);
+    load_tile<D>(ctx, vs, v, j0, kKeys, p.lk);
+    ctx.sync();
+    if (!live || (p.causal && j0 > w0 + kWarpRows - 1)) continue;  // warp-uniform
+
+    float s[kNs][4];
+#pragma unroll
+    for (int n = 0; n < kNs; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < kKd; ++kk) {
+#pragma unroll
+      for (int n = 0; n < kNs; ++n) {
+        uint32_t bf[2];
+        load_b_t(bf, ks, kLdD, 8 * n, 16 * kk, ln);
+        ctx.template mma<T>(s[n], qf[kk], bf);
+      }
+    }
+    // Scores in log2 units; masked and tail columns -inf before the maximum.
+    float mx[2] = {m[0], m[1]};
+#pragma unroll
+    for (int n = 0; n < kNs; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int h = e / 2;
+        const int64_t col = j0 + 8 * n + 2 * ln.t + (e % 2);
+        float x = s[n][e] * p.scale_log2;
+        if (col >= p.lk || (p.causal && col > row[h])) x = -INFINITY;
+        s[n][e] = x;
+        mx[h] = fmaxf(mx[h], x);
+      }
+    }
+    float base[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      mx[h] = quad_max(ctx, mx[h]);
+      base[h] = mx[h] == -INFINITY ? 0.0f : mx[h];  // a row with nothing yet stays at 0
+      const float corr = exp2f(m[h] - base[h]);
+      m[h] = mx[h];
+      l[h] *= corr;
+#pragma unroll
+      for (int n = 0; n < kNd; ++n) {
+        o[n][2 * h] *= corr;
+        o[n][2 * h + 1] *= corr;
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < kNs; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int h = e / 2;
+        const float w = exp2f(s[n][e] - base[h]);
+        l[h] += w;  // this lane's part of the row sum
+        s[n][e] = w;
+        if (p.dropout) s[n][e] *= dropout_factor(p, b, row[h], j0 + 8 * n + 2 * ln.t + (e % 2));
+      }
+    }
+#pragma unroll
+    for (int kk = 0; kk < kKs; ++kk) {
+      uint32_t pa[4];
+      c_to_a<T>(pa, s, kk);
+#pragma unroll
+      for (int n = 0; n < kNd; ++n) {
+        uint32_t bf[2];
+        load_b(bf, vs, kLdD, 16 * kk, 8 * n, ln);
+        ctx.template mma<T>(o[n], pa, bf);
+      }
+    }
+  }
+
+  if (!live) return;
+  uint16_t* out = static_cast<uint16_t*>(p.out) + b * p.lq * D;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l[h] = quad_sum(ctx, l[h]);
+    const float inv = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
+    if (row[h] >= p.lq) continue;
+#pragma unroll
+    for (int n = 0; n < kNd; ++n) {
+      store_u32(out + row[h] * D + 8 * n + 2 * ln.t,
+                pack_floats<T>(o[n][2 * h] * inv, o[n][2 * h + 1] * inv));
+    }
+    if (ln.t == 0) {
+      p.lse[b * p.lq + row[h]] = l[h] > 0.0f ? m[h] * kLn2 + logf(l[h]) : -INFINITY;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Backward.
+
+// dsum[r] = sum_c dO[r][c] * O[r][c] in f32; 8 threads per row, 16 rows per block.
+template <typename T, int D, typename Ctx>
+EMBER_TC_FN void row_dot_block(const Ctx& ctx, const Params& p, int64_t block) {
+  const int tid = ctx.thread(), part = tid % 8;
+  const int64_t r = block * kRowDotRows + tid / 8;
+  const bool valid = r < p.bh * p.lq;
+  const uint16_t* go = static_cast<const uint16_t*>(p.grad_out) + r * D;
+  const uint16_t* o = static_cast<const uint16_t*>(p.out) + r * D;
+  float total = 0.0f;
+  if (valid) {
+#pragma unroll
+    for (int c = part * 8; c < D; c += 64) {
+      alignas(16) uint16_t a[8];
+      alignas(16) uint16_t bv[8];
+      copy16(a, go + c);
+      copy16(bv, o + c);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) total += to_float<T>(a[e]) * to_float<T>(bv[e]);
+    }
+  }
+  // The 8 threads of a row are lanes 8j .. 8j + 7 of one warp.
+  total += ctx.shfl_xor(total, 1);
+  total += ctx.shfl_xor(total, 2);
+  total += ctx.shfl_xor(total, 4);
+  if (valid && part == 0) p.dsum[r] = total;
+}
+
+// dq for 64 query rows of one batch-head.
+template <typename T, int D, typename Ctx>
+EMBER_TC_FN void grad_q_block(const Ctx& ctx, const Params& p, int64_t block, unsigned char* smem) {
+  constexpr int kLdD = kLd<D>, kKeys = kDqKeys<D>, kKd = D / 16, kNd = D / 8;
+  constexpr int kNs = kKeys / 8, kKs = kKeys / 16;
+  const int64_t nqb = ceil_div(p.lq, kBlockRows);
+  const int64_t qb = nqb - 1 - block / p.bh, b = block % p.bh;
+  const int tid = ctx.thread(), warp = tid / 32;
+  const Lane ln{(tid % 32) / 4, tid % 4};
+  uint16_t* ks = reinterpret_cast<uint16_t*>(smem);
+  uint16_t* vs = ks + kKeys * kLdD;
+  const uint16_t* q = static_cast<const uint16_t*>(p.q) + b * p.lq * D;
+  const uint16_t* go = static_cast<const uint16_t*>(p.grad_out) + b * p.lq * D;
+  const uint16_t* k = static_cast<const uint16_t*>(p.k) + b * p.lk * D;
+  const uint16_t* v = static_cast<const uint16_t*>(p.v) + b * p.lk * D;
+  const int64_t i0 = qb * kBlockRows, w0 = i0 + kWarpRows * warp;
+  const int64_t row[2] = {w0 + ln.g, w0 + ln.g + 8};
+  const bool live = w0 < p.lq;
+
+  uint32_t qf[kKd][4], gf[kKd][4];
+#pragma unroll
+  for (int kk = 0; kk < kKd; ++kk) {
+    load_a_rows(qf[kk], q, D, w0, 16 * kk, p.lq, ln);
+    load_a_rows(gf[kk], go, D, w0, 16 * kk, p.lq, ln);
+  }
+  float lse2[2], dsum[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const bool in = row[h] < p.lq;
+    lse2[h] = in ? p.lse[b * p.lq + row[h]] * kLog2e : 0.0f;
+    dsum[h] = in ? p.dsum[b * p.lq + row[h]] : 0.0f;
+  }
+  float dq[kNd][4];
+#pragma unroll
+  for (int n = 0; n < kNd; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
+
+  const int64_t key_end = p.causal && i0 + kBlockRows < p.lk ? i0 + kBlockRows : p.lk;
+  for (int64_t j0 = 0; j0 < key_end; j0 += kKeys) {
+    ctx.sync();
+    load_tile<D>(ctx, ks, k, j0, kKeys, p.lk);
+    load_tile<D>(ctx, vs, v, j0, kKeys, p.lk);
+    ctx.sync();
+    if (!live || (p.causal && j0 > w0 + kWarpRows - 1)) continue;
+
+    float s[kNs][4], dp[kNs][4];
+#pragma unroll
+    for (int n = 0; n < kNs; ++n) {
+      s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+      dp[n][0] = dp[n][1] = dp[n][2] = dp[n][3] = 0.0f;
+    }
+#pragma unroll
+    for (int kk = 0; kk < kKd; ++kk) {
+#pragma unroll
+      for (int n = 0; n < kNs; ++n) {
+        uint32_t bf[2];
+        load_b_t(bf, ks, kLdD, 8 * n, 16 * kk, ln);
+        ctx.template mma<T>(s[n], qf[kk], bf);
+        load_b_t(bf, vs, kLdD, 8 * n, 16 * kk, ln);
+        ctx.template mma<T>(dp[n], gf[kk], bf);
+      }
+    }
+    // dS = P * (dP * z - D), zero where masked (s becomes dS).
+#pragma unroll
+    for (int n = 0; n < kNs; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int h = e / 2;
+        const int64_t col = j0 + 8 * n + 2 * ln.t + (e % 2);
+        const bool valid = col < p.lk && !(p.causal && col > row[h]);
+        const float w = valid ? exp2f(s[n][e] * p.scale_log2 - lse2[h]) : 0.0f;
+        const float z = p.dropout ? dropout_factor(p, b, row[h], col) : 1.0f;
+        s[n][e] = w * (dp[n][e] * z - dsum[h]);
+      }
+    }
+#pragma unroll
+    for (int kk = 0; kk < kKs; ++kk) {
+      uint32_t da[4];
+      c_to_a<T>(da, s, kk);
+#pragma unroll
+      for (int n = 0; n < kNd; ++n) {
+        uint32_t bf[2];
+        load_b(bf, ks, kLdD, 16 * kk, 8 * n, ln);
+        ctx.template mma<T>(dq[n], da, bf);
+      }
+    }
+  }
+
+  if (!live) return;
+  uint16_t* gq = static_cast<uint16_t*>(p.grad_q) + b * p.lq * D;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    if (row[h] >= p.lq) continue;
+#pragma unroll
+    for (int n = 0; n < kNd; ++n) {
+      store_u32(gq + row[h] * D + 8 * n + 2 * ln.t,
+                pack_floats<T>(dq[n][2 * h] * p.scale, dq[n][2 * h + 1] * p.scale));
+    }
+  }
+}
+
+// dk and dv for 64 keys of one batch-head.
+template <typename T, int D, typename Ctx>
+EMBER_TC_FN void grad_kv_block(const Ctx& ctx, const Params& p, int64_t block,
+                               unsigned char* smem) {
+  constexpr int kLdD = kLd<D>, kQueries = kDkvQueries<D>, kKd = D / 16, kNd = D / 8;
+  constexpr int kNs = kQueries / 8, kKs = kQueries / 16;
+  const int64_t kb = block / p.bh, b = block % p.bh;  // (causal: the first key blocks are heaviest)
+  const int tid = ctx.thread(), warp = tid / 32;
+  const Lane ln{(tid % 32) / 4, tid % 4};
+  uint16_t* ks = reinterpret_cast<uint16_t*>(smem);
+  uint16_t* vs = ks + kBlockRows * kLdD;
+  uint16_t* qs = vs + kBlockRows * kLdD;
+  uint16_t* gs = qs + kQueries * kLdD;
+  float* lse2 = reinterpret_cast<float*>(gs + kQueries * kLdD);
+  float* dsum = lse2 + kQueries;
+  const uint16_t* q = static_cast<const uint16_t*>(p.q) + b * p.lq * D;
+  const uint16_t* go = static_cast<const uint16_t*>(p.grad_out) + b * p.lq * D;
+  const uint16_t* k = static_cast<const uint16_t*>(p.k) + b * p.lk * D;
+  const uint16_t* v = static_cast<const uint16_t*>(p.v) + b * p.lk * D;
+  const int64_t j0 = kb * kBlockRows, w0 = j0 + kWarpRows * warp;
+  const int64_t key[2] = {w0 + ln.g, w0 + ln.g + 8};
+  const bool live = w0 < p.lk;
+
+  load_tile<D>(ctx, ks, k, j0, kBlockRows, p.lk);
+  load_tile<D>(ctx, vs, v, j0, kBlockRows, p.lk);
+  float dk[kNd][4], dv[kNd][4];
+#pragma unroll
+  for (int n = 0; n < kNd; ++n) {
+    dk[n][0] = dk[n][1] = dk[n][2] = dk[n][3] = 0.0f;
+    dv[n][0] = dv[n][1] = dv[n][2] = dv[n][3] = 0.0f;
+  }
+
+  // Causal: queries i < j0 see none of these keys.
+  const int64_t first = p.causal ? j0 / kQueries * kQueries : 0;
+  for (int64_t i0 = first; i0 < p.lq; i0 += kQueries) {
+    ctx.sync();  // (the first time: K and V are in place too)
+    load_tile<D>(ctx, qs, q, i0, kQueries, p.lq);
+    load_tile<D>(ctx, gs, go, i0, kQueries, p.lq);
+    for (int c = tid; c < kQueries; c += kThreads) {
+      const bool in = i0 + c < p.lq;
+      lse2[c] = in ? p.lse[b * p.lq + i0 + c] * kLog2e : 0.0f;
+      dsum[c] = in ? p.dsum[b * p.lq + i0 + c] : 0.0f;
+    }
+    ctx.sync();
+    if (!live || (p.causal && i0 + kQueries - 1 < w0)) continue;
+
+    // S^T = K Q^T and dP^T = V dO^T for the warp's 16 keys.
+    float st[kNs][4], dpt[kNs][4];
+#pragma unroll
+    for (int n = 0; n < kNs; ++n) {
+      st[n][0] = st[n][1] = st[n][2] = st[n][3] = 0.0f;
+      dpt[n][0] = dpt[n][1] = dpt[n][2] = dpt[n][3] = 0.0f;
+    }
+#pragma unroll
+    for (int kk = 0; kk < kKd; ++kk) {
+      uint32_t ka[4], va[4];
+      load_a(ka, ks, kLdD, kWarpRows * warp, 16 * kk, ln);
+      load_a(va, vs, kLdD, kWarpRows * warp, 16 * kk, ln);
+#pragma unroll
+      for (int n = 0; n < kNs; ++n) {
+        uint32_t bf[2];
+        load_b_t(bf, qs, kLdD, 8 * n, 16 * kk, ln);
+        ctx.template mma<T>(st[n], ka, bf);
+        load_b_t(bf, gs, kLdD, 8 * n, 16 * kk, ln);
+        ctx.template mma<T>(dpt[n], va, bf);
+      }
+    }
+    // st becomes (P * z)^T, dpt becomes dS^T; zero where masked.
+#pragma unroll
+    for (int n = 0; n < kNs; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int h = e / 2, c = 8 * n + 2 * ln.t + (e % 2);
+        const int64_t i = i0 + c;
+        const bool valid = i < p.lq && key[h] < p.lk && !(p.causal && key[h] > i);
+        const float w = valid ? exp2f(st[n][e] * p.scale_log2 - lse2[c]) : 0.0f;
+        const float z = p.dropout ? dropout_factor(p, b, i, key[h]) : 1.0f;
+        st[n][e] = w * z;
+        dpt[n][e] = w * (dpt[n][e] * z - dsum[c]);
+      }
+    }
+#pragma unroll
+    for (int kk = 0; kk < kKs; ++kk) {
+      uint32_t pa[4], da[4];
+      c_to_a<T>(pa, st, kk);
+      c_to_a<T>(da, dpt, kk);
+#pragma unroll
+      for (int n = 0; n < kNd; ++n) {
+        uint32_t bf[2];
+        load_b(bf, gs, kLdD, 16 * kk, 8 * n, ln);
+        ctx.template mma<T>(dv[n], pa, bf);
+        load_b(bf, qs, kLdD, 16 * kk, 8 * n, ln);
+        ctx.template mma<T>(dk[n], da, bf);
+      }
+    }
+  }
+
+  if (!live) return;
+  uint16_t* gk = static_cast<uint16_t*>(p.grad_k) + b * p.lk * D;
+  uint16_t* gv = static_cast<uint16_t*>(p.grad_v) + b * p.lk * D;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    if (key[h] >= p.lk) continue;
+#pragma unroll
+    for (int n = 0; n < kNd; ++n) {
+      const int64_t at = key[h] * D + 8 * n + 2 * ln.t;
+      store_u32(gk + at, pack_floats<T>(dk[n][2 * h] * p.scale, dk[n][2 * h + 1] * p.scale));
+      store_u32(gv + at, pack_floats<T>(dv[n][2 * h], dv[n][2 * h + 1]));
+    }
+  }
+}
+
+}  // namespace ember::detail::attention_tc
+
+namespace ember::detail {
+
+// The host side (attention_tc.cu). Whether the tensor-core kernels can take a call: f16 or
+// bf16, head dims E = Ev in {64, 128}, no empty dim, q, k, v and `others` 16-byte aligned,
+// compute capability 8.0 or newer. The launches take the kernel table's arguments.
+bool attention_tc_supported(const Tensor& q, const Tensor& k, const Tensor& v,
+                            std::initializer_list<const Tensor*> others);
+void attention_tc_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
+                          const Tensor& v, const AttentionParams& params);
+void attention_tc_backward(const Tensor& grad_q, const Tensor& grad_k, const Tensor& grad_v,
+                           const Tensor& grad_out, const Tensor& q, const Tensor& k,
+                           const Tensor& v, const Tensor& out, const Tensor& lse,
+                           const AttentionParams& params);
+
+}  // namespace ember::detail
