@@ -112,22 +112,11 @@ void dispatch_config(DType dtype, int64_t dim, F&& f) {
 
 tc::Params params_of(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse,
                      const AttentionParams& a) {
-  tc::Params p{};
+  tc::Params p = tc::params_for(a, q.size(0), q.size(1), k.size(1));
   p.q = q.data_ptr();
   p.k = k.data_ptr();
   p.v = v.data_ptr();
   p.lse = lse.data_ptr<float>();
-  p.bh = q.size(0);
-  p.lq = q.size(1);
-  p.lk = k.size(1);
-  p.scale = static_cast<float>(a.scale);
-  p.scale_log2 = static_cast<float>(a.scale * 1.4426950408889634);
-  p.causal = a.causal;
-  p.dropout = a.dropout_p > 0.0;
-  p.seed = a.seed;
-  p.offset = a.offset;
-  p.keep = static_cast<float>(1.0 - a.dropout_p);
-  p.rescale = a.dropout_p < 1.0 ? static_cast<float>(1.0 / (1.0 - a.dropout_p)) : 0.0f;
   return p;
 }
 

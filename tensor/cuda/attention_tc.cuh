@@ -107,6 +107,23 @@ struct Params {
   float rescale;  // 1 / (1 - p), 0 at p = 1
 };
 
+// The scalars of a call (pointers left null): bh batch-heads, lq queries, lk keys.
+inline Params params_for(const AttentionParams& a, int64_t bh, int64_t lq, int64_t lk) {
+  Params p{};
+  p.bh = bh;
+  p.lq = lq;
+  p.lk = lk;
+  p.scale = static_cast<float>(a.scale);
+  p.scale_log2 = static_cast<float>(a.scale * 1.4426950408889634);
+  p.causal = a.causal;
+  p.dropout = a.dropout_p > 0.0;
+  p.seed = a.seed;
+  p.offset = a.offset;
+  p.keep = static_cast<float>(1.0 - a.dropout_p);
+  p.rescale = a.dropout_p < 1.0 ? static_cast<float>(1.0 / (1.0 - a.dropout_p)) : 0.0f;
+  return p;
+}
+
 constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // Blocks per launch of each body.
