@@ -23,12 +23,37 @@ namespace {
 namespace tc = attention_tc;
 
 // What the kernel bodies ask of a thread: its index in the block, the block barrier, a warp
-// shuffle and D += A B on the tensor cores (mma.sync m16n8k16, f32 accumulators).
+// shuffle, four 8x8 16-bit matrices from shared memory (ldmatrix, plain or transposed) and
+// D += A B on the tensor cores (mma.sync m16n8k16, f32 accumulators).
 struct DeviceCtx {
   __device__ __forceinline__ int thread() const { return static_cast<int>(threadIdx.x); }
   __device__ __forceinline__ void sync() const { __syncthreads(); }
   __device__ __forceinline__ float shfl_xor(float v, int mask) const {
     return __shfl_xor_sync(0xffffffffu, v, mask);
+  }
+  __device__ __forceinline__ void ldsm(uint32_t (&r)[4], const uint16_t* row) const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const auto address = static_cast<uint32_t>(__cvta_generic_to_shared(row));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(address));
+#else
+    (void)row;
+    r[0] = r[1] = r[2] = r[3] = 0;
+    __trap();
+#endif
+  }
+  __device__ __forceinline__ void ldsm_t(uint32_t (&r)[4], const uint16_t* row) const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const auto address = static_cast<uint32_t>(__cvta_generic_to_shared(row));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(address));
+#else
+    (void)row;
+    r[0] = r[1] = r[2] = r[3] = 0;
+    __trap();
+#endif
   }
   template <typename T>
   __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4],

@@ -1,9 +1,9 @@
 // Tensor-core scaled-dot-product attention for f16/bf16 and head dims 64 and 128 (sm_80+),
 // after FlashAttention-2. This header holds the kernel bodies, written against a small
-// execution context `ctx` (thread index, block barrier, warp shuffle, mma.m16n8k16), so the
-// same code runs on the GPU (attention_tc.cu, one CUDA block per call of a body) and on the
-// CPU with an emulated warp (tests/tensor/attention_tc_test.cpp checks it there). Private to
-// tensor/cuda/.
+// execution context `ctx` (thread index, block barrier, warp shuffle, ldmatrix.x4 and
+// mma.m16n8k16), so the same code runs on the GPU (attention_tc.cu, one CUDA block per call of
+// a body) and on the CPU with an emulated block (tests/tensor/attention_tc_test.cpp checks it
+// there). Private to tensor/cuda/.
 //
 // Tiling. A block is kThreads = 128 threads, 4 warps; every matrix product is a sequence of
 // mma.m16n8k16 (16x16 bf16/f16 A times 16x8 B into 16x8 f32 C) whose fragments follow the
@@ -15,11 +15,13 @@
 // fragment of the 16x16 tile they form: probabilities never leave registers.
 //   forward:  a block owns 64 query rows of one batch-head, 16 per warp, with the warp's Q
 //     fragments in registers; it walks the keys 64 at a time (K and V tiles in shared memory,
-//     rows padded by 8 elements so fragment loads hit 32 different banks): S = Q K^T in f32,
-//     scaled to log2 units, causal and tail columns set to -inf before the row maximum
-//     (shuffles across the 4 lanes that share a row), online softmax (running max m, sum l),
-//     P (dropped out when asked) rounded to 16 bits as the A operand of O += P V. At the end
-//     O / l is rounded once to T and lse = m ln 2 + ln l is saved per row (f32).
+//     rows padded by 8 elements so each ldmatrix phase reads 8 rows from 32 different banks;
+//     B fragments by ldmatrix, V's transposed on the way): S = Q K^T in f32, scaled to log2
+//     units, causal and tail columns set to -inf before the row maximum on the tiles that
+//     cross the diagonal or an end (shuffles across the 4 lanes that share a row), online
+//     softmax (running max m, sum l), P (dropped out when asked) rounded to 16 bits as the A
+//     operand of O += P V. At the end O / l is rounded once to T and lse = m ln 2 + ln l is
+//     saved per row (f32).
 //   backward: D = rowsum(dO * O) first (row_dot_block); then two kernels, no atomics, so the
 //     result does not depend on timing:
 //     dq:   as the forward, a block owns 64 query rows (Q and dO fragments in registers) and
@@ -207,15 +209,6 @@ struct Lane {
   int g, t;
 };
 
-// A: the 16x16 tile at (r0, c0) of a row-major matrix s with row stride ld.
-EMBER_TC_FN void load_a(uint32_t (&a)[4], const uint16_t* s, int ld, int r0, int c0, Lane ln) {
-  const uint16_t* p = s + (r0 + ln.g) * ld + c0 + 2 * ln.t;
-  a[0] = load_u32(p);
-  a[1] = load_u32(p + 8 * ld);
-  a[2] = load_u32(p + 8);
-  a[3] = load_u32(p + 8 * ld + 8);
-}
-
 // A from global memory: rows r0 .. r0 + 15 of an [n, ld] matrix, rows >= n as zeros.
 EMBER_TC_FN void load_a_rows(uint32_t (&a)[4], const uint16_t* base, int ld, int64_t r0, int c0,
                              int64_t n, Lane ln) {
@@ -227,20 +220,48 @@ EMBER_TC_FN void load_a_rows(uint32_t (&a)[4], const uint16_t* base, int ld, int
   a[3] = hi < n ? load_u32(base + hi * ld + c + 8) : 0u;
 }
 
-// B (16x8) whose transpose is stored row-major: B[k][n] = s[(n0 + n) * ld + k0 + k] (the
-// keys of S = Q K^T, the values of dP = dO V^T).
-EMBER_TC_FN void load_b_t(uint32_t (&b)[2], const uint16_t* s, int ld, int n0, int k0, Lane ln) {
-  const uint16_t* p = s + (n0 + ln.g) * ld + k0 + 2 * ln.t;
-  b[0] = load_u32(p);
-  b[1] = load_u32(p + 8);
+// Fragments from shared memory with ldmatrix.x4 (ctx.ldsm / ctx.ldsm_t): lane l gives the
+// address of row l % 8 of 8x8 matrix l / 8 (16 aligned bytes); register i of every lane then
+// holds matrix i's (row g, columns 2t, 2t + 1), or with .trans its (rows 2t, 2t + 1, column g).
+// s is a row-major tile with row stride ld; `lane` is the lane index.
+
+// A: the 16x16 block at (r0, c0). Matrices: rows r0 / r0 + 8 (i % 2), columns c0 / c0 + 8
+// (i / 2), so the registers are A's reg0 .. reg3.
+template <typename Ctx>
+EMBER_TC_FN void ldsm_a(const Ctx& ctx, uint32_t (&a)[4], const uint16_t* s, int ld, int r0,
+                        int c0, int lane) {
+  const int i = lane / 8;
+  ctx.ldsm(a, s + (r0 + (i % 2) * 8 + lane % 8) * ld + c0 + (i / 2) * 8);
 }
 
-// B (16x8) stored row-major: B[k][n] = s[(k0 + k) * ld + n0 + n] (the values of O = P V, the
-// keys of dQ = dS K).
-EMBER_TC_FN void load_b(uint32_t (&b)[2], const uint16_t* s, int ld, int k0, int n0, Lane ln) {
-  const uint16_t* p = s + (k0 + 2 * ln.t) * ld + n0 + ln.g;
-  b[0] = pack_bits(p[0], p[ld]);
-  b[1] = pack_bits(p[8 * ld], p[9 * ld]);
+// Two B fragments (n-tiles n0 and n0 + 8, k from k0 to k0 + 15) where the tile holds B's
+// transpose: B[k][n] = s[n][k] (the keys of S = Q K^T). Matrices: columns k0 / k0 + 8
+// (i % 2), rows n0 / n0 + 8 (i / 2), so b[j] = {reg 2j, reg 2j + 1} is n-tile n0 + 8j.
+template <typename Ctx>
+EMBER_TC_FN void ldsm_b_t(const Ctx& ctx, uint32_t (&b)[2][2], const uint16_t* s, int ld, int n0,
+                          int k0, int lane) {
+  const int i = lane / 8;
+  uint32_t r[4];
+  ctx.ldsm(r, s + (n0 + (i / 2) * 8 + lane % 8) * ld + k0 + (i % 2) * 8);
+  b[0][0] = r[0];
+  b[0][1] = r[1];
+  b[1][0] = r[2];
+  b[1][1] = r[3];
+}
+
+// Two B fragments (n-tiles n0 and n0 + 8, k from k0 to k0 + 15) of a tile holding B itself:
+// B[k][n] = s[k][n] (the values of O = P V), transposed on the way. Matrices: rows k0 / k0 + 8
+// (i % 2), columns n0 / n0 + 8 (i / 2).
+template <typename Ctx>
+EMBER_TC_FN void ldsm_b(const Ctx& ctx, uint32_t (&b)[2][2], const uint16_t* s, int ld, int k0,
+                        int n0, int lane) {
+  const int i = lane / 8;
+  uint32_t r[4];
+  ctx.ldsm_t(r, s + (k0 + (i % 2) * 8 + lane % 8) * ld + n0 + (i / 2) * 8);
+  b[0][0] = r[0];
+  b[0][1] = r[1];
+  b[1][0] = r[2];
+  b[1][1] = r[3];
 }
 
 // The A fragment of columns 16 kk .. 16 kk + 15 of a 16-row f32 C tile set (n-tiles of 8
@@ -276,6 +297,18 @@ EMBER_TC_FN float dropout_factor(const Params& p, int64_t b, int64_t i, int64_t 
   return attention_keep(p.seed, p.offset, index, p.keep) ? p.rescale : 0.0f;
 }
 
+// 2^x; -inf gives 0. On the GPU the special-function unit's approximation (ex2.approx, about
+// 2 ulp), as FlashAttention's fast-math build uses.
+EMBER_TC_FN float fast_exp2(float x) {
+#if defined(__CUDA_ARCH__)
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+#else
+  return exp2f(x);
+#endif
+}
+
 // Row maximum and sum across the 4 lanes (t = 0..3) that hold one row.
 template <typename Ctx>
 EMBER_TC_FN float quad_max(const Ctx& ctx, float v) {
@@ -288,19 +321,64 @@ EMBER_TC_FN float quad_sum(const Ctx& ctx, float v) {
   return v + ctx.shfl_xor(v, 2);
 }
 
+// For query row i and the key tile starting at j0 (`cols` keys): how many of the tile's
+// columns the row sees (it sees columns c < that), in [0, cols].
+EMBER_TC_FN int seen_columns(const Params& p, int64_t i, int64_t j0, int cols) {
+  int64_t end = p.lk - j0;
+  if (p.causal && i - j0 + 1 < end) end = i - j0 + 1;
+  return static_cast<int>(end < 0 ? 0 : (end > cols ? cols : end));
+}
+
+// S = Q K^T for a warp's 16 rows and a tile of 8 N keys: qf the rows' A fragments (head dim
+// in steps of 16), ks the key tile.
+template <typename T, int D, int N, typename Ctx>
+EMBER_TC_FN void scores(const Ctx& ctx, float (&s)[N][4], const uint32_t (&qf)[D / 16][4],
+                        const uint16_t* ks, int lane) {
+#pragma unroll
+  for (int n = 0; n < N; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll
+    for (int n = 0; n < N; n += 2) {
+      uint32_t bf[2][2];
+      ldsm_b_t(ctx, bf, ks, kLd<D>, 8 * n, 16 * kk, lane);
+      ctx.template mma<T>(s[n], qf[kk], bf[0]);
+      ctx.template mma<T>(s[n + 1], qf[kk], bf[1]);
+    }
+  }
+}
+
+// acc += P X for a warp's 16 rows: P the f32 C tiles of 8 N columns (rounded to T here), xs
+// a tile of 8 N rows of width D.
+template <typename T, int D, int N, typename Ctx>
+EMBER_TC_FN void accumulate(const Ctx& ctx, float (&acc)[D / 8][4], const float (&pc)[N][4],
+                            const uint16_t* xs, int lane) {
+#pragma unroll
+  for (int kk = 0; kk < N / 2; ++kk) {
+    uint32_t pa[4];
+    c_to_a<T>(pa, pc, kk);
+#pragma unroll
+    for (int n = 0; n < D / 8; n += 2) {
+      uint32_t bf[2][2];
+      ldsm_b(ctx, bf, xs, kLd<D>, 16 * kk, 8 * n, lane);
+      ctx.template mma<T>(acc[n], pa, bf[0]);
+      ctx.template mma<T>(acc[n + 1], pa, bf[1]);
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------
 // Forward: out and lse for 64 query rows of one batch-head.
 
 template <typename T, int D, typename Ctx>
 EMBER_TC_FN void forward_block(const Ctx& ctx, const Params& p, int64_t block,
                                unsigned char* smem) {
-  constexpr int kLdD = kLd<D>, kKeys = kBlockRows, kKd = D / 16, kNd = D / 8;
-  constexpr int kNs = kKeys / 8, kKs = kKeys / 16;
+  constexpr int kLdD = kLd<D>, kKeys = kBlockRows, kKd = D / 16, kNd = D / 8, kNs = kKeys / 8;
   // Heaviest (causal: last) query blocks first.
   const int64_t nqb = ceil_div(p.lq, kBlockRows);
   const int64_t qb = nqb - 1 - block / p.bh, b = block % p.bh;
-  const int tid = ctx.thread(), warp = tid / 32;
-  const Lane ln{(tid % 32) / 4, tid % 4};
+  const int tid = ctx.thread(), warp = tid / 32, lane = tid % 32;
+  const Lane ln{lane / 4, lane % 4};
   uint16_t* ks = reinterpret_cast<uint16_t*>(smem);
   uint16_t* vs = ks + kKeys * kLdD;
   const uint16_t* q = static_cast<const uint16_t*>(p.q) + b * p.lq * D;
@@ -327,27 +405,19 @@ EMBER_TC_FN void forward_block(const Ctx& ctx, const Params& p, int64_t block,
     if (!live || (p.causal && j0 > w0 + kWarpRows - 1)) continue;  // warp-uniform
 
     float s[kNs][4];
-#pragma unroll
-    for (int n = 0; n < kNs; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-#pragma unroll
-    for (int kk = 0; kk < kKd; ++kk) {
-#pragma unroll
-      for (int n = 0; n < kNs; ++n) {
-        uint32_t bf[2];
-        load_b_t(bf, ks, kLdD, 8 * n, 16 * kk, ln);
-        ctx.template mma<T>(s[n], qf[kk], bf);
-      }
-    }
-    // Scores in log2 units; masked and tail columns -inf before the maximum.
+    scores<T, D>(ctx, s, qf, ks, lane);
+    // Scores in log2 units; on tiles that cross the diagonal or the end, the columns a row
+    // does not see are -inf before the maximum.
+    const bool edge = j0 + kKeys > p.lk || (p.causal && j0 + kKeys - 1 > w0);
+    const int seen[2] = {seen_columns(p, row[0], j0, kKeys), seen_columns(p, row[1], j0, kKeys)};
     float mx[2] = {m[0], m[1]};
 #pragma unroll
     for (int n = 0; n < kNs; ++n) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int h = e / 2;
-        const int64_t col = j0 + 8 * n + 2 * ln.t + (e % 2);
+        const int h = e / 2, col = 8 * n + 2 * ln.t + (e % 2);
         float x = s[n][e] * p.scale_log2;
-        if (col >= p.lk || (p.causal && col > row[h])) x = -INFINITY;
+        if (edge && col >= seen[h]) x = -INFINITY;
         s[n][e] = x;
         mx[h] = fmaxf(mx[h], x);
       }
@@ -357,7 +427,7 @@ EMBER_TC_FN void forward_block(const Ctx& ctx, const Params& p, int64_t block,
     for (int h = 0; h < 2; ++h) {
       mx[h] = quad_max(ctx, mx[h]);
       base[h] = mx[h] == -INFINITY ? 0.0f : mx[h];  // a row with nothing yet stays at 0
-      const float corr = exp2f(m[h] - base[h]);
+      const float corr = fast_exp2(m[h] - base[h]);
       m[h] = mx[h];
       l[h] *= corr;
 #pragma unroll
@@ -371,23 +441,13 @@ EMBER_TC_FN void forward_block(const Ctx& ctx, const Params& p, int64_t block,
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int h = e / 2;
-        const float w = exp2f(s[n][e] - base[h]);
+        const float w = fast_exp2(s[n][e] - base[h]);
         l[h] += w;  // this lane's part of the row sum
         s[n][e] = w;
         if (p.dropout) s[n][e] *= dropout_factor(p, b, row[h], j0 + 8 * n + 2 * ln.t + (e % 2));
       }
     }
-#pragma unroll
-    for (int kk = 0; kk < kKs; ++kk) {
-      uint32_t pa[4];
-      c_to_a<T>(pa, s, kk);
-#pragma unroll
-      for (int n = 0; n < kNd; ++n) {
-        uint32_t bf[2];
-        load_b(bf, vs, kLdD, 16 * kk, 8 * n, ln);
-        ctx.template mma<T>(o[n], pa, bf);
-      }
-    }
+    accumulate<T, D>(ctx, o, s, vs, lane);
   }
 
   if (!live) return;
@@ -441,12 +501,11 @@ EMBER_TC_FN void row_dot_block(const Ctx& ctx, const Params& p, int64_t block) {
 // dq for 64 query rows of one batch-head.
 template <typename T, int D, typename Ctx>
 EMBER_TC_FN void grad_q_block(const Ctx& ctx, const Params& p, int64_t block, unsigned char* smem) {
-  constexpr int kLdD = kLd<D>, kKeys = kDqKeys<D>, kKd = D / 16, kNd = D / 8;
-  constexpr int kNs = kKeys / 8, kKs = kKeys / 16;
+  constexpr int kLdD = kLd<D>, kKeys = kDqKeys<D>, kKd = D / 16, kNd = D / 8, kNs = kKeys / 8;
   const int64_t nqb = ceil_div(p.lq, kBlockRows);
   const int64_t qb = nqb - 1 - block / p.bh, b = block % p.bh;
-  const int tid = ctx.thread(), warp = tid / 32;
-  const Lane ln{(tid % 32) / 4, tid % 4};
+  const int tid = ctx.thread(), warp = tid / 32, lane = tid % 32;
+  const Lane ln{lane / 4, lane % 4};
   uint16_t* ks = reinterpret_cast<uint16_t*>(smem);
   uint16_t* vs = ks + kKeys * kLdD;
   const uint16_t* q = static_cast<const uint16_t*>(p.q) + b * p.lq * D;
@@ -483,46 +542,22 @@ EMBER_TC_FN void grad_q_block(const Ctx& ctx, const Params& p, int64_t block, un
     if (!live || (p.causal && j0 > w0 + kWarpRows - 1)) continue;
 
     float s[kNs][4], dp[kNs][4];
-#pragma unroll
-    for (int n = 0; n < kNs; ++n) {
-      s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-      dp[n][0] = dp[n][1] = dp[n][2] = dp[n][3] = 0.0f;
-    }
-#pragma unroll
-    for (int kk = 0; kk < kKd; ++kk) {
-#pragma unroll
-      for (int n = 0; n < kNs; ++n) {
-        uint32_t bf[2];
-        load_b_t(bf, ks, kLdD, 8 * n, 16 * kk, ln);
-        ctx.template mma<T>(s[n], qf[kk], bf);
-        load_b_t(bf, vs, kLdD, 8 * n, 16 * kk, ln);
-        ctx.template mma<T>(dp[n], gf[kk], bf);
-      }
-    }
-    // dS = P * (dP * z - D), zero where masked (s becomes dS).
+    scores<T, D>(ctx, s, qf, ks, lane);
+    scores<T, D>(ctx, dp, gf, vs, lane);  // dP = dO V^T
+    // dS = P * (dP * z - D), zero where a row does not see the key (s becomes dS).
+    const bool edge = j0 + kKeys > p.lk || (p.causal && j0 + kKeys - 1 > w0);
+    const int seen[2] = {seen_columns(p, row[0], j0, kKeys), seen_columns(p, row[1], j0, kKeys)};
 #pragma unroll
     for (int n = 0; n < kNs; ++n) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int h = e / 2;
-        const int64_t col = j0 + 8 * n + 2 * ln.t + (e % 2);
-        const bool valid = col < p.lk && !(p.causal && col > row[h]);
-        const float w = valid ? exp2f(s[n][e] * p.scale_log2 - lse2[h]) : 0.0f;
-        const float z = p.dropout ? dropout_factor(p, b, row[h], col) : 1.0f;
+        const int h = e / 2, col = 8 * n + 2 * ln.t + (e % 2);
+        const float w = edge && col >= seen[h] ? 0.0f : fast_exp2(s[n][e] * p.scale_log2 - lse2[h]);
+        const float z = p.dropout ? dropout_factor(p, b, row[h], j0 + col) : 1.0f;
         s[n][e] = w * (dp[n][e] * z - dsum[h]);
       }
     }
-#pragma unroll
-    for (int kk = 0; kk < kKs; ++kk) {
-      uint32_t da[4];
-      c_to_a<T>(da, s, kk);
-#pragma unroll
-      for (int n = 0; n < kNd; ++n) {
-        uint32_t bf[2];
-        load_b(bf, ks, kLdD, 16 * kk, 8 * n, ln);
-        ctx.template mma<T>(dq[n], da, bf);
-      }
-    }
+    accumulate<T, D>(ctx, dq, s, ks, lane);  // dQ += dS K
   }
 
   if (!live) return;
@@ -543,10 +578,10 @@ template <typename T, int D, typename Ctx>
 EMBER_TC_FN void grad_kv_block(const Ctx& ctx, const Params& p, int64_t block,
                                unsigned char* smem) {
   constexpr int kLdD = kLd<D>, kQueries = kDkvQueries<D>, kKd = D / 16, kNd = D / 8;
-  constexpr int kNs = kQueries / 8, kKs = kQueries / 16;
+  constexpr int kNs = kQueries / 8;
   const int64_t kb = block / p.bh, b = block % p.bh;  // (causal: the first key blocks are heaviest)
-  const int tid = ctx.thread(), warp = tid / 32;
-  const Lane ln{(tid % 32) / 4, tid % 4};
+  const int tid = ctx.thread(), warp = tid / 32, lane = tid % 32;
+  const Lane ln{lane / 4, lane % 4};
   uint16_t* ks = reinterpret_cast<uint16_t*>(smem);
   uint16_t* vs = ks + kBlockRows * kLdD;
   uint16_t* qs = vs + kBlockRows * kLdD;
@@ -584,55 +619,41 @@ EMBER_TC_FN void grad_kv_block(const Ctx& ctx, const Params& p, int64_t block,
     ctx.sync();
     if (!live || (p.causal && i0 + kQueries - 1 < w0)) continue;
 
-    // S^T = K Q^T and dP^T = V dO^T for the warp's 16 keys.
+    // S^T = K Q^T and dP^T = V dO^T for the warp's 16 keys (rows) and the tile's queries; the
+    // keys' and values' A fragments come from shared memory each tile (registers are short).
     float st[kNs][4], dpt[kNs][4];
+    uint32_t af[kKd][4];
 #pragma unroll
-    for (int n = 0; n < kNs; ++n) {
-      st[n][0] = st[n][1] = st[n][2] = st[n][3] = 0.0f;
-      dpt[n][0] = dpt[n][1] = dpt[n][2] = dpt[n][3] = 0.0f;
+    for (int kk = 0; kk < kKd; ++kk) ldsm_a(ctx, af[kk], ks, kLdD, kWarpRows * warp, 16 * kk, lane);
+    scores<T, D>(ctx, st, af, qs, lane);
+#pragma unroll
+    for (int kk = 0; kk < kKd; ++kk) ldsm_a(ctx, af[kk], vs, kLdD, kWarpRows * warp, 16 * kk, lane);
+    scores<T, D>(ctx, dpt, af, gs, lane);
+    // st becomes (P * z)^T, dpt dS^T; zero where the query does not see the key.
+    const bool edge = i0 + kQueries > p.lq || w0 + kWarpRows > p.lk ||
+                      (p.causal && i0 < w0 + kWarpRows - 1);
+    int lo[2], hi[2];  // the query columns c with lo <= c < hi see the key
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t end = p.lq - i0 < kQueries ? p.lq - i0 : kQueries;
+      const int64_t begin = p.causal ? key[h] - i0 : 0;
+      hi[h] = key[h] < p.lk ? static_cast<int>(end) : 0;
+      lo[h] = static_cast<int>(begin < 0 ? 0 : (begin > kQueries ? kQueries : begin));
     }
-#pragma unroll
-    for (int kk = 0; kk < kKd; ++kk) {
-      uint32_t ka[4], va[4];
-      load_a(ka, ks, kLdD, kWarpRows * warp, 16 * kk, ln);
-      load_a(va, vs, kLdD, kWarpRows * warp, 16 * kk, ln);
-#pragma unroll
-      for (int n = 0; n < kNs; ++n) {
-        uint32_t bf[2];
-        load_b_t(bf, qs, kLdD, 8 * n, 16 * kk, ln);
-        ctx.template mma<T>(st[n], ka, bf);
-        load_b_t(bf, gs, kLdD, 8 * n, 16 * kk, ln);
-        ctx.template mma<T>(dpt[n], va, bf);
-      }
-    }
-    // st becomes (P * z)^T, dpt becomes dS^T; zero where masked.
 #pragma unroll
     for (int n = 0; n < kNs; ++n) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int h = e / 2, c = 8 * n + 2 * ln.t + (e % 2);
-        const int64_t i = i0 + c;
-        const bool valid = i < p.lq && key[h] < p.lk && !(p.causal && key[h] > i);
-        const float w = valid ? exp2f(st[n][e] * p.scale_log2 - lse2[c]) : 0.0f;
-        const float z = p.dropout ? dropout_factor(p, b, i, key[h]) : 1.0f;
+        const bool seen = !edge || (c >= lo[h] && c < hi[h]);
+        const float w = seen ? fast_exp2(st[n][e] * p.scale_log2 - lse2[c]) : 0.0f;
+        const float z = p.dropout ? dropout_factor(p, b, i0 + c, key[h]) : 1.0f;
         st[n][e] = w * z;
         dpt[n][e] = w * (dpt[n][e] * z - dsum[c]);
       }
     }
-#pragma unroll
-    for (int kk = 0; kk < kKs; ++kk) {
-      uint32_t pa[4], da[4];
-      c_to_a<T>(pa, st, kk);
-      c_to_a<T>(da, dpt, kk);
-#pragma unroll
-      for (int n = 0; n < kNd; ++n) {
-        uint32_t bf[2];
-        load_b(bf, gs, kLdD, 16 * kk, 8 * n, ln);
-        ctx.template mma<T>(dv[n], pa, bf);
-        load_b(bf, qs, kLdD, 16 * kk, 8 * n, ln);
-        ctx.template mma<T>(dk[n], da, bf);
-      }
-    }
+    accumulate<T, D>(ctx, dv, st, gs, lane);   // dV += (P z)^T dO
+    accumulate<T, D>(ctx, dk, dpt, qs, lane);  // dK += dS^T Q
   }
 
   if (!live) return;

@@ -1,7 +1,8 @@
 // The tensor-core attention kernel (tensor/cuda/attention_tc.cuh) against the CPU op.
 //   Emulated (every machine): the kernel bodies run on the CPU, one emulated CUDA block of 128
-//     threads at a time, with the block barrier, warp shuffles and mma.m16n8k16 as the PTX ISA
-//     defines them (each lane's fragment registers decoded by the ISA's row/column formulas),
+//     threads at a time, with the block barrier, warp shuffles, ldmatrix.x4 and mma.m16n8k16 as
+//     the PTX ISA defines them (each lane's fragment registers decoded by the ISA's row/column
+//     formulas),
 //     so tiling, fragment indexing, masking, tails, online softmax and dropout are checked
 //     without a GPU.
 //   CUDA (skipped where no GPU is visible): the real kernels through the op, forward and the
@@ -15,6 +16,7 @@
 #include <algorithm>
 #include <barrier>
 #include <cmath>
+#include <cstring>
 #include <cstdlib>
 #include <functional>
 #include <optional>
@@ -54,6 +56,30 @@ class EmulatedBlock {
       w.f[slot][lane] = v;
       w.barrier.arrive_and_wait();
       return w.f[slot][lane ^ mask];
+    }
+
+    // ldmatrix.sync.aligned.m8n8.x4(.trans).shared.b16: lane l gives the address of row l % 8
+    // of matrix l / 8; register i of lane l receives matrix i's elements (row l / 4, columns
+    // 2 (l % 4) and 2 (l % 4) + 1), low half first, or, transposed, (rows 2 (l % 4) and
+    // 2 (l % 4) + 1, column l / 4).
+    void ldsm(uint32_t (&r)[4], const uint16_t* row) const { load_matrices(r, row, false); }
+    void ldsm_t(uint32_t (&r)[4], const uint16_t* row) const { load_matrices(r, row, true); }
+
+    void load_matrices(uint32_t (&r)[4], const uint16_t* row, bool transposed) const {
+      Warp& w = block->warps_[tid / kLanes];
+      const int lane = tid % kLanes, slot = static_cast<int>(phase++ % 2);
+      w.rows[slot][lane] = row;
+      w.barrier.arrive_and_wait();
+      const auto at = [&](int matrix, int r_, int c) {
+        uint16_t value;
+        std::memcpy(&value, w.rows[slot][8 * matrix + r_] + c, sizeof(value));
+        return value;
+      };
+      for (int i = 0; i < 4; ++i) {
+        const int g = lane / 4, c = 2 * (lane % 4);
+        r[i] = transposed ? tc::pack_bits(at(i, c, g), at(i, c + 1, g))
+                          : tc::pack_bits(at(i, g, c), at(i, g, c + 1));
+      }
     }
 
     // d += A B for a 16x16 A and 16x8 B spread over the warp's registers as the PTX ISA's
@@ -113,6 +139,7 @@ class EmulatedBlock {
     float f[2][kLanes];
     uint32_t a[2][kLanes][4];
     uint32_t b[2][kLanes][2];
+    const uint16_t* rows[2][kLanes];
     std::barrier<> barrier{kLanes};
   };
   std::barrier<> barrier_{tc::kThreads};
