@@ -82,10 +82,10 @@ struct DeviceCtx {
   }
 };
 
-template <typename T, int D>
+template <typename T, int D, bool kDropout>
 __global__ void __launch_bounds__(tc::kThreads) forward_kernel(const __grid_constant__ tc::Params p) {
   extern __shared__ __align__(16) unsigned char tc_smem[];
-  tc::forward_block<T, D>(DeviceCtx{}, p, blockIdx.x, tc_smem);
+  tc::forward_block<T, D, kDropout>(DeviceCtx{}, p, blockIdx.x, tc_smem);
 }
 
 template <typename T, int D>
@@ -93,16 +93,16 @@ __global__ void __launch_bounds__(tc::kThreads) row_dot_kernel(const __grid_cons
   tc::row_dot_block<T, D>(DeviceCtx{}, p, blockIdx.x);
 }
 
-template <typename T, int D>
+template <typename T, int D, bool kDropout>
 __global__ void __launch_bounds__(tc::kThreads) grad_q_kernel(const __grid_constant__ tc::Params p) {
   extern __shared__ __align__(16) unsigned char tc_smem[];
-  tc::grad_q_block<T, D>(DeviceCtx{}, p, blockIdx.x, tc_smem);
+  tc::grad_q_block<T, D, kDropout>(DeviceCtx{}, p, blockIdx.x, tc_smem);
 }
 
-template <typename T, int D>
+template <typename T, int D, bool kDropout>
 __global__ void __launch_bounds__(tc::kThreads) grad_kv_kernel(const __grid_constant__ tc::Params p) {
   extern __shared__ __align__(16) unsigned char tc_smem[];
-  tc::grad_kv_block<T, D>(DeviceCtx{}, p, blockIdx.x, tc_smem);
+  tc::grad_kv_block<T, D, kDropout>(DeviceCtx{}, p, blockIdx.x, tc_smem);
 }
 
 // Launches `kernel` on `blocks` blocks of kThreads with `smem` bytes of dynamic shared memory,
@@ -118,14 +118,21 @@ void launch(Kernel kernel, int64_t blocks, size_t smem, cudaStream_t stream, con
   EMBER_CUDA_CHECK_LAUNCH();
 }
 
-// f(type tag, head dim constant) for the supported (dtype, head dim) pairs.
+// f(type tag, head dim constant, dropout constant) for the supported (dtype, head dim) pairs.
 template <typename F>
-void dispatch_config(DType dtype, int64_t dim, F&& f) {
+void dispatch_config(DType dtype, int64_t dim, bool dropout, F&& f) {
+  const auto with_dropout = [&](auto tag, auto d) {
+    if (dropout) {
+      f(tag, d, std::true_type{});
+    } else {
+      f(tag, d, std::false_type{});
+    }
+  };
   const auto with_dim = [&](auto tag) {
     if (dim == 64) {
-      f(tag, std::integral_constant<int, 64>{});
+      with_dropout(tag, std::integral_constant<int, 64>{});
     } else {
-      f(tag, std::integral_constant<int, 128>{});
+      with_dropout(tag, std::integral_constant<int, 128>{});
     }
   };
   if (dtype == kBF16) {
@@ -181,11 +188,12 @@ void attention_tc_forward(const Tensor& out, const Tensor& lse, const Tensor& q,
   const KernelContext ctx(q);
   tc::Params p = params_of(q, k, v, lse, params);
   p.out = out.data_ptr();
-  dispatch_config(q.dtype(), q.size(2), [&](auto tag, auto dim) {
+  dispatch_config(q.dtype(), q.size(2), p.dropout, [&](auto tag, auto dim, auto dropout) {
     using T = typename decltype(tag)::type;
     constexpr int D = decltype(dim)::value;
-    launch(forward_kernel<T, D>, tc::forward_blocks(p), tc::forward_smem_bytes<D>(), ctx.stream,
-           p);
+    constexpr bool kDropout = decltype(dropout)::value;
+    launch(forward_kernel<T, D, kDropout>, tc::forward_blocks<D>(p), tc::forward_smem_bytes<D>(),
+           ctx.stream, p);
   });
 }
 
@@ -202,13 +210,15 @@ void attention_tc_backward(const Tensor& grad_q, const Tensor& grad_k, const Ten
   p.grad_q = grad_q.data_ptr();
   p.grad_k = grad_k.data_ptr();
   p.grad_v = grad_v.data_ptr();
-  dispatch_config(q.dtype(), q.size(2), [&](auto tag, auto dim) {
+  dispatch_config(q.dtype(), q.size(2), p.dropout, [&](auto tag, auto dim, auto dropout) {
     using T = typename decltype(tag)::type;
     constexpr int D = decltype(dim)::value;
+    constexpr bool kDropout = decltype(dropout)::value;
     launch(row_dot_kernel<T, D>, tc::row_dot_blocks(p), 0, ctx.stream, p);
-    launch(grad_q_kernel<T, D>, tc::grad_q_blocks(p), tc::grad_q_smem_bytes<D>(), ctx.stream, p);
-    launch(grad_kv_kernel<T, D>, tc::grad_kv_blocks(p), tc::grad_kv_smem_bytes<D>(), ctx.stream,
-           p);
+    launch(grad_q_kernel<T, D, kDropout>, tc::grad_q_blocks<D>(p), tc::grad_q_smem_bytes<D>(),
+           ctx.stream, p);
+    launch(grad_kv_kernel<T, D, kDropout>, tc::grad_kv_blocks(p), tc::grad_kv_smem_bytes<D>(),
+           ctx.stream, p);
   });
 }
 

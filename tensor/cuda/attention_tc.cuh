@@ -13,26 +13,30 @@
 //   C (16x8):  c0, c1 = (g, 2t..2t+1), c2, c3 = (g+8, 2t..2t+1)
 // so the C fragments of two neighbouring 16x8 score tiles are, packed in pairs, the A
 // fragment of the 16x16 tile they form: probabilities never leave registers.
-//   forward:  a block owns 64 query rows of one batch-head, 16 per warp, with the warp's Q
-//     fragments in registers; it walks the keys 64 at a time (K and V tiles in shared memory,
-//     rows padded by 8 elements so each ldmatrix phase reads 8 rows from 32 different banks;
-//     B fragments by ldmatrix, V's transposed on the way): S = Q K^T in f32, scaled to log2
-//     units, causal and tail columns set to -inf before the row maximum on the tiles that
-//     cross the diagonal or an end (shuffles across the 4 lanes that share a row), online
-//     softmax (running max m, sum l), P (dropped out when asked) rounded to 16 bits as the A
-//     operand of O += P V. At the end O / l is rounded once to T and lse = m ln 2 + ln l is
-//     saved per row (f32).
+//   forward:  a block owns 4 warps x 16 M query rows of one batch-head (M = 2 m-tiles per warp
+//     at D 64, so every B fragment read from shared memory feeds two mma; 1 at D 128, where
+//     registers run out), with the warp's Q fragments in registers; it walks the keys in tiles
+//     (32 keys at D 64, 64 at D 128; K and V tiles in shared memory, rows padded by 8
+//     elements so each ldmatrix phase reads 8 rows from 32 different banks; B fragments by
+//     ldmatrix, V's transposed on the way): S = Q K^T in f32, scaled to log2 units, causal and
+//     tail columns set to -inf before the row maximum on the tiles that cross the diagonal or
+//     an end (shuffles across the 4 lanes that share a row), online softmax (running max m,
+//     sum l), P (dropped out when asked) rounded to 16 bits as the A operand of O += P V. At
+//     the end O / l is rounded once to T and lse = m ln 2 + ln l is saved per row (f32).
 //   backward: D = rowsum(dO * O) first (row_dot_block); then two kernels, no atomics, so the
 //     result does not depend on timing:
-//     dq:   as the forward, a block owns 64 query rows (Q and dO fragments in registers) and
-//           walks key tiles (64 keys for D 64, 32 for D 128): P = exp2(S - lse), dP = dO V^T,
-//           dS = P * (dP * z - D), dQ += dS K; dQ * scale stored once.
+//     dq:   as the forward, a block owns 4 x 16 M query rows (M = 2 at D 64, 1 at D 128; Q and
+//           dO fragments in registers) and walks key tiles (32 keys): P = exp2(S - lse),
+//           dP = dO V^T, dS = P * (dP * z - D), dQ += dS K; dQ * scale stored once.
 //     dk/dv: a block owns 64 keys (16 per warp, K and V in shared memory) and walks query
-//           tiles (64 queries for D 64, 32 for D 128; Q, dO, lse, D in shared memory): S^T =
+//           tiles (64 queries at D 64, 32 at D 128; Q, dO, lse, D in shared memory): S^T =
 //           K Q^T, dP^T = V dO^T, dV += (P * z)^T dO, dK += dS^T Q; dK * scale stored once.
 //   Causal blocks stop at the diagonal (and warps skip tiles wholly above it); rows and keys
-//   past the ends load as zeros and are masked, never stored. Dropout: the factor of weight
-//   (b, i, j) is attention_keep(seed, offset, (b Lq + i) Lk + j) as on the CPU (attention.h).
+//   past the ends load as zeros and are masked, never stored. Dropout (a separate
+//   instantiation, kDropout): the factor of weight (b, i, j) is attention_keep(seed, offset,
+//   (b Lq + i) Lk + j) as on the CPU (attention.h), drawn per tile into a bit mask.
+//   Shared memory per block: forward 9 KiB (D 64) / 34 KiB (D 128); dq 9 / 17 KiB; dk/dv
+//   37 / 51 KiB (over the default 48 KiB: attention_tc.cu raises the kernel's limit).
 #pragma once
 
 #include <math.h>
@@ -57,23 +61,35 @@ namespace ember::detail::attention_tc {
 
 constexpr int kThreads = 128;  // 4 warps
 constexpr int kWarpRows = 16;  // rows (queries, or keys for dk/dv) per warp
-constexpr int kBlockRows = 64;  // rows per block
+constexpr int kBlockRows = 64;  // keys per dk/dv block
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
 // Shared-memory row stride of a tile, in elements: 16 bytes of padding per row.
 template <int D>
 constexpr int kLd = D + 8;
-// Keys per tile of the dq kernel and queries per tile of the dk/dv kernel (registers bound
-// them at D 128).
+// Query rows per warp in the forward, in 16-row m-tiles: two at D 64, so that every B
+// fragment read from shared memory feeds two mma (registers allow one at D 128).
 template <int D>
-constexpr int kDqKeys = D <= 64 ? 64 : 32;
+constexpr int kForwardTiles = D <= 64 ? 2 : 1;
+template <int D>
+constexpr int kForwardRows = 4 * kWarpRows * kForwardTiles<D>;  // per block
+template <int D>
+constexpr int kForwardKeys = D <= 64 ? 32 : 64;  // per key tile
+// The dq kernel likewise: m-tiles per warp, rows per block, and keys per tile (registers
+// bound them); queries per tile of the dk/dv kernel.
+template <int D>
+constexpr int kDqTiles = D <= 64 ? 2 : 1;
+template <int D>
+constexpr int kDqRows = 4 * kWarpRows * kDqTiles<D>;
+template <int D>
+constexpr int kDqKeys = 32;
 template <int D>
 constexpr int kDkvQueries = D <= 64 ? 64 : 32;
 
 template <int D>
 constexpr size_t forward_smem_bytes() {
-  return 2 * kBlockRows * kLd<D> * sizeof(uint16_t);  // K and V tiles
+  return 2 * kForwardKeys<D> * kLd<D> * sizeof(uint16_t);  // K and V tiles
 }
 template <int D>
 constexpr size_t grad_q_smem_bytes() {
@@ -103,7 +119,7 @@ struct Params {
   float scale;       // softmax scale
   float scale_log2;  // scale * log2(e)
   bool causal;
-  bool dropout;
+  bool dropout;  // (the bodies take it as their kDropout template argument)
   uint64_t seed, offset;
   float keep;     // float(1 - p)
   float rescale;  // 1 / (1 - p), 0 at p = 1
@@ -129,8 +145,14 @@ inline Params params_for(const AttentionParams& a, int64_t bh, int64_t lq, int64
 constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // Blocks per launch of each body.
-inline int64_t forward_blocks(const Params& p) { return p.bh * ceil_div(p.lq, kBlockRows); }
-inline int64_t grad_q_blocks(const Params& p) { return forward_blocks(p); }
+template <int D>
+int64_t forward_blocks(const Params& p) {
+  return p.bh * ceil_div(p.lq, kForwardRows<D>);
+}
+template <int D>
+int64_t grad_q_blocks(const Params& p) {
+  return p.bh * ceil_div(p.lq, kDqRows<D>);
+}
 inline int64_t grad_kv_blocks(const Params& p) { return p.bh * ceil_div(p.lk, kBlockRows); }
 inline int64_t row_dot_blocks(const Params& p) { return ceil_div(p.bh * p.lq, kRowDotRows); }
 
@@ -291,10 +313,25 @@ EMBER_TC_FN void load_tile(const Ctx& ctx, uint16_t* dst, const uint16_t* src, i
   }
 }
 
-// The dropout factor of weight (b, i, j): 0 or 1 / (1 - p).
-EMBER_TC_FN float dropout_factor(const Params& p, int64_t b, int64_t i, int64_t j) {
-  const auto index = static_cast<uint64_t>((b * p.lq + i) * p.lk + j);
-  return attention_keep(p.seed, p.offset, index, p.keep) ? p.rescale : 0.0f;
+// Dropout: the kept bits of the 4 N weights a lane holds in N C tiles, bit 4 n + e for element
+// e of tile n; index(h, c) is the flat weight index ((b Lq + i) Lk + j, attention.h) of the
+// lane's row half h (row g or g + 8) and tile column c. A rolled loop, so the unrolled
+// softmax code stays small and the draws take few registers.
+template <int N, typename Index>
+EMBER_TC_FN uint32_t keep_bits(const Params& p, Lane ln, const Index& index) {
+  static_assert(4 * N <= 32, "one bit per element in a 32-bit mask");
+  uint32_t bits = 0;
+#pragma unroll 1
+  for (int x = 0; x < 4 * N; ++x) {
+    const int c = 8 * (x / 4) + 2 * ln.t + x % 2;
+    if (attention_keep(p.seed, p.offset, index((x % 4) / 2, c), p.keep)) bits |= 1u << x;
+  }
+  return bits;
+}
+
+// The dropout factor of bit x of `keep`: 1 / (1 - p) or 0.
+EMBER_TC_FN float keep_factor(const Params& p, uint32_t keep, int x) {
+  return (keep >> x) & 1u ? p.rescale : 0.0f;
 }
 
 // 2^x; -inf gives 0. On the GPU the special-function unit's approximation (ex2.approx, about
@@ -329,40 +366,50 @@ EMBER_TC_FN int seen_columns(const Params& p, int64_t i, int64_t j0, int cols) {
   return static_cast<int>(end < 0 ? 0 : (end > cols ? cols : end));
 }
 
-// S = Q K^T for a warp's 16 rows and a tile of 8 N keys: qf the rows' A fragments (head dim
-// in steps of 16), ks the key tile.
-template <typename T, int D, int N, typename Ctx>
-EMBER_TC_FN void scores(const Ctx& ctx, float (&s)[N][4], const uint32_t (&qf)[D / 16][4],
+// S = Q K^T for a warp's M m-tiles of 16 rows and a tile of 8 N keys: af the rows' A
+// fragments (head dim in steps of 16), ks the key tile. Each B fragment feeds M products.
+template <typename T, int D, int M, int N, typename Ctx>
+EMBER_TC_FN void scores(const Ctx& ctx, float (&s)[M][N][4], const uint32_t (&af)[M][D / 16][4],
                         const uint16_t* ks, int lane) {
 #pragma unroll
-  for (int n = 0; n < N; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+  for (int mt = 0; mt < M; ++mt) {
+#pragma unroll
+    for (int n = 0; n < N; ++n) s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0.0f;
+  }
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
 #pragma unroll
     for (int n = 0; n < N; n += 2) {
       uint32_t bf[2][2];
       ldsm_b_t(ctx, bf, ks, kLd<D>, 8 * n, 16 * kk, lane);
-      ctx.template mma<T>(s[n], qf[kk], bf[0]);
-      ctx.template mma<T>(s[n + 1], qf[kk], bf[1]);
+#pragma unroll
+      for (int mt = 0; mt < M; ++mt) {
+        ctx.template mma<T>(s[mt][n], af[mt][kk], bf[0]);
+        ctx.template mma<T>(s[mt][n + 1], af[mt][kk], bf[1]);
+      }
     }
   }
 }
 
-// acc += P X for a warp's 16 rows: P the f32 C tiles of 8 N columns (rounded to T here), xs
+// acc += P X for a warp's M m-tiles: P the f32 C tiles of 8 N columns (rounded to T here), xs
 // a tile of 8 N rows of width D.
-template <typename T, int D, int N, typename Ctx>
-EMBER_TC_FN void accumulate(const Ctx& ctx, float (&acc)[D / 8][4], const float (&pc)[N][4],
+template <typename T, int D, int M, int N, typename Ctx>
+EMBER_TC_FN void accumulate(const Ctx& ctx, float (&acc)[M][D / 8][4], const float (&pc)[M][N][4],
                             const uint16_t* xs, int lane) {
 #pragma unroll
   for (int kk = 0; kk < N / 2; ++kk) {
-    uint32_t pa[4];
-    c_to_a<T>(pa, pc, kk);
+    uint32_t pa[M][4];
+#pragma unroll
+    for (int mt = 0; mt < M; ++mt) c_to_a<T>(pa[mt], pc[mt], kk);
 #pragma unroll
     for (int n = 0; n < D / 8; n += 2) {
       uint32_t bf[2][2];
       ldsm_b(ctx, bf, xs, kLd<D>, 16 * kk, 8 * n, lane);
-      ctx.template mma<T>(acc[n], pa, bf[0]);
-      ctx.template mma<T>(acc[n + 1], pa, bf[1]);
+#pragma unroll
+      for (int mt = 0; mt < M; ++mt) {
+        ctx.template mma<T>(acc[mt][n], pa[mt], bf[0]);
+        ctx.template mma<T>(acc[mt][n + 1], pa[mt], bf[1]);
+      }
     }
   }
 }
@@ -370,12 +417,14 @@ EMBER_TC_FN void accumulate(const Ctx& ctx, float (&acc)[D / 8][4], const float 
 // ---------------------------------------------------------------------------------------
 // Forward: out and lse for 64 query rows of one batch-head.
 
-template <typename T, int D, typename Ctx>
+template <typename T, int D, bool kDropout, typename Ctx>
 EMBER_TC_FN void forward_block(const Ctx& ctx, const Params& p, int64_t block,
                                unsigned char* smem) {
-  constexpr int kLdD = kLd<D>, kKeys = kBlockRows, kKd = D / 16, kNd = D / 8, kNs = kKeys / 8;
+  constexpr int kM = kForwardTiles<D>, kRows = kForwardRows<D>, kSpan = kWarpRows * kM;
+  constexpr int kLdD = kLd<D>, kKeys = kForwardKeys<D>, kKd = D / 16, kNd = D / 8;
+  constexpr int kNs = kKeys / 8;
   // Heaviest (causal: last) query blocks first.
-  const int64_t nqb = ceil_div(p.lq, kBlockRows);
+  const int64_t nqb = ceil_div(p.lq, kRows);
   const int64_t qb = nqb - 1 - block / p.bh, b = block % p.bh;
   const int tid = ctx.thread(), warp = tid / 32, lane = tid % 32;
   const Lane ln{lane / 4, lane % 4};
@@ -384,67 +433,84 @@ EMBER_TC_FN void forward_block(const Ctx& ctx, const Params& p, int64_t block,
   const uint16_t* q = static_cast<const uint16_t*>(p.q) + b * p.lq * D;
   const uint16_t* k = static_cast<const uint16_t*>(p.k) + b * p.lk * D;
   const uint16_t* v = static_cast<const uint16_t*>(p.v) + b * p.lk * D;
-  const int64_t i0 = qb * kBlockRows, w0 = i0 + kWarpRows * warp;
-  const int64_t row[2] = {w0 + ln.g, w0 + ln.g + 8};
+  // The warp's rows: w0 .. w0 + kSpan - 1; this lane's, row[mt][h] = w0 + 16 mt + 8 h + g.
+  const int64_t i0 = qb * kRows, w0 = i0 + kSpan * warp;
+  int64_t row[kM][2];
+  uint32_t qf[kM][kKd][4];
+  float o[kM][kNd][4], m[kM][2], l[kM][2];  // m in log2 units
+#pragma unroll
+  for (int mt = 0; mt < kM; ++mt) {
+    row[mt][0] = w0 + kWarpRows * mt + ln.g;
+    row[mt][1] = row[mt][0] + 8;
+#pragma unroll
+    for (int kk = 0; kk < kKd; ++kk) {
+      load_a_rows(qf[mt][kk], q, D, w0 + kWarpRows * mt, 16 * kk, p.lq, ln);
+    }
+#pragma unroll
+    for (int n = 0; n < kNd; ++n) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.0f;
+    m[mt][0] = m[mt][1] = -INFINITY;
+    l[mt][0] = l[mt][1] = 0.0f;
+  }
   const bool live = w0 < p.lq;  // the warp has rows to compute
 
-  uint32_t qf[kKd][4];
-#pragma unroll
-  for (int kk = 0; kk < kKd; ++kk) load_a_rows(qf[kk], q, D, w0, 16 * kk, p.lq, ln);
-  float o[kNd][4];
-#pragma unroll
-  for (int n = 0; n < kNd; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // m in log2 units
-
-  const int64_t key_end = p.causal && i0 + kBlockRows < p.lk ? i0 + kBlockRows : p.lk;
+  const int64_t key_end = p.causal && i0 + kRows < p.lk ? i0 + kRows : p.lk;
   for (int64_t j0 = 0; j0 < key_end; j0 += kKeys) {
     ctx.sync();  // every warp is done with the previous tiles
     load_tile<D>(ctx, ks, k, j0, kKeys, p.lk);
     load_tile<D>(ctx, vs, v, j0, kKeys, p.lk);
     ctx.sync();
-    if (!live || (p.causal && j0 > w0 + kWarpRows - 1)) continue;  // warp-uniform
+    if (!live || (p.causal && j0 > w0 + kSpan - 1)) continue;  // warp-uniform
 
-    float s[kNs][4];
+    float s[kM][kNs][4];
     scores<T, D>(ctx, s, qf, ks, lane);
     // Scores in log2 units; on tiles that cross the diagonal or the end, the columns a row
     // does not see are -inf before the maximum.
     const bool edge = j0 + kKeys > p.lk || (p.causal && j0 + kKeys - 1 > w0);
-    const int seen[2] = {seen_columns(p, row[0], j0, kKeys), seen_columns(p, row[1], j0, kKeys)};
-    float mx[2] = {m[0], m[1]};
 #pragma unroll
-    for (int n = 0; n < kNs; ++n) {
+    for (int mt = 0; mt < kM; ++mt) {
+      const int seen[2] = {seen_columns(p, row[mt][0], j0, kKeys),
+                           seen_columns(p, row[mt][1], j0, kKeys)};
+      float mx[2] = {m[mt][0], m[mt][1]};
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int h = e / 2, col = 8 * n + 2 * ln.t + (e % 2);
-        float x = s[n][e] * p.scale_log2;
-        if (edge && col >= seen[h]) x = -INFINITY;
-        s[n][e] = x;
-        mx[h] = fmaxf(mx[h], x);
+      for (int n = 0; n < kNs; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int h = e / 2, col = 8 * n + 2 * ln.t + (e % 2);
+          float x = s[mt][n][e] * p.scale_log2;
+          if (edge && col >= seen[h]) x = -INFINITY;
+          s[mt][n][e] = x;
+          mx[h] = fmaxf(mx[h], x);
+        }
       }
-    }
-    float base[2];
+      float base[2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      mx[h] = quad_max(ctx, mx[h]);
-      base[h] = mx[h] == -INFINITY ? 0.0f : mx[h];  // a row with nothing yet stays at 0
-      const float corr = fast_exp2(m[h] - base[h]);
-      m[h] = mx[h];
-      l[h] *= corr;
+      for (int h = 0; h < 2; ++h) {
+        mx[h] = quad_max(ctx, mx[h]);
+        base[h] = mx[h] == -INFINITY ? 0.0f : mx[h];  // a row with nothing yet stays at 0
+        const float corr = fast_exp2(m[mt][h] - base[h]);
+        m[mt][h] = mx[h];
+        l[mt][h] *= corr;
 #pragma unroll
-      for (int n = 0; n < kNd; ++n) {
-        o[n][2 * h] *= corr;
-        o[n][2 * h + 1] *= corr;
+        for (int n = 0; n < kNd; ++n) {
+          o[mt][n][2 * h] *= corr;
+          o[mt][n][2 * h + 1] *= corr;
+        }
       }
-    }
+      uint32_t keep = 0;
+      if constexpr (kDropout) {
+        keep = keep_bits<kNs>(p, ln, [&](int h, int c) {
+          return static_cast<uint64_t>((b * p.lq + row[mt][h]) * p.lk + j0 + c);
+        });
+      }
 #pragma unroll
-    for (int n = 0; n < kNs; ++n) {
+      for (int n = 0; n < kNs; ++n) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int h = e / 2;
-        const float w = fast_exp2(s[n][e] - base[h]);
-        l[h] += w;  // this lane's part of the row sum
-        s[n][e] = w;
-        if (p.dropout) s[n][e] *= dropout_factor(p, b, row[h], j0 + 8 * n + 2 * ln.t + (e % 2));
+        for (int e = 0; e < 4; ++e) {
+          const int h = e / 2;
+          const float w = fast_exp2(s[mt][n][e] - base[h]);
+          l[mt][h] += w;  // this lane's part of the row sum
+          s[mt][n][e] = kDropout ? w * keep_factor(p, keep, 4 * n + e) : w;
+        }
       }
     }
     accumulate<T, D>(ctx, o, s, vs, lane);
@@ -453,17 +519,19 @@ EMBER_TC_FN void forward_block(const Ctx& ctx, const Params& p, int64_t block,
   if (!live) return;
   uint16_t* out = static_cast<uint16_t*>(p.out) + b * p.lq * D;
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    l[h] = quad_sum(ctx, l[h]);
-    const float inv = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
-    if (row[h] >= p.lq) continue;
+  for (int mt = 0; mt < kM; ++mt) {
 #pragma unroll
-    for (int n = 0; n < kNd; ++n) {
-      store_u32(out + row[h] * D + 8 * n + 2 * ln.t,
-                pack_floats<T>(o[n][2 * h] * inv, o[n][2 * h + 1] * inv));
-    }
-    if (ln.t == 0) {
-      p.lse[b * p.lq + row[h]] = l[h] > 0.0f ? m[h] * kLn2 + logf(l[h]) : -INFINITY;
+    for (int h = 0; h < 2; ++h) {
+      const float total = quad_sum(ctx, l[mt][h]);
+      const float inv = total > 0.0f ? 1.0f / total : 0.0f;
+      const int64_t r = row[mt][h];
+      if (r >= p.lq) continue;
+#pragma unroll
+      for (int n = 0; n < kNd; ++n) {
+        store_u32(out + r * D + 8 * n + 2 * ln.t,
+                  pack_floats<T>(o[mt][n][2 * h] * inv, o[mt][n][2 * h + 1] * inv));
+      }
+      if (ln.t == 0) p.lse[b * p.lq + r] = total > 0.0f ? m[mt][h] * kLn2 + logf(total) : -INFINITY;
     }
   }
 }
@@ -498,11 +566,12 @@ EMBER_TC_FN void row_dot_block(const Ctx& ctx, const Params& p, int64_t block) {
   if (valid && part == 0) p.dsum[r] = total;
 }
 
-// dq for 64 query rows of one batch-head.
-template <typename T, int D, typename Ctx>
+// dq for kDqRows<D> query rows of one batch-head.
+template <typename T, int D, bool kDropout, typename Ctx>
 EMBER_TC_FN void grad_q_block(const Ctx& ctx, const Params& p, int64_t block, unsigned char* smem) {
+  constexpr int kM = kDqTiles<D>, kRows = kDqRows<D>, kSpan = kWarpRows * kM;
   constexpr int kLdD = kLd<D>, kKeys = kDqKeys<D>, kKd = D / 16, kNd = D / 8, kNs = kKeys / 8;
-  const int64_t nqb = ceil_div(p.lq, kBlockRows);
+  const int64_t nqb = ceil_div(p.lq, kRows);
   const int64_t qb = nqb - 1 - block / p.bh, b = block % p.bh;
   const int tid = ctx.thread(), warp = tid / 32, lane = tid % 32;
   const Lane ln{lane / 4, lane % 4};
@@ -512,49 +581,64 @@ EMBER_TC_FN void grad_q_block(const Ctx& ctx, const Params& p, int64_t block, un
   const uint16_t* go = static_cast<const uint16_t*>(p.grad_out) + b * p.lq * D;
   const uint16_t* k = static_cast<const uint16_t*>(p.k) + b * p.lk * D;
   const uint16_t* v = static_cast<const uint16_t*>(p.v) + b * p.lk * D;
-  const int64_t i0 = qb * kBlockRows, w0 = i0 + kWarpRows * warp;
-  const int64_t row[2] = {w0 + ln.g, w0 + ln.g + 8};
+  const int64_t i0 = qb * kRows, w0 = i0 + kSpan * warp;
+  int64_t row[kM][2];
+  uint32_t qf[kM][kKd][4], gf[kM][kKd][4];
+  float lse2[kM][2], dsum[kM][2], dq[kM][kNd][4];
+#pragma unroll
+  for (int mt = 0; mt < kM; ++mt) {
+    row[mt][0] = w0 + kWarpRows * mt + ln.g;
+    row[mt][1] = row[mt][0] + 8;
+#pragma unroll
+    for (int kk = 0; kk < kKd; ++kk) {
+      load_a_rows(qf[mt][kk], q, D, w0 + kWarpRows * mt, 16 * kk, p.lq, ln);
+      load_a_rows(gf[mt][kk], go, D, w0 + kWarpRows * mt, 16 * kk, p.lq, ln);
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const bool in = row[mt][h] < p.lq;
+      lse2[mt][h] = in ? p.lse[b * p.lq + row[mt][h]] * kLog2e : 0.0f;
+      dsum[mt][h] = in ? p.dsum[b * p.lq + row[mt][h]] : 0.0f;
+    }
+#pragma unroll
+    for (int n = 0; n < kNd; ++n) dq[mt][n][0] = dq[mt][n][1] = dq[mt][n][2] = dq[mt][n][3] = 0.0f;
+  }
   const bool live = w0 < p.lq;
 
-  uint32_t qf[kKd][4], gf[kKd][4];
-#pragma unroll
-  for (int kk = 0; kk < kKd; ++kk) {
-    load_a_rows(qf[kk], q, D, w0, 16 * kk, p.lq, ln);
-    load_a_rows(gf[kk], go, D, w0, 16 * kk, p.lq, ln);
-  }
-  float lse2[2], dsum[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const bool in = row[h] < p.lq;
-    lse2[h] = in ? p.lse[b * p.lq + row[h]] * kLog2e : 0.0f;
-    dsum[h] = in ? p.dsum[b * p.lq + row[h]] : 0.0f;
-  }
-  float dq[kNd][4];
-#pragma unroll
-  for (int n = 0; n < kNd; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
-
-  const int64_t key_end = p.causal && i0 + kBlockRows < p.lk ? i0 + kBlockRows : p.lk;
+  const int64_t key_end = p.causal && i0 + kRows < p.lk ? i0 + kRows : p.lk;
   for (int64_t j0 = 0; j0 < key_end; j0 += kKeys) {
     ctx.sync();
     load_tile<D>(ctx, ks, k, j0, kKeys, p.lk);
     load_tile<D>(ctx, vs, v, j0, kKeys, p.lk);
     ctx.sync();
-    if (!live || (p.causal && j0 > w0 + kWarpRows - 1)) continue;
+    if (!live || (p.causal && j0 > w0 + kSpan - 1)) continue;
 
-    float s[kNs][4], dp[kNs][4];
+    float s[kM][kNs][4], dp[kM][kNs][4];
     scores<T, D>(ctx, s, qf, ks, lane);
     scores<T, D>(ctx, dp, gf, vs, lane);  // dP = dO V^T
     // dS = P * (dP * z - D), zero where a row does not see the key (s becomes dS).
     const bool edge = j0 + kKeys > p.lk || (p.causal && j0 + kKeys - 1 > w0);
-    const int seen[2] = {seen_columns(p, row[0], j0, kKeys), seen_columns(p, row[1], j0, kKeys)};
 #pragma unroll
-    for (int n = 0; n < kNs; ++n) {
+    for (int mt = 0; mt < kM; ++mt) {
+      const int seen[2] = {seen_columns(p, row[mt][0], j0, kKeys),
+                           seen_columns(p, row[mt][1], j0, kKeys)};
+      uint32_t keep = 0;
+      if constexpr (kDropout) {
+        keep = keep_bits<kNs>(p, ln, [&](int h, int c) {
+          return static_cast<uint64_t>((b * p.lq + row[mt][h]) * p.lk + j0 + c);
+        });
+      }
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int h = e / 2, col = 8 * n + 2 * ln.t + (e % 2);
-        const float w = edge && col >= seen[h] ? 0.0f : fast_exp2(s[n][e] * p.scale_log2 - lse2[h]);
-        const float z = p.dropout ? dropout_factor(p, b, row[h], j0 + col) : 1.0f;
-        s[n][e] = w * (dp[n][e] * z - dsum[h]);
+      for (int n = 0; n < kNs; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int h = e / 2, col = 8 * n + 2 * ln.t + (e % 2);
+          const float w = edge && col >= seen[h]
+                              ? 0.0f
+                              : fast_exp2(s[mt][n][e] * p.scale_log2 - lse2[mt][h]);
+          const float z = kDropout ? keep_factor(p, keep, 4 * n + e) : 1.0f;
+          s[mt][n][e] = w * (dp[mt][n][e] * z - dsum[mt][h]);
+        }
       }
     }
     accumulate<T, D>(ctx, dq, s, ks, lane);  // dQ += dS K
@@ -563,18 +647,22 @@ EMBER_TC_FN void grad_q_block(const Ctx& ctx, const Params& p, int64_t block, un
   if (!live) return;
   uint16_t* gq = static_cast<uint16_t*>(p.grad_q) + b * p.lq * D;
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    if (row[h] >= p.lq) continue;
+  for (int mt = 0; mt < kM; ++mt) {
 #pragma unroll
-    for (int n = 0; n < kNd; ++n) {
-      store_u32(gq + row[h] * D + 8 * n + 2 * ln.t,
-                pack_floats<T>(dq[n][2 * h] * p.scale, dq[n][2 * h + 1] * p.scale));
+    for (int h = 0; h < 2; ++h) {
+      const int64_t r = row[mt][h];
+      if (r >= p.lq) continue;
+#pragma unroll
+      for (int n = 0; n < kNd; ++n) {
+        store_u32(gq + r * D + 8 * n + 2 * ln.t,
+                  pack_floats<T>(dq[mt][n][2 * h] * p.scale, dq[mt][n][2 * h + 1] * p.scale));
+      }
     }
   }
 }
 
 // dk and dv for 64 keys of one batch-head.
-template <typename T, int D, typename Ctx>
+template <typename T, int D, bool kDropout, typename Ctx>
 EMBER_TC_FN void grad_kv_block(const Ctx& ctx, const Params& p, int64_t block,
                                unsigned char* smem) {
   constexpr int kLdD = kLd<D>, kQueries = kDkvQueries<D>, kKd = D / 16, kNd = D / 8;
@@ -598,11 +686,11 @@ EMBER_TC_FN void grad_kv_block(const Ctx& ctx, const Params& p, int64_t block,
 
   load_tile<D>(ctx, ks, k, j0, kBlockRows, p.lk);
   load_tile<D>(ctx, vs, v, j0, kBlockRows, p.lk);
-  float dk[kNd][4], dv[kNd][4];
+  float dk[1][kNd][4], dv[1][kNd][4];  // (one m-tile of 16 keys per warp)
 #pragma unroll
   for (int n = 0; n < kNd; ++n) {
-    dk[n][0] = dk[n][1] = dk[n][2] = dk[n][3] = 0.0f;
-    dv[n][0] = dv[n][1] = dv[n][2] = dv[n][3] = 0.0f;
+    dk[0][n][0] = dk[0][n][1] = dk[0][n][2] = dk[0][n][3] = 0.0f;
+    dv[0][n][0] = dv[0][n][1] = dv[0][n][2] = dv[0][n][3] = 0.0f;
   }
 
   // Causal: queries i < j0 see none of these keys.
@@ -621,13 +709,17 @@ EMBER_TC_FN void grad_kv_block(const Ctx& ctx, const Params& p, int64_t block,
 
     // S^T = K Q^T and dP^T = V dO^T for the warp's 16 keys (rows) and the tile's queries; the
     // keys' and values' A fragments come from shared memory each tile (registers are short).
-    float st[kNs][4], dpt[kNs][4];
-    uint32_t af[kKd][4];
+    float st[1][kNs][4], dpt[1][kNs][4];
+    uint32_t af[1][kKd][4];
 #pragma unroll
-    for (int kk = 0; kk < kKd; ++kk) ldsm_a(ctx, af[kk], ks, kLdD, kWarpRows * warp, 16 * kk, lane);
+    for (int kk = 0; kk < kKd; ++kk) {
+      ldsm_a(ctx, af[0][kk], ks, kLdD, kWarpRows * warp, 16 * kk, lane);
+    }
     scores<T, D>(ctx, st, af, qs, lane);
 #pragma unroll
-    for (int kk = 0; kk < kKd; ++kk) ldsm_a(ctx, af[kk], vs, kLdD, kWarpRows * warp, 16 * kk, lane);
+    for (int kk = 0; kk < kKd; ++kk) {
+      ldsm_a(ctx, af[0][kk], vs, kLdD, kWarpRows * warp, 16 * kk, lane);
+    }
     scores<T, D>(ctx, dpt, af, gs, lane);
     // st becomes (P * z)^T, dpt dS^T; zero where the query does not see the key.
     const bool edge = i0 + kQueries > p.lq || w0 + kWarpRows > p.lk ||
@@ -640,16 +732,22 @@ EMBER_TC_FN void grad_kv_block(const Ctx& ctx, const Params& p, int64_t block,
       hi[h] = key[h] < p.lk ? static_cast<int>(end) : 0;
       lo[h] = static_cast<int>(begin < 0 ? 0 : (begin > kQueries ? kQueries : begin));
     }
+    uint32_t keep = 0;
+    if constexpr (kDropout) {
+      keep = keep_bits<kNs>(p, ln, [&](int h, int c) {
+        return static_cast<uint64_t>((b * p.lq + i0 + c) * p.lk + key[h]);
+      });
+    }
 #pragma unroll
     for (int n = 0; n < kNs; ++n) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int h = e / 2, c = 8 * n + 2 * ln.t + (e % 2);
         const bool seen = !edge || (c >= lo[h] && c < hi[h]);
-        const float w = seen ? fast_exp2(st[n][e] * p.scale_log2 - lse2[c]) : 0.0f;
-        const float z = p.dropout ? dropout_factor(p, b, i0 + c, key[h]) : 1.0f;
-        st[n][e] = w * z;
-        dpt[n][e] = w * (dpt[n][e] * z - dsum[c]);
+        const float w = seen ? fast_exp2(st[0][n][e] * p.scale_log2 - lse2[c]) : 0.0f;
+        const float z = kDropout ? keep_factor(p, keep, 4 * n + e) : 1.0f;
+        st[0][n][e] = w * z;
+        dpt[0][n][e] = w * (dpt[0][n][e] * z - dsum[c]);
       }
     }
     accumulate<T, D>(ctx, dv, st, gs, lane);   // dV += (P z)^T dO
@@ -665,8 +763,9 @@ EMBER_TC_FN void grad_kv_block(const Ctx& ctx, const Params& p, int64_t block,
 #pragma unroll
     for (int n = 0; n < kNd; ++n) {
       const int64_t at = key[h] * D + 8 * n + 2 * ln.t;
-      store_u32(gk + at, pack_floats<T>(dk[n][2 * h] * p.scale, dk[n][2 * h + 1] * p.scale));
-      store_u32(gv + at, pack_floats<T>(dv[n][2 * h], dv[n][2 * h + 1]));
+      store_u32(gk + at,
+                pack_floats<T>(dk[0][n][2 * h] * p.scale, dk[0][n][2 * h + 1] * p.scale));
+      store_u32(gv + at, pack_floats<T>(dv[0][n][2 * h], dv[0][n][2 * h + 1]));
     }
   }
 }

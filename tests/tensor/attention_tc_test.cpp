@@ -158,7 +158,7 @@ struct Grads {
 };
 
 // The emulated kernels on CPU tensors q [BH, Lq, D], k, v [BH, Lk, D], grad_out [BH, Lq, D].
-template <typename T, int D>
+template <typename T, int D, bool kDropout>
 Grads emulate(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& grad_out,
               const detail::AttentionParams& a) {
   tc::Params p = tc::params_for(a, q.size(0), q.size(1), k.size(1));
@@ -180,8 +180,8 @@ Grads emulate(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g
   using Ctx = EmulatedBlock::Ctx;
   {
     SharedMemory smem(tc::forward_smem_bytes<D>());
-    EmulatedBlock().run(tc::forward_blocks(p), [&](const Ctx& ctx, int64_t b) {
-      tc::forward_block<T, D>(ctx, p, b, smem.data());
+    EmulatedBlock().run(tc::forward_blocks<D>(p), [&](const Ctx& ctx, int64_t b) {
+      tc::forward_block<T, D, kDropout>(ctx, p, b, smem.data());
     });
   }
   EmulatedBlock().run(tc::row_dot_blocks(p), [&](const Ctx& ctx, int64_t b) {
@@ -189,17 +189,24 @@ Grads emulate(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g
   });
   {
     SharedMemory smem(tc::grad_q_smem_bytes<D>());
-    EmulatedBlock().run(tc::grad_q_blocks(p), [&](const Ctx& ctx, int64_t b) {
-      tc::grad_q_block<T, D>(ctx, p, b, smem.data());
+    EmulatedBlock().run(tc::grad_q_blocks<D>(p), [&](const Ctx& ctx, int64_t b) {
+      tc::grad_q_block<T, D, kDropout>(ctx, p, b, smem.data());
     });
   }
   {
     SharedMemory smem(tc::grad_kv_smem_bytes<D>());
     EmulatedBlock().run(tc::grad_kv_blocks(p), [&](const Ctx& ctx, int64_t b) {
-      tc::grad_kv_block<T, D>(ctx, p, b, smem.data());
+      tc::grad_kv_block<T, D, kDropout>(ctx, p, b, smem.data());
     });
   }
   return g;
+}
+
+template <typename T, int D>
+Grads emulate(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& grad_out,
+              const detail::AttentionParams& a) {
+  return a.dropout_p > 0.0 ? emulate<T, D, true>(q, k, v, grad_out, a)
+                           : emulate<T, D, false>(q, k, v, grad_out, a);
 }
 
 Tensor input(const Shape& shape, uint64_t seed, DType dtype) {
@@ -269,7 +276,7 @@ TEST(AttentionTensorCore, EmulatedKernelMatchesCpuOp) {
       {2, 1, 1, 64, false, 0.0},   {1, 17, 17, 64, true, 0.0},   {2, 65, 65, 64, false, 0.0},
       {1, 65, 65, 64, true, 0.0},  {1, 130, 130, 64, true, 0.0}, {1, 17, 17, 128, false, 0.0},
       {1, 70, 70, 128, true, 0.0}, {1, 70, 33, 64, true, 0.0},   {1, 20, 100, 64, true, 0.0},
-      {1, 33, 70, 128, false, 0.0},
+      {1, 33, 70, 128, false, 0.0}, {1, 200, 200, 64, true, 0.0},
   };
   uint64_t seed = 100;
   for (const EmulatedCase& c : cases) {
