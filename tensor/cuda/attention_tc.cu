@@ -23,13 +23,40 @@ namespace {
 namespace tc = attention_tc;
 
 // What the kernel bodies ask of a thread: its index in the block, the block barrier, a warp
-// shuffle, four 8x8 16-bit matrices from shared memory (ldmatrix, plain or transposed) and
-// D += A B on the tensor cores (mma.sync m16n8k16, f32 accumulators).
+// shuffle, asynchronous 16-byte copies into shared memory (cp.async), four 8x8 16-bit
+// matrices from shared memory (ldmatrix, plain or transposed) and D += A B on the tensor
+// cores (mma.sync m16n8k16, f32 accumulators).
 struct DeviceCtx {
   __device__ __forceinline__ int thread() const { return static_cast<int>(threadIdx.x); }
   __device__ __forceinline__ void sync() const { __syncthreads(); }
   __device__ __forceinline__ float shfl_xor(float v, int mask) const {
     return __shfl_xor_sync(0xffffffffu, v, mask);
+  }
+  // 16 bytes global -> shared without passing through registers (cp.async.cg; zeros when
+  // !valid, src then only has to be a valid address), grouped per thread: commit closes a
+  // group, wait_newest_pending waits for all but the newest one.
+  __device__ __forceinline__ void copy16_async(uint16_t* dst, const uint16_t* src,
+                                               bool valid) const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const auto address = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(address), "l"(src),
+                 "r"(valid ? 16 : 0));
+#else
+    (void)dst;
+    (void)src;
+    (void)valid;
+    __trap();
+#endif
+  }
+  __device__ __forceinline__ void commit() const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;\n" ::);
+#endif
+  }
+  __device__ __forceinline__ void wait_newest_pending() const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+#endif
   }
   __device__ __forceinline__ void ldsm(uint32_t (&r)[4], const uint16_t* row) const {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800

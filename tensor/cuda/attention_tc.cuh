@@ -16,18 +16,20 @@
 //   forward:  a block owns 4 warps x 16 M query rows of one batch-head (M = 2 m-tiles per warp
 //     at D 64, so every B fragment read from shared memory feeds two mma; 1 at D 128, where
 //     registers run out), with the warp's Q fragments in registers; it walks the keys in tiles
-//     (32 keys at D 64, 64 at D 128; K and V tiles in shared memory, rows padded by 8
-//     elements so each ldmatrix phase reads 8 rows from 32 different banks; B fragments by
-//     ldmatrix, V's transposed on the way): S = Q K^T in f32, scaled to log2 units, causal and
-//     tail columns set to -inf before the row maximum on the tiles that cross the diagonal or
-//     an end (shuffles across the 4 lanes that share a row), online softmax (running max m,
-//     sum l), P (dropped out when asked) rounded to 16 bits as the A operand of O += P V. At
-//     the end O / l is rounded once to T and lse = m ln 2 + ln l is saved per row (f32).
+//     (32 keys at D 64, 64 at D 128) through two shared-memory stages, tile t + 1 arriving by
+//     cp.async while tile t is computed (rows padded by 8 elements so each ldmatrix phase
+//     reads 8 rows from 32 different banks; B fragments by ldmatrix, V's transposed on the
+//     way): S = Q K^T in f32, scaled to log2 units, causal and tail columns set to -inf before
+//     the row maximum on the tiles that cross the diagonal or an end (shuffles across the 4
+//     lanes that share a row), online softmax (running max m, sum l), P (dropped out when
+//     asked) rounded to 16 bits as the A operand of O += P V. At the end O / l is rounded once
+//     to T and lse = m ln 2 + ln l is saved per row (f32).
 //   backward: D = rowsum(dO * O) first (row_dot_block); then two kernels, no atomics, so the
 //     result does not depend on timing:
-//     dq:   as the forward, a block owns 4 x 16 M query rows (M = 2 at D 64, 1 at D 128; Q and
-//           dO fragments in registers) and walks key tiles (32 keys): P = exp2(S - lse),
-//           dP = dO V^T, dS = P * (dP * z - D), dQ += dS K; dQ * scale stored once.
+//     dq:   as the forward (kDqTiles m-tiles per warp, now 1: 64 query rows per block; Q and
+//           dO fragments in registers; key tiles of 64 keys at D 64, 32 at D 128, two stages):
+//           P = exp2(S - lse), dP = dO V^T, dS = P * (dP * z - D), dQ += dS K; dQ * scale
+//           stored once.
 //     dk/dv: a block owns 64 keys (16 per warp, K and V in shared memory) and walks query
 //           tiles (64 queries at D 64, 32 at D 128; Q, dO, lse, D in shared memory): S^T =
 //           K Q^T, dP^T = V dO^T, dV += (P * z)^T dO, dK += dS^T Q; dK * scale stored once.
@@ -35,8 +37,8 @@
 //   past the ends load as zeros and are masked, never stored. Dropout (a separate
 //   instantiation, kDropout): the factor of weight (b, i, j) is attention_keep(seed, offset,
 //   (b Lq + i) Lk + j) as on the CPU (attention.h), drawn per tile into a bit mask.
-//   Shared memory per block: forward 9 KiB (D 64) / 34 KiB (D 128); dq 9 / 17 KiB; dk/dv
-//   37 / 51 KiB (over the default 48 KiB: attention_tc.cu raises the kernel's limit).
+//   Shared memory per block (D 64 / D 128): forward 18 / 68 KiB, dq 36 / 34 KiB, dk/dv 37 /
+//   51 KiB; attention_tc.cu raises a kernel's limit where it needs more than 48 KiB.
 #pragma once
 
 #include <math.h>
@@ -79,21 +81,21 @@ constexpr int kForwardKeys = D <= 64 ? 32 : 64;  // per key tile
 // The dq kernel likewise: m-tiles per warp, rows per block, and keys per tile (registers
 // bound them); queries per tile of the dk/dv kernel.
 template <int D>
-constexpr int kDqTiles = D <= 64 ? 2 : 1;
+constexpr int kDqTiles = 1;
 template <int D>
 constexpr int kDqRows = 4 * kWarpRows * kDqTiles<D>;
 template <int D>
-constexpr int kDqKeys = 32;
+constexpr int kDqKeys = D <= 64 ? 64 : 32;
 template <int D>
 constexpr int kDkvQueries = D <= 64 ? 64 : 32;
 
 template <int D>
 constexpr size_t forward_smem_bytes() {
-  return 2 * kForwardKeys<D> * kLd<D> * sizeof(uint16_t);  // K and V tiles
+  return 2 * 2 * kForwardKeys<D> * kLd<D> * sizeof(uint16_t);  // two stages of K and V tiles
 }
 template <int D>
 constexpr size_t grad_q_smem_bytes() {
-  return 2 * kDqKeys<D> * kLd<D> * sizeof(uint16_t);  // K and V tiles
+  return 2 * 2 * kDqKeys<D> * kLd<D> * sizeof(uint16_t);  // two stages of K and V tiles
 }
 template <int D>
 constexpr size_t grad_kv_smem_bytes() {
@@ -313,6 +315,19 @@ EMBER_TC_FN void load_tile(const Ctx& ctx, uint16_t* dst, const uint16_t* src, i
   }
 }
 
+// The same with cp.async (ctx.copy16_async): the copies land once the thread's group is
+// waited for (ctx.commit, ctx.wait_newest_pending) and a block barrier has passed.
+template <int D, typename Ctx>
+EMBER_TC_FN void load_tile_async(const Ctx& ctx, uint16_t* dst, const uint16_t* src, int64_t row0,
+                                 int rows, int64_t n) {
+  constexpr int kChunks = D / 8;
+  for (int c = ctx.thread(); c < rows * kChunks; c += kThreads) {
+    const int r = c / kChunks, col = (c % kChunks) * 8;
+    const bool in = row0 + r < n;
+    ctx.copy16_async(dst + r * kLd<D> + col, in ? src + (row0 + r) * D + col : src, in);
+  }
+}
+
 // Dropout: the kept bits of the 4 N weights a lane holds in N C tiles, bit 4 n + e for element
 // e of tile n; index(h, c) is the flat weight index ((b Lq + i) Lk + j, attention.h) of the
 // lane's row half h (row g or g + 8) and tile column c. A rolled loop, so the unrolled
@@ -414,6 +429,70 @@ EMBER_TC_FN void accumulate(const Ctx& ctx, float (&acc)[M][D / 8][4], const flo
   }
 }
 
+// One key tile of the forward for a warp: S = Q K^T, the online softmax update of (m, l, o),
+// O += P V. j0 is the tile's first key, w0 the warp's first row; ks, vs the tile's K and V
+// in shared memory.
+template <typename T, int D, bool kDropout, int kM, typename Ctx>
+EMBER_TC_FN void forward_tile(const Ctx& ctx, const Params& p, int64_t b, int64_t j0, int64_t w0,
+                              const int64_t (&row)[kM][2], const uint32_t (&qf)[kM][D / 16][4],
+                              const uint16_t* ks, const uint16_t* vs, float (&o)[kM][D / 8][4],
+                              float (&m)[kM][2], float (&l)[kM][2], Lane ln, int lane) {
+  constexpr int kKeys = kForwardKeys<D>, kNd = D / 8, kNs = kKeys / 8;
+  float s[kM][kNs][4];
+  scores<T, D>(ctx, s, qf, ks, lane);
+  // Scores in log2 units; on tiles that cross the diagonal or the end, the columns a row
+  // does not see are -inf before the maximum.
+  const bool edge = j0 + kKeys > p.lk || (p.causal && j0 + kKeys - 1 > w0);
+#pragma unroll
+  for (int mt = 0; mt < kM; ++mt) {
+    const int seen[2] = {seen_columns(p, row[mt][0], j0, kKeys),
+                         seen_columns(p, row[mt][1], j0, kKeys)};
+    float mx[2] = {m[mt][0], m[mt][1]};
+#pragma unroll
+    for (int n = 0; n < kNs; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int h = e / 2, col = 8 * n + 2 * ln.t + (e % 2);
+        float x = s[mt][n][e] * p.scale_log2;
+        if (edge && col >= seen[h]) x = -INFINITY;
+        s[mt][n][e] = x;
+        mx[h] = fmaxf(mx[h], x);
+      }
+    }
+    float base[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      mx[h] = quad_max(ctx, mx[h]);
+      base[h] = mx[h] == -INFINITY ? 0.0f : mx[h];  // a row with nothing yet stays at 0
+      const float corr = fast_exp2(m[mt][h] - base[h]);
+      m[mt][h] = mx[h];
+      l[mt][h] *= corr;
+#pragma unroll
+      for (int n = 0; n < kNd; ++n) {
+        o[mt][n][2 * h] *= corr;
+        o[mt][n][2 * h + 1] *= corr;
+      }
+    }
+    uint32_t keep = 0;
+    if constexpr (kDropout) {
+      keep = keep_bits<kNs>(p, ln, [&](int h, int c) {
+        return static_cast<uint64_t>((b * p.lq + row[mt][h]) * p.lk + j0 + c);
+      });
+    }
+#pragma unroll
+    for (int n = 0; n < kNs; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int h = e / 2;
+        const float w = fast_exp2(s[mt][n][e] - base[h]);
+        l[mt][h] += w;  // this lane's part of the row sum
+        s[mt][n][e] = kDropout ? w * keep_factor(p, keep, 4 * n + e) : w;
+      }
+    }
+  }
+  accumulate<T, D>(ctx, o, s, vs, lane);
+}
+
 // ---------------------------------------------------------------------------------------
 // Forward: out and lse for 64 query rows of one batch-head.
 
@@ -422,14 +501,11 @@ EMBER_TC_FN void forward_block(const Ctx& ctx, const Params& p, int64_t block,
                                unsigned char* smem) {
   constexpr int kM = kForwardTiles<D>, kRows = kForwardRows<D>, kSpan = kWarpRows * kM;
   constexpr int kLdD = kLd<D>, kKeys = kForwardKeys<D>, kKd = D / 16, kNd = D / 8;
-  constexpr int kNs = kKeys / 8;
   // Heaviest (causal: last) query blocks first.
   const int64_t nqb = ceil_div(p.lq, kRows);
   const int64_t qb = nqb - 1 - block / p.bh, b = block % p.bh;
   const int tid = ctx.thread(), warp = tid / 32, lane = tid % 32;
   const Lane ln{lane / 4, lane % 4};
-  uint16_t* ks = reinterpret_cast<uint16_t*>(smem);
-  uint16_t* vs = ks + kKeys * kLdD;
   const uint16_t* q = static_cast<const uint16_t*>(p.q) + b * p.lq * D;
   const uint16_t* k = static_cast<const uint16_t*>(p.k) + b * p.lk * D;
   const uint16_t* v = static_cast<const uint16_t*>(p.v) + b * p.lk * D;
@@ -453,68 +529,31 @@ EMBER_TC_FN void forward_block(const Ctx& ctx, const Params& p, int64_t block,
   }
   const bool live = w0 < p.lq;  // the warp has rows to compute
 
+  // Key tiles through two shared-memory stages (K then V each): tile t + 1 is in flight
+  // (cp.async) while tile t is computed.
   const int64_t key_end = p.causal && i0 + kRows < p.lk ? i0 + kRows : p.lk;
-  for (int64_t j0 = 0; j0 < key_end; j0 += kKeys) {
-    ctx.sync();  // every warp is done with the previous tiles
-    load_tile<D>(ctx, ks, k, j0, kKeys, p.lk);
-    load_tile<D>(ctx, vs, v, j0, kKeys, p.lk);
-    ctx.sync();
-    if (!live || (p.causal && j0 > w0 + kSpan - 1)) continue;  // warp-uniform
-
-    float s[kM][kNs][4];
-    scores<T, D>(ctx, s, qf, ks, lane);
-    // Scores in log2 units; on tiles that cross the diagonal or the end, the columns a row
-    // does not see are -inf before the maximum.
-    const bool edge = j0 + kKeys > p.lk || (p.causal && j0 + kKeys - 1 > w0);
-#pragma unroll
-    for (int mt = 0; mt < kM; ++mt) {
-      const int seen[2] = {seen_columns(p, row[mt][0], j0, kKeys),
-                           seen_columns(p, row[mt][1], j0, kKeys)};
-      float mx[2] = {m[mt][0], m[mt][1]};
-#pragma unroll
-      for (int n = 0; n < kNs; ++n) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int h = e / 2, col = 8 * n + 2 * ln.t + (e % 2);
-          float x = s[mt][n][e] * p.scale_log2;
-          if (edge && col >= seen[h]) x = -INFINITY;
-          s[mt][n][e] = x;
-          mx[h] = fmaxf(mx[h], x);
-        }
-      }
-      float base[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        mx[h] = quad_max(ctx, mx[h]);
-        base[h] = mx[h] == -INFINITY ? 0.0f : mx[h];  // a row with nothing yet stays at 0
-        const float corr = fast_exp2(m[mt][h] - base[h]);
-        m[mt][h] = mx[h];
-        l[mt][h] *= corr;
-#pragma unroll
-        for (int n = 0; n < kNd; ++n) {
-          o[mt][n][2 * h] *= corr;
-          o[mt][n][2 * h + 1] *= corr;
-        }
-      }
-      uint32_t keep = 0;
-      if constexpr (kDropout) {
-        keep = keep_bits<kNs>(p, ln, [&](int h, int c) {
-          return static_cast<uint64_t>((b * p.lq + row[mt][h]) * p.lk + j0 + c);
-        });
-      }
-#pragma unroll
-      for (int n = 0; n < kNs; ++n) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int h = e / 2;
-          const float w = fast_exp2(s[mt][n][e] - base[h]);
-          l[mt][h] += w;  // this lane's part of the row sum
-          s[mt][n][e] = kDropout ? w * keep_factor(p, keep, 4 * n + e) : w;
-        }
-      }
+  const int64_t tiles = ceil_div(key_end, kKeys);
+  const auto fetch = [&](int64_t t) {
+    uint16_t* stage = reinterpret_cast<uint16_t*>(smem) + (t % 2) * 2 * kKeys * kLdD;
+    load_tile_async<D>(ctx, stage, k, t * kKeys, kKeys, p.lk);
+    load_tile_async<D>(ctx, stage + kKeys * kLdD, v, t * kKeys, kKeys, p.lk);
+  };
+  fetch(0);  // (key_end >= 1: every call has a key)
+  ctx.commit();
+  for (int64_t t = 0; t < tiles; ++t) {
+    if (t + 1 < tiles) fetch(t + 1);
+    ctx.commit();  // (an empty group on the last tile keeps the count uniform)
+    ctx.wait_newest_pending();  // this thread's copies of tile t have landed,
+    ctx.sync();                 // and every thread's
+    const int64_t j0 = t * kKeys;
+    const uint16_t* ks = reinterpret_cast<const uint16_t*>(smem) + (t % 2) * 2 * kKeys * kLdD;
+    const uint16_t* vs = ks + kKeys * kLdD;
+    if (live && !(p.causal && j0 > w0 + kSpan - 1)) {  // warp-uniform
+      forward_tile<T, D, kDropout>(ctx, p, b, j0, w0, row, qf, ks, vs, o, m, l, ln, lane);
     }
-    accumulate<T, D>(ctx, o, s, vs, lane);
+    ctx.sync();  // every warp is done with the stage before tile t + 2 lands there
   }
+
 
   if (!live) return;
   uint16_t* out = static_cast<uint16_t*>(p.out) + b * p.lq * D;
@@ -566,17 +605,54 @@ EMBER_TC_FN void row_dot_block(const Ctx& ctx, const Params& p, int64_t block) {
   if (valid && part == 0) p.dsum[r] = total;
 }
 
+// One key tile of dq for a warp: S = Q K^T, dP = dO V^T, dS = P * (dP * z - D), dQ += dS K.
+template <typename T, int D, bool kDropout, int kM, typename Ctx>
+EMBER_TC_FN void grad_q_tile(const Ctx& ctx, const Params& p, int64_t b, int64_t j0, int64_t w0,
+                             const int64_t (&row)[kM][2], const uint32_t (&qf)[kM][D / 16][4],
+                             const uint32_t (&gf)[kM][D / 16][4], const float (&lse2)[kM][2],
+                             const float (&dsum)[kM][2], const uint16_t* ks, const uint16_t* vs,
+                             float (&dq)[kM][D / 8][4], Lane ln, int lane) {
+  constexpr int kKeys = kDqKeys<D>, kNs = kKeys / 8;
+  float s[kM][kNs][4], dp[kM][kNs][4];
+  scores<T, D>(ctx, s, qf, ks, lane);
+  scores<T, D>(ctx, dp, gf, vs, lane);  // dP = dO V^T
+  // dS = P * (dP * z - D), zero where a row does not see the key (s becomes dS).
+  const bool edge = j0 + kKeys > p.lk || (p.causal && j0 + kKeys - 1 > w0);
+#pragma unroll
+  for (int mt = 0; mt < kM; ++mt) {
+    const int seen[2] = {seen_columns(p, row[mt][0], j0, kKeys),
+                         seen_columns(p, row[mt][1], j0, kKeys)};
+    uint32_t keep = 0;
+    if constexpr (kDropout) {
+      keep = keep_bits<kNs>(p, ln, [&](int h, int c) {
+        return static_cast<uint64_t>((b * p.lq + row[mt][h]) * p.lk + j0 + c);
+      });
+    }
+#pragma unroll
+    for (int n = 0; n < kNs; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int h = e / 2, col = 8 * n + 2 * ln.t + (e % 2);
+        const float w = edge && col >= seen[h]
+                            ? 0.0f
+                            : fast_exp2(s[mt][n][e] * p.scale_log2 - lse2[mt][h]);
+        const float z = kDropout ? keep_factor(p, keep, 4 * n + e) : 1.0f;
+        s[mt][n][e] = w * (dp[mt][n][e] * z - dsum[mt][h]);
+      }
+    }
+  }
+  accumulate<T, D>(ctx, dq, s, ks, lane);  // dQ += dS K
+}
+
 // dq for kDqRows<D> query rows of one batch-head.
 template <typename T, int D, bool kDropout, typename Ctx>
 EMBER_TC_FN void grad_q_block(const Ctx& ctx, const Params& p, int64_t block, unsigned char* smem) {
   constexpr int kM = kDqTiles<D>, kRows = kDqRows<D>, kSpan = kWarpRows * kM;
-  constexpr int kLdD = kLd<D>, kKeys = kDqKeys<D>, kKd = D / 16, kNd = D / 8, kNs = kKeys / 8;
+  constexpr int kLdD = kLd<D>, kKeys = kDqKeys<D>, kKd = D / 16, kNd = D / 8;
   const int64_t nqb = ceil_div(p.lq, kRows);
   const int64_t qb = nqb - 1 - block / p.bh, b = block % p.bh;
   const int tid = ctx.thread(), warp = tid / 32, lane = tid % 32;
   const Lane ln{lane / 4, lane % 4};
-  uint16_t* ks = reinterpret_cast<uint16_t*>(smem);
-  uint16_t* vs = ks + kKeys * kLdD;
   const uint16_t* q = static_cast<const uint16_t*>(p.q) + b * p.lq * D;
   const uint16_t* go = static_cast<const uint16_t*>(p.grad_out) + b * p.lq * D;
   const uint16_t* k = static_cast<const uint16_t*>(p.k) + b * p.lk * D;
@@ -605,43 +681,29 @@ EMBER_TC_FN void grad_q_block(const Ctx& ctx, const Params& p, int64_t block, un
   }
   const bool live = w0 < p.lq;
 
+  // Key tiles through two shared-memory stages, as in the forward.
   const int64_t key_end = p.causal && i0 + kRows < p.lk ? i0 + kRows : p.lk;
-  for (int64_t j0 = 0; j0 < key_end; j0 += kKeys) {
+  const int64_t tiles = ceil_div(key_end, kKeys);
+  const auto fetch = [&](int64_t t) {
+    uint16_t* stage = reinterpret_cast<uint16_t*>(smem) + (t % 2) * 2 * kKeys * kLdD;
+    load_tile_async<D>(ctx, stage, k, t * kKeys, kKeys, p.lk);
+    load_tile_async<D>(ctx, stage + kKeys * kLdD, v, t * kKeys, kKeys, p.lk);
+  };
+  fetch(0);
+  ctx.commit();
+  for (int64_t t = 0; t < tiles; ++t) {
+    if (t + 1 < tiles) fetch(t + 1);
+    ctx.commit();
+    ctx.wait_newest_pending();
     ctx.sync();
-    load_tile<D>(ctx, ks, k, j0, kKeys, p.lk);
-    load_tile<D>(ctx, vs, v, j0, kKeys, p.lk);
-    ctx.sync();
-    if (!live || (p.causal && j0 > w0 + kSpan - 1)) continue;
-
-    float s[kM][kNs][4], dp[kM][kNs][4];
-    scores<T, D>(ctx, s, qf, ks, lane);
-    scores<T, D>(ctx, dp, gf, vs, lane);  // dP = dO V^T
-    // dS = P * (dP * z - D), zero where a row does not see the key (s becomes dS).
-    const bool edge = j0 + kKeys > p.lk || (p.causal && j0 + kKeys - 1 > w0);
-#pragma unroll
-    for (int mt = 0; mt < kM; ++mt) {
-      const int seen[2] = {seen_columns(p, row[mt][0], j0, kKeys),
-                           seen_columns(p, row[mt][1], j0, kKeys)};
-      uint32_t keep = 0;
-      if constexpr (kDropout) {
-        keep = keep_bits<kNs>(p, ln, [&](int h, int c) {
-          return static_cast<uint64_t>((b * p.lq + row[mt][h]) * p.lk + j0 + c);
-        });
-      }
-#pragma unroll
-      for (int n = 0; n < kNs; ++n) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int h = e / 2, col = 8 * n + 2 * ln.t + (e % 2);
-          const float w = edge && col >= seen[h]
-                              ? 0.0f
-                              : fast_exp2(s[mt][n][e] * p.scale_log2 - lse2[mt][h]);
-          const float z = kDropout ? keep_factor(p, keep, 4 * n + e) : 1.0f;
-          s[mt][n][e] = w * (dp[mt][n][e] * z - dsum[mt][h]);
-        }
-      }
+    const int64_t j0 = t * kKeys;
+    const uint16_t* ks = reinterpret_cast<const uint16_t*>(smem) + (t % 2) * 2 * kKeys * kLdD;
+    const uint16_t* vs = ks + kKeys * kLdD;
+    if (live && !(p.causal && j0 > w0 + kSpan - 1)) {
+      grad_q_tile<T, D, kDropout>(ctx, p, b, j0, w0, row, qf, gf, lse2, dsum, ks, vs, dq, ln,
+                                  lane);
     }
-    accumulate<T, D>(ctx, dq, s, ks, lane);  // dQ += dS K
+    ctx.sync();
   }
 
   if (!live) return;

@@ -50,6 +50,18 @@ class EmulatedBlock {
     int thread() const { return tid; }
     void sync() const { block->barrier_.arrive_and_wait(); }
 
+    // cp.async: here the copy happens at once, so waiting has nothing left to do (the block
+    // barrier that follows every wait in the bodies orders it as on the GPU).
+    void copy16_async(uint16_t* dst, const uint16_t* src, bool valid) const {
+      if (valid) {
+        std::memcpy(dst, src, 16);
+      } else {
+        std::memset(dst, 0, 16);
+      }
+    }
+    void commit() const {}
+    void wait_newest_pending() const {}
+
     float shfl_xor(float v, int mask) const {
       Warp& w = block->warps_[tid / kLanes];
       const int lane = tid % kLanes, slot = static_cast<int>(phase++ % 2);
