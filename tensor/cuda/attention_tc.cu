@@ -32,7 +32,7 @@ struct DeviceCtx {
   __device__ __forceinline__ float shfl_xor(float v, int mask) const {
     return __shfl_xor_sync(0xffffffffu, v, mask);
   }
-  // 16 bytes global -> shared without passing through registers (cp.async.cg; zeros when
+  // 16 (or 4) bytes global -> shared without passing through registers (cp.async; zeros when
   // !valid, src then only has to be a valid address), grouped per thread: commit closes a
   // group, wait_newest_pending waits for all but the newest one.
   __device__ __forceinline__ void copy16_async(uint16_t* dst, const uint16_t* src,
@@ -41,6 +41,18 @@ struct DeviceCtx {
     const auto address = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(address), "l"(src),
                  "r"(valid ? 16 : 0));
+#else
+    (void)dst;
+    (void)src;
+    (void)valid;
+    __trap();
+#endif
+  }
+  __device__ __forceinline__ void copy4_async(float* dst, const float* src, bool valid) const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const auto address = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(address), "l"(src),
+                 "r"(valid ? 4 : 0));
 #else
     (void)dst;
     (void)src;

@@ -31,14 +31,15 @@
 //           P = exp2(S - lse), dP = dO V^T, dS = P * (dP * z - D), dQ += dS K; dQ * scale
 //           stored once.
 //     dk/dv: a block owns 64 keys (16 per warp, K and V in shared memory) and walks query
-//           tiles (64 queries at D 64, 32 at D 128; Q, dO, lse, D in shared memory): S^T =
-//           K Q^T, dP^T = V dO^T, dV += (P * z)^T dO, dK += dS^T Q; dK * scale stored once.
+//           tiles (64 queries at D 64, 32 at D 128; Q, dO, lse, D through two shared-memory
+//           stages by cp.async): S^T = K Q^T, dP^T = V dO^T, dV += (P * z)^T dO,
+//           dK += dS^T Q; dK * scale stored once.
 //   Causal blocks stop at the diagonal (and warps skip tiles wholly above it); rows and keys
 //   past the ends load as zeros and are masked, never stored. Dropout (a separate
 //   instantiation, kDropout): the factor of weight (b, i, j) is attention_keep(seed, offset,
 //   (b Lq + i) Lk + j) as on the CPU (attention.h), drawn per tile into a bit mask.
-//   Shared memory per block (D 64 / D 128): forward 18 / 68 KiB, dq 36 / 34 KiB, dk/dv 37 /
-//   51 KiB; attention_tc.cu raises a kernel's limit where it needs more than 48 KiB.
+//   Shared memory per block (D 64 / D 128): forward 18 / 68 KiB, dq 36 / 34 KiB, dk/dv 55 /
+//   69 KiB; attention_tc.cu raises a kernel's limit where it needs more than 48 KiB.
 #pragma once
 
 #include <math.h>
@@ -99,9 +100,9 @@ constexpr size_t grad_q_smem_bytes() {
 }
 template <int D>
 constexpr size_t grad_kv_smem_bytes() {
-  // The block's K and V, a Q and a dO tile, and the tile's lse and D.
-  return (2 * kBlockRows + 2 * kDkvQueries<D>) * kLd<D> * sizeof(uint16_t) +
-         2 * kDkvQueries<D> * sizeof(float);
+  // The block's K and V; two stages of a Q and a dO tile with the tile's lse and D.
+  return 2 * kBlockRows * kLd<D> * sizeof(uint16_t) +
+         2 * (2 * kDkvQueries<D> * kLd<D> * sizeof(uint16_t) + 2 * kDkvQueries<D> * sizeof(float));
 }
 constexpr int kRowDotRows = kThreads / 8;  // row_dot_block: 8 threads per row
 
@@ -325,6 +326,16 @@ EMBER_TC_FN void load_tile_async(const Ctx& ctx, uint16_t* dst, const uint16_t* 
     const int r = c / kChunks, col = (c % kChunks) * 8;
     const bool in = row0 + r < n;
     ctx.copy16_async(dst + r * kLd<D> + col, in ? src + (row0 + r) * D + col : src, in);
+  }
+}
+
+// n floats src[row0 ..] into dst with cp.async (4 bytes each), rows at or past `end` as 0.
+template <typename Ctx>
+EMBER_TC_FN void load_floats_async(const Ctx& ctx, float* dst, const float* src, int64_t row0,
+                                   int n, int64_t end) {
+  for (int c = ctx.thread(); c < n; c += kThreads) {
+    const bool in = row0 + c < end;
+    ctx.copy4_async(dst + c, in ? src + row0 + c : src, in);
   }
 }
 
@@ -723,21 +734,77 @@ EMBER_TC_FN void grad_q_block(const Ctx& ctx, const Params& p, int64_t block, un
   }
 }
 
+// One query tile of dk/dv for a warp's 16 keys: S^T = K Q^T, dP^T = V dO^T, dV += (P z)^T dO,
+// dK += dS^T Q. i0 is the tile's first query, w0 the warp's first key (row kv_row of the
+// block's K and V tiles ks, vs); qs, gs, lse, dsum the tile's Q, dO, logsumexp and D in shared
+// memory.
+template <typename T, int D, bool kDropout, typename Ctx>
+EMBER_TC_FN void grad_kv_tile(const Ctx& ctx, const Params& p, int64_t b, int64_t i0, int64_t w0,
+                              const int64_t (&key)[2], const uint16_t* ks, const uint16_t* vs,
+                              const uint16_t* qs, const uint16_t* gs, const float* lse,
+                              const float* dsum, int kv_row, float (&dk)[1][D / 8][4],
+                              float (&dv)[1][D / 8][4], Lane ln, int lane) {
+  constexpr int kLdD = kLd<D>, kQueries = kDkvQueries<D>, kKd = D / 16, kNs = kQueries / 8;
+  // S^T = K Q^T and dP^T = V dO^T for the warp's 16 keys (rows) and the tile's queries; the
+  // keys' and values' A fragments come from shared memory each tile (registers are short).
+  float st[1][kNs][4], dpt[1][kNs][4];
+  uint32_t af[1][kKd][4];
+#pragma unroll
+  for (int kk = 0; kk < kKd; ++kk) {
+    ldsm_a(ctx, af[0][kk], ks, kLdD, kv_row, 16 * kk, lane);
+  }
+  scores<T, D>(ctx, st, af, qs, lane);
+#pragma unroll
+  for (int kk = 0; kk < kKd; ++kk) {
+    ldsm_a(ctx, af[0][kk], vs, kLdD, kv_row, 16 * kk, lane);
+  }
+  scores<T, D>(ctx, dpt, af, gs, lane);
+  // st becomes (P * z)^T, dpt dS^T; zero where the query does not see the key.
+  const bool edge = i0 + kQueries > p.lq || w0 + kWarpRows > p.lk ||
+                    (p.causal && i0 < w0 + kWarpRows - 1);
+  int lo[2], hi[2];  // the query columns c with lo <= c < hi see the key
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int64_t end = p.lq - i0 < kQueries ? p.lq - i0 : kQueries;
+    const int64_t begin = p.causal ? key[h] - i0 : 0;
+    hi[h] = key[h] < p.lk ? static_cast<int>(end) : 0;
+    lo[h] = static_cast<int>(begin < 0 ? 0 : (begin > kQueries ? kQueries : begin));
+  }
+  uint32_t keep = 0;
+  if constexpr (kDropout) {
+    keep = keep_bits<kNs>(p, ln, [&](int h, int c) {
+      return static_cast<uint64_t>((b * p.lq + i0 + c) * p.lk + key[h]);
+    });
+  }
+#pragma unroll
+  for (int n = 0; n < kNs; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int h = e / 2, c = 8 * n + 2 * ln.t + (e % 2);
+      const bool seen = !edge || (c >= lo[h] && c < hi[h]);
+      const float w = seen ? fast_exp2(st[0][n][e] * p.scale_log2 - lse[c] * kLog2e) : 0.0f;
+      const float z = kDropout ? keep_factor(p, keep, 4 * n + e) : 1.0f;
+      st[0][n][e] = w * z;
+      dpt[0][n][e] = w * (dpt[0][n][e] * z - dsum[c]);
+    }
+  }
+  accumulate<T, D>(ctx, dv, st, gs, lane);   // dV += (P z)^T dO
+  accumulate<T, D>(ctx, dk, dpt, qs, lane);  // dK += dS^T Q
+}
+
 // dk and dv for 64 keys of one batch-head.
 template <typename T, int D, bool kDropout, typename Ctx>
 EMBER_TC_FN void grad_kv_block(const Ctx& ctx, const Params& p, int64_t block,
                                unsigned char* smem) {
-  constexpr int kLdD = kLd<D>, kQueries = kDkvQueries<D>, kKd = D / 16, kNd = D / 8;
-  constexpr int kNs = kQueries / 8;
+  constexpr int kLdD = kLd<D>, kQueries = kDkvQueries<D>, kNd = D / 8;
   const int64_t kb = block / p.bh, b = block % p.bh;  // (causal: the first key blocks are heaviest)
   const int tid = ctx.thread(), warp = tid / 32, lane = tid % 32;
   const Lane ln{lane / 4, lane % 4};
+  // Shared memory: K and V of the block's keys, then two stages of (Q tile, dO tile, lse, D).
   uint16_t* ks = reinterpret_cast<uint16_t*>(smem);
   uint16_t* vs = ks + kBlockRows * kLdD;
-  uint16_t* qs = vs + kBlockRows * kLdD;
-  uint16_t* gs = qs + kQueries * kLdD;
-  float* lse2 = reinterpret_cast<float*>(gs + kQueries * kLdD);
-  float* dsum = lse2 + kQueries;
+  constexpr int kStage = 2 * kQueries * kLdD * 2 + 2 * kQueries * 4;  // bytes
+  unsigned char* stages = smem + 2 * kBlockRows * kLdD * 2;
   const uint16_t* q = static_cast<const uint16_t*>(p.q) + b * p.lq * D;
   const uint16_t* go = static_cast<const uint16_t*>(p.grad_out) + b * p.lq * D;
   const uint16_t* k = static_cast<const uint16_t*>(p.k) + b * p.lk * D;
@@ -746,8 +813,6 @@ EMBER_TC_FN void grad_kv_block(const Ctx& ctx, const Params& p, int64_t block,
   const int64_t key[2] = {w0 + ln.g, w0 + ln.g + 8};
   const bool live = w0 < p.lk;
 
-  load_tile<D>(ctx, ks, k, j0, kBlockRows, p.lk);
-  load_tile<D>(ctx, vs, v, j0, kBlockRows, p.lk);
   float dk[1][kNd][4], dv[1][kNd][4];  // (one m-tile of 16 keys per warp)
 #pragma unroll
   for (int n = 0; n < kNd; ++n) {
@@ -755,65 +820,42 @@ EMBER_TC_FN void grad_kv_block(const Ctx& ctx, const Params& p, int64_t block,
     dv[0][n][0] = dv[0][n][1] = dv[0][n][2] = dv[0][n][3] = 0.0f;
   }
 
-  // Causal: queries i < j0 see none of these keys.
+  // Query tiles from the first that can see these keys (causal: queries i < j0 see none),
+  // through the two stages: tile t + 1 arrives by cp.async while tile t is computed.
   const int64_t first = p.causal ? j0 / kQueries * kQueries : 0;
-  for (int64_t i0 = first; i0 < p.lq; i0 += kQueries) {
-    ctx.sync();  // (the first time: K and V are in place too)
-    load_tile<D>(ctx, qs, q, i0, kQueries, p.lq);
-    load_tile<D>(ctx, gs, go, i0, kQueries, p.lq);
-    for (int c = tid; c < kQueries; c += kThreads) {
-      const bool in = i0 + c < p.lq;
-      lse2[c] = in ? p.lse[b * p.lq + i0 + c] * kLog2e : 0.0f;
-      dsum[c] = in ? p.dsum[b * p.lq + i0 + c] : 0.0f;
+  const int64_t tiles = first < p.lq ? ceil_div(p.lq - first, kQueries) : 0;
+  const auto stage_of = [&](int64_t t) { return stages + (t % 2) * kStage; };
+  const auto fetch = [&](int64_t t) {
+    const int64_t i0 = first + t * kQueries;
+    uint16_t* qs = reinterpret_cast<uint16_t*>(stage_of(t));
+    uint16_t* gs = qs + kQueries * kLdD;
+    float* lse = reinterpret_cast<float*>(gs + kQueries * kLdD);
+    load_tile_async<D>(ctx, qs, q, i0, kQueries, p.lq);
+    load_tile_async<D>(ctx, gs, go, i0, kQueries, p.lq);
+    load_floats_async(ctx, lse, p.lse + b * p.lq, i0, kQueries, p.lq);
+    load_floats_async(ctx, lse + kQueries, p.dsum + b * p.lq, i0, kQueries, p.lq);
+  };
+  if (tiles > 0) {  // (nothing in flight when the block has no work)
+    load_tile_async<D>(ctx, ks, k, j0, kBlockRows, p.lk);
+    load_tile_async<D>(ctx, vs, v, j0, kBlockRows, p.lk);
+    fetch(0);
+    ctx.commit();
+  }
+  for (int64_t t = 0; t < tiles; ++t) {
+    if (t + 1 < tiles) fetch(t + 1);
+    ctx.commit();
+    ctx.wait_newest_pending();
+    ctx.sync();
+    const int64_t i0 = first + t * kQueries;
+    const uint16_t* qs = reinterpret_cast<const uint16_t*>(stage_of(t));
+    const uint16_t* gs = qs + kQueries * kLdD;
+    const float* lse = reinterpret_cast<const float*>(gs + kQueries * kLdD);
+    const float* dsum = lse + kQueries;
+    if (live && !(p.causal && i0 + kQueries - 1 < w0)) {
+      grad_kv_tile<T, D, kDropout>(ctx, p, b, i0, w0, key, ks, vs, qs, gs, lse, dsum,
+                                   kWarpRows * warp, dk, dv, ln, lane);
     }
     ctx.sync();
-    if (!live || (p.causal && i0 + kQueries - 1 < w0)) continue;
-
-    // S^T = K Q^T and dP^T = V dO^T for the warp's 16 keys (rows) and the tile's queries; the
-    // keys' and values' A fragments come from shared memory each tile (registers are short).
-    float st[1][kNs][4], dpt[1][kNs][4];
-    uint32_t af[1][kKd][4];
-#pragma unroll
-    for (int kk = 0; kk < kKd; ++kk) {
-      ldsm_a(ctx, af[0][kk], ks, kLdD, kWarpRows * warp, 16 * kk, lane);
-    }
-    scores<T, D>(ctx, st, af, qs, lane);
-#pragma unroll
-    for (int kk = 0; kk < kKd; ++kk) {
-      ldsm_a(ctx, af[0][kk], vs, kLdD, kWarpRows * warp, 16 * kk, lane);
-    }
-    scores<T, D>(ctx, dpt, af, gs, lane);
-    // st becomes (P * z)^T, dpt dS^T; zero where the query does not see the key.
-    const bool edge = i0 + kQueries > p.lq || w0 + kWarpRows > p.lk ||
-                      (p.causal && i0 < w0 + kWarpRows - 1);
-    int lo[2], hi[2];  // the query columns c with lo <= c < hi see the key
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int64_t end = p.lq - i0 < kQueries ? p.lq - i0 : kQueries;
-      const int64_t begin = p.causal ? key[h] - i0 : 0;
-      hi[h] = key[h] < p.lk ? static_cast<int>(end) : 0;
-      lo[h] = static_cast<int>(begin < 0 ? 0 : (begin > kQueries ? kQueries : begin));
-    }
-    uint32_t keep = 0;
-    if constexpr (kDropout) {
-      keep = keep_bits<kNs>(p, ln, [&](int h, int c) {
-        return static_cast<uint64_t>((b * p.lq + i0 + c) * p.lk + key[h]);
-      });
-    }
-#pragma unroll
-    for (int n = 0; n < kNs; ++n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int h = e / 2, c = 8 * n + 2 * ln.t + (e % 2);
-        const bool seen = !edge || (c >= lo[h] && c < hi[h]);
-        const float w = seen ? fast_exp2(st[0][n][e] * p.scale_log2 - lse2[c]) : 0.0f;
-        const float z = kDropout ? keep_factor(p, keep, 4 * n + e) : 1.0f;
-        st[0][n][e] = w * z;
-        dpt[0][n][e] = w * (dpt[0][n][e] * z - dsum[c]);
-      }
-    }
-    accumulate<T, D>(ctx, dv, st, gs, lane);   // dV += (P z)^T dO
-    accumulate<T, D>(ctx, dk, dpt, qs, lane);  // dK += dS^T Q
   }
 
   if (!live) return;

@@ -59,6 +59,9 @@ class EmulatedBlock {
         std::memset(dst, 0, 16);
       }
     }
+    void copy4_async(float* dst, const float* src, bool valid) const {
+      *dst = valid ? *src : 0.0f;
+    }
     void commit() const {}
     void wait_newest_pending() const {}
 
