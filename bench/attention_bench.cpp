@@ -16,8 +16,8 @@
 #include <cstring>
 #include <functional>
 #include <limits>
-#include <tuple>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <ember/ember.h>
@@ -33,9 +33,9 @@ Tensor composed(const Tensor& q, const Tensor& k, const Tensor& v, bool causal) 
       ember::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(q.size(-1))));
   if (causal) {
     const int64_t length = q.size(-2);
-    const Tensor above = ember::gt(ember::arange(length).view({1, length}),
-                                   ember::arange(length).view({length, 1}))
-                             .to(q.device());
+    const Tensor above =
+        ember::gt(ember::arange(length).view({1, length}), ember::arange(length).view({length, 1}))
+            .to(q.device());
     scores = ember::masked_fill(scores, above, -std::numeric_limits<double>::infinity());
   }
   return ember::matmul(ember::softmax(scores, -1), v);
@@ -81,10 +81,10 @@ int run(int64_t batch, int64_t heads, int64_t length, int64_t dim, int threads, 
     impls.push_back({"ember_fused", nullptr, fused});
   }
   if (with_composed) {
-    impls.push_back({"ember_composed", nullptr, [causal](const Tensor& a, const Tensor& b,
-                                                        const Tensor& c) {
-                       return composed(a, b, c, causal);
-                     }});
+    impls.push_back(
+        {"ember_composed", nullptr, [causal](const Tensor& a, const Tensor& b, const Tensor& c) {
+           return composed(a, b, c, causal);
+         }});
   }
   const auto select = [](const Impl& impl) {
     if (impl.kernel != nullptr) setenv("EMBER_SDPA_CUDA_KERNEL", impl.kernel, 1);
@@ -171,8 +171,7 @@ int main(int argc, char** argv) {
     return usage();
   }
   try {
-    return run(batch, heads, length, dim, threads, causal, with_composed, device_name,
-               dtype_name);
+    return run(batch, heads, length, dim, threads, causal, with_composed, device_name, dtype_name);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "attention_bench: %s\n", e.what());
     return 1;

@@ -122,24 +122,28 @@ struct DeviceCtx {
 };
 
 template <typename T, int D, bool kDropout>
-__global__ void __launch_bounds__(tc::kThreads) forward_kernel(const __grid_constant__ tc::Params p) {
+__global__ void __launch_bounds__(tc::kThreads)
+    forward_kernel(const __grid_constant__ tc::Params p) {
   extern __shared__ __align__(16) unsigned char tc_smem[];
   tc::forward_block<T, D, kDropout>(DeviceCtx{}, p, blockIdx.x, tc_smem);
 }
 
 template <typename T, int D>
-__global__ void __launch_bounds__(tc::kThreads) row_dot_kernel(const __grid_constant__ tc::Params p) {
+__global__ void __launch_bounds__(tc::kThreads)
+    row_dot_kernel(const __grid_constant__ tc::Params p) {
   tc::row_dot_block<T, D>(DeviceCtx{}, p, blockIdx.x);
 }
 
 template <typename T, int D, bool kDropout>
-__global__ void __launch_bounds__(tc::kThreads) grad_q_kernel(const __grid_constant__ tc::Params p) {
+__global__ void __launch_bounds__(tc::kThreads)
+    grad_q_kernel(const __grid_constant__ tc::Params p) {
   extern __shared__ __align__(16) unsigned char tc_smem[];
   tc::grad_q_block<T, D, kDropout>(DeviceCtx{}, p, blockIdx.x, tc_smem);
 }
 
 template <typename T, int D, bool kDropout>
-__global__ void __launch_bounds__(tc::kThreads) grad_kv_kernel(const __grid_constant__ tc::Params p) {
+__global__ void __launch_bounds__(tc::kThreads)
+    grad_kv_kernel(const __grid_constant__ tc::Params p) {
   extern __shared__ __align__(16) unsigned char tc_smem[];
   tc::grad_kv_block<T, D, kDropout>(DeviceCtx{}, p, blockIdx.x, tc_smem);
 }
@@ -195,7 +199,8 @@ tc::Params params_of(const Tensor& q, const Tensor& k, const Tensor& v, const Te
 bool has_bf16_tensor_cores(int device) {
   static const std::vector<int> majors = [] {
     std::vector<int> result;
-    for (int d = 0; d < cuda::device_count(); ++d) result.push_back(cuda::device_capability(d).first);
+    for (int d = 0; d < cuda::device_count(); ++d)
+      result.push_back(cuda::device_capability(d).first);
     return result;
   }();
   return device >= 0 && device < static_cast<int>(majors.size()) && majors[device] >= 8;

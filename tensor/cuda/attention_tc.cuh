@@ -62,8 +62,8 @@
 
 namespace ember::detail::attention_tc {
 
-constexpr int kThreads = 128;  // 4 warps
-constexpr int kWarpRows = 16;  // rows (queries, or keys for dk/dv) per warp
+constexpr int kThreads = 128;   // 4 warps
+constexpr int kWarpRows = 16;   // rows (queries, or keys for dk/dv) per warp
 constexpr int kBlockRows = 64;  // keys per dk/dv block
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
@@ -76,7 +76,7 @@ constexpr int kLd = D + 8;
 template <int D>
 constexpr int kForwardTiles = D <= 64 ? 2 : 1;
 template <int D>
-constexpr int kForwardRows = 4 * kWarpRows * kForwardTiles<D>;  // per block
+constexpr int kForwardRows = D <= 64 ? 128 : 64;  // per block: 4 warps x 16 x kForwardTiles
 template <int D>
 constexpr int kForwardKeys = D <= 64 ? 32 : 64;  // per key tile
 // The dq kernel likewise: m-tiles per warp, rows per block, and keys per tile (registers
@@ -84,7 +84,7 @@ constexpr int kForwardKeys = D <= 64 ? 32 : 64;  // per key tile
 template <int D>
 constexpr int kDqTiles = 1;
 template <int D>
-constexpr int kDqRows = 4 * kWarpRows * kDqTiles<D>;
+constexpr int kDqRows = 64;  // per block: 4 warps x 16 x kDqTiles
 template <int D>
 constexpr int kDqKeys = D <= 64 ? 64 : 32;
 template <int D>
@@ -111,10 +111,10 @@ struct Params {
   const void* q;
   const void* k;
   const void* v;
-  void* out;        // forward: [bh, lq, D]
-  float* lse;       // forward writes, backward reads: [bh, lq], natural log
+  void* out;   // forward: [bh, lq, D]
+  float* lse;  // forward writes, backward reads: [bh, lq], natural log
   const void* grad_out;
-  float* dsum;      // backward: rowsum(dO * O), [bh, lq]
+  float* dsum;  // backward: rowsum(dO * O), [bh, lq]
   void* grad_q;
   void* grad_k;
   void* grad_v;
@@ -180,19 +180,12 @@ EMBER_TC_FN void store_u32(uint16_t* p, uint32_t v) {
 #endif
 }
 
-// 16 bytes (8 elements) from src to dst, or zeros.
+// 16 bytes (8 elements) from src to dst.
 EMBER_TC_FN void copy16(uint16_t* dst, const uint16_t* src) {
 #if defined(__CUDA_ARCH__)
   *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
 #else
   std::memcpy(dst, src, 16);
-#endif
-}
-EMBER_TC_FN void zero16(uint16_t* dst) {
-#if defined(__CUDA_ARCH__)
-  *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
-#else
-  std::memset(dst, 0, 16);
 #endif
 }
 
@@ -253,8 +246,8 @@ EMBER_TC_FN void load_a_rows(uint32_t (&a)[4], const uint16_t* base, int ld, int
 // A: the 16x16 block at (r0, c0). Matrices: rows r0 / r0 + 8 (i % 2), columns c0 / c0 + 8
 // (i / 2), so the registers are A's reg0 .. reg3.
 template <typename Ctx>
-EMBER_TC_FN void ldsm_a(const Ctx& ctx, uint32_t (&a)[4], const uint16_t* s, int ld, int r0,
-                        int c0, int lane) {
+EMBER_TC_FN void ldsm_a(const Ctx& ctx, uint32_t (&a)[4], const uint16_t* s, int ld, int r0, int c0,
+                        int lane) {
   const int i = lane / 8;
   ctx.ldsm(a, s + (r0 + (i % 2) * 8 + lane % 8) * ld + c0 + (i / 2) * 8);
 }
@@ -300,24 +293,9 @@ EMBER_TC_FN void c_to_a(uint32_t (&a)[4], const float (&c)[N][4], int kk) {
 }
 
 // rows [row0, row0 + rows) of an [n, D] row-major matrix into shared memory (row stride
-// kLd<D>), 16 bytes per thread per step; rows at or past n become zeros.
-template <int D, typename Ctx>
-EMBER_TC_FN void load_tile(const Ctx& ctx, uint16_t* dst, const uint16_t* src, int64_t row0,
-                           int rows, int64_t n) {
-  constexpr int kChunks = D / 8;
-  for (int c = ctx.thread(); c < rows * kChunks; c += kThreads) {
-    const int r = c / kChunks, col = (c % kChunks) * 8;
-    uint16_t* d = dst + r * kLd<D> + col;
-    if (row0 + r < n) {
-      copy16(d, src + (row0 + r) * D + col);
-    } else {
-      zero16(d);
-    }
-  }
-}
-
-// The same with cp.async (ctx.copy16_async): the copies land once the thread's group is
-// waited for (ctx.commit, ctx.wait_newest_pending) and a block barrier has passed.
+// kLd<D>), 16 bytes per thread per step, by cp.async (ctx.copy16_async): the copies land
+// once the thread's group is waited for (ctx.commit, ctx.wait_newest_pending) and a block
+// barrier has passed. Rows at or past n become zeros.
 template <int D, typename Ctx>
 EMBER_TC_FN void load_tile_async(const Ctx& ctx, uint16_t* dst, const uint16_t* src, int64_t row0,
                                  int rows, int64_t n) {
@@ -505,12 +483,13 @@ EMBER_TC_FN void forward_tile(const Ctx& ctx, const Params& p, int64_t b, int64_
 }
 
 // ---------------------------------------------------------------------------------------
-// Forward: out and lse for 64 query rows of one batch-head.
+// Forward: out and lse for kForwardRows<D> query rows of one batch-head.
 
 template <typename T, int D, bool kDropout, typename Ctx>
 EMBER_TC_FN void forward_block(const Ctx& ctx, const Params& p, int64_t block,
                                unsigned char* smem) {
   constexpr int kM = kForwardTiles<D>, kRows = kForwardRows<D>, kSpan = kWarpRows * kM;
+  static_assert(kRows == 4 * kSpan, "4 warps of kSpan rows");
   constexpr int kLdD = kLd<D>, kKeys = kForwardKeys<D>, kKd = D / 16, kNd = D / 8;
   // Heaviest (causal: last) query blocks first.
   const int64_t nqb = ceil_div(p.lq, kRows);
@@ -553,7 +532,7 @@ EMBER_TC_FN void forward_block(const Ctx& ctx, const Params& p, int64_t block,
   ctx.commit();
   for (int64_t t = 0; t < tiles; ++t) {
     if (t + 1 < tiles) fetch(t + 1);
-    ctx.commit();  // (an empty group on the last tile keeps the count uniform)
+    ctx.commit();               // (an empty group on the last tile keeps the count uniform)
     ctx.wait_newest_pending();  // this thread's copies of tile t have landed,
     ctx.sync();                 // and every thread's
     const int64_t j0 = t * kKeys;
@@ -564,7 +543,6 @@ EMBER_TC_FN void forward_block(const Ctx& ctx, const Params& p, int64_t block,
     }
     ctx.sync();  // every warp is done with the stage before tile t + 2 lands there
   }
-
 
   if (!live) return;
   uint16_t* out = static_cast<uint16_t*>(p.out) + b * p.lq * D;
@@ -644,9 +622,8 @@ EMBER_TC_FN void grad_q_tile(const Ctx& ctx, const Params& p, int64_t b, int64_t
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int h = e / 2, col = 8 * n + 2 * ln.t + (e % 2);
-        const float w = edge && col >= seen[h]
-                            ? 0.0f
-                            : fast_exp2(s[mt][n][e] * p.scale_log2 - lse2[mt][h]);
+        const float w =
+            edge && col >= seen[h] ? 0.0f : fast_exp2(s[mt][n][e] * p.scale_log2 - lse2[mt][h]);
         const float z = kDropout ? keep_factor(p, keep, 4 * n + e) : 1.0f;
         s[mt][n][e] = w * (dp[mt][n][e] * z - dsum[mt][h]);
       }
@@ -659,6 +636,7 @@ EMBER_TC_FN void grad_q_tile(const Ctx& ctx, const Params& p, int64_t b, int64_t
 template <typename T, int D, bool kDropout, typename Ctx>
 EMBER_TC_FN void grad_q_block(const Ctx& ctx, const Params& p, int64_t block, unsigned char* smem) {
   constexpr int kM = kDqTiles<D>, kRows = kDqRows<D>, kSpan = kWarpRows * kM;
+  static_assert(kRows == 4 * kSpan, "4 warps of kSpan rows");
   constexpr int kLdD = kLd<D>, kKeys = kDqKeys<D>, kKd = D / 16, kNd = D / 8;
   const int64_t nqb = ceil_div(p.lq, kRows);
   const int64_t qb = nqb - 1 - block / p.bh, b = block % p.bh;
@@ -711,8 +689,7 @@ EMBER_TC_FN void grad_q_block(const Ctx& ctx, const Params& p, int64_t block, un
     const uint16_t* ks = reinterpret_cast<const uint16_t*>(smem) + (t % 2) * 2 * kKeys * kLdD;
     const uint16_t* vs = ks + kKeys * kLdD;
     if (live && !(p.causal && j0 > w0 + kSpan - 1)) {
-      grad_q_tile<T, D, kDropout>(ctx, p, b, j0, w0, row, qf, gf, lse2, dsum, ks, vs, dq, ln,
-                                  lane);
+      grad_q_tile<T, D, kDropout>(ctx, p, b, j0, w0, row, qf, gf, lse2, dsum, ks, vs, dq, ln, lane);
     }
     ctx.sync();
   }
@@ -760,8 +737,8 @@ EMBER_TC_FN void grad_kv_tile(const Ctx& ctx, const Params& p, int64_t b, int64_
   }
   scores<T, D>(ctx, dpt, af, gs, lane);
   // st becomes (P * z)^T, dpt dS^T; zero where the query does not see the key.
-  const bool edge = i0 + kQueries > p.lq || w0 + kWarpRows > p.lk ||
-                    (p.causal && i0 < w0 + kWarpRows - 1);
+  const bool edge =
+      i0 + kQueries > p.lq || w0 + kWarpRows > p.lk || (p.causal && i0 < w0 + kWarpRows - 1);
   int lo[2], hi[2];  // the query columns c with lo <= c < hi see the key
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -867,8 +844,7 @@ EMBER_TC_FN void grad_kv_block(const Ctx& ctx, const Params& p, int64_t block,
 #pragma unroll
     for (int n = 0; n < kNd; ++n) {
       const int64_t at = key[h] * D + 8 * n + 2 * ln.t;
-      store_u32(gk + at,
-                pack_floats<T>(dk[0][n][2 * h] * p.scale, dk[0][n][2 * h + 1] * p.scale));
+      store_u32(gk + at, pack_floats<T>(dk[0][n][2 * h] * p.scale, dk[0][n][2 * h + 1] * p.scale));
       store_u32(gv + at, pack_floats<T>(dv[0][n][2 * h], dv[0][n][2 * h + 1]));
     }
   }

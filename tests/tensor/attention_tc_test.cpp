@@ -10,14 +10,14 @@
 //     causal or not, Lq != Lk, dropout; the simple kernel beside it (EMBER_SDPA_CUDA_KERNEL);
 //     bitwise-repeatable gradients.
 // Tolerances, relative to the largest magnitude m of the expected tensor (at least 0.01):
-// |got - want| <= f * (m + |want|), f = 2e-2 for bf16 and 4e-3 for f16 (the output rounds once to the 16-bit
-// type, about 2^-9 resp. 2^-12 relative, and the kernel rounds P and dS to it before their
-// products; a few of those roundings add up in a gradient).
+// |got - want| <= f * (m + |want|), f = 2e-2 for bf16 and 4e-3 for f16 (the output rounds once to
+// the 16-bit type, about 2^-9 resp. 2^-12 relative, and the kernel rounds P and dS to it before
+// their products; a few of those roundings add up in a gradient).
 #include <algorithm>
 #include <barrier>
 #include <cmath>
-#include <cstring>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <optional>
 #include <string>
@@ -59,9 +59,7 @@ class EmulatedBlock {
         std::memset(dst, 0, 16);
       }
     }
-    void copy4_async(float* dst, const float* src, bool valid) const {
-      *dst = valid ? *src : 0.0f;
-    }
+    void copy4_async(float* dst, const float* src, bool valid) const { *dst = valid ? *src : 0.0f; }
     void commit() const {}
     void wait_newest_pending() const {}
 
@@ -199,9 +197,8 @@ Grads emulate(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g
       tc::forward_block<T, D, kDropout>(ctx, p, b, smem.data());
     });
   }
-  EmulatedBlock().run(tc::row_dot_blocks(p), [&](const Ctx& ctx, int64_t b) {
-    tc::row_dot_block<T, D>(ctx, p, b);
-  });
+  EmulatedBlock().run(tc::row_dot_blocks(p),
+                      [&](const Ctx& ctx, int64_t b) { tc::row_dot_block<T, D>(ctx, p, b); });
   {
     SharedMemory smem(tc::grad_q_smem_bytes<D>());
     EmulatedBlock().run(tc::grad_q_blocks<D>(p), [&](const Ctx& ctx, int64_t b) {
@@ -270,10 +267,11 @@ struct EmulatedCase {
 template <typename T>
 void check_emulated(const EmulatedCase& c, uint64_t seed) {
   const DType dtype = dtype_of<T>;
-  SCOPED_TRACE(::testing::Message() << dtype << " BH " << c.bh << " Lq " << c.lq << " Lk " << c.lk
-                                    << " D " << c.d << (c.causal ? " causal" : "") << " dropout "
-                                    << c.dropout);
-  const Tensor q = input({c.bh, c.lq, c.d}, seed, dtype), k = input({c.bh, c.lk, c.d}, seed + 1, dtype),
+  SCOPED_TRACE(::testing::Message()
+               << dtype << " BH " << c.bh << " Lq " << c.lq << " Lk " << c.lk << " D " << c.d
+               << (c.causal ? " causal" : "") << " dropout " << c.dropout);
+  const Tensor q = input({c.bh, c.lq, c.d}, seed, dtype),
+               k = input({c.bh, c.lk, c.d}, seed + 1, dtype),
                v = input({c.bh, c.lk, c.d}, seed + 2, dtype),
                g = input({c.bh, c.lq, c.d}, seed + 3, dtype);
   detail::AttentionParams a;
@@ -288,9 +286,9 @@ void check_emulated(const EmulatedCase& c, uint64_t seed) {
 
 TEST(AttentionTensorCore, EmulatedKernelMatchesCpuOp) {
   const EmulatedCase cases[] = {
-      {2, 1, 1, 64, false, 0.0},   {1, 17, 17, 64, true, 0.0},   {2, 65, 65, 64, false, 0.0},
-      {1, 65, 65, 64, true, 0.0},  {1, 130, 130, 64, true, 0.0}, {1, 17, 17, 128, false, 0.0},
-      {1, 70, 70, 128, true, 0.0}, {1, 70, 33, 64, true, 0.0},   {1, 20, 100, 64, true, 0.0},
+      {2, 1, 1, 64, false, 0.0},    {1, 17, 17, 64, true, 0.0},   {2, 65, 65, 64, false, 0.0},
+      {1, 65, 65, 64, true, 0.0},   {1, 130, 130, 64, true, 0.0}, {1, 17, 17, 128, false, 0.0},
+      {1, 70, 70, 128, true, 0.0},  {1, 70, 33, 64, true, 0.0},   {1, 20, 100, 64, true, 0.0},
       {1, 33, 70, 128, false, 0.0}, {1, 200, 200, 64, true, 0.0},
   };
   uint64_t seed = 100;
@@ -350,8 +348,8 @@ TEST(AttentionTensorCore, CudaMatchesCpuOp) {
     for (int64_t length : {1, 17, 64, 65, 127, 128, 200, 1024}) {
       for (int64_t dim : {64, 128}) {
         for (bool causal : {false, true}) {
-          SCOPED_TRACE(::testing::Message() << dtype << " L " << length << " D " << dim
-                                            << (causal ? " causal" : ""));
+          SCOPED_TRACE(::testing::Message()
+                       << dtype << " L " << length << " D " << dim << (causal ? " causal" : ""));
           const Shape shape = {2, 3, length, dim};
           const Tensor q = input(shape, seed, dtype), k = input(shape, seed + 1, dtype),
                        v = input(shape, seed + 2, dtype), g = input(shape, seed + 3, dtype);
@@ -373,16 +371,16 @@ TEST(AttentionTensorCore, CudaOtherLengthsAndDropoutMatchCpuOp) {
     double dropout;
   };
   const Case cases[] = {
-      {70, 33, 64, true, 0.0},    {33, 70, 128, false, 0.0}, {20, 300, 64, true, 0.0},
-      {300, 20, 128, true, 0.0},  {200, 200, 64, true, 0.1}, {129, 129, 128, false, 0.3},
+      {70, 33, 64, true, 0.0},     {33, 70, 128, false, 0.0}, {20, 300, 64, true, 0.0},
+      {300, 20, 128, true, 0.0},   {200, 200, 64, true, 0.1}, {129, 129, 128, false, 0.3},
       {1024, 1024, 64, true, 0.1},
   };
   uint64_t seed = 2000;
   for (DType dtype : {kBF16, kF16}) {
     for (const Case& c : cases) {
-      SCOPED_TRACE(::testing::Message() << dtype << " Lq " << c.lq << " Lk " << c.lk << " D "
-                                        << c.dim << (c.causal ? " causal" : "") << " dropout "
-                                        << c.dropout);
+      SCOPED_TRACE(::testing::Message()
+                   << dtype << " Lq " << c.lq << " Lk " << c.lk << " D " << c.dim
+                   << (c.causal ? " causal" : "") << " dropout " << c.dropout);
       const Tensor q = input({2, 2, c.lq, c.dim}, seed, dtype),
                    k = input({2, 2, c.lk, c.dim}, seed + 1, dtype),
                    v = input({2, 2, c.lk, c.dim}, seed + 2, dtype),
