@@ -7,8 +7,8 @@
 //     without a GPU.
 //   CUDA (skipped where no GPU is visible): the real kernels through the op, forward and the
 //     three gradients, bf16 and f16, L in {1, 17, 64, 65, 127, 128, 200, 1024}, D 64 and 128,
-//     causal or not, Lq != Lk, dropout; the simple kernel beside it (EMBER_SDPA_CUDA_KERNEL);
-//     bitwise-repeatable gradients.
+//     causal or not, Lq != Lk, dropout; every variant at small shapes (for compute-sanitizer);
+//     the simple kernel beside it (EMBER_SDPA_CUDA_KERNEL); bitwise-repeatable gradients.
 // Tolerances, relative to the largest magnitude m of the expected tensor (at least 0.01):
 // |got - want| <= f * (m + |want|), f = 2e-2 for bf16 and 4e-3 for f16 (the output rounds once to
 // the 16-bit type, about 2^-9 resp. 2^-12 relative, and the kernel rounds P and dS to it before
@@ -388,6 +388,29 @@ TEST(AttentionTensorCore, CudaOtherLengthsAndDropoutMatchCpuOp) {
       seed += 4;
       expect_near(on_cuda(q, k, v, g, c.causal, c.dropout, seed),
                   through_op(q, k, v, g, c.causal, c.dropout, seed), tolerance(dtype));
+    }
+  }
+}
+
+// Every kernel variant (D 64 and 128, causal or not, dropout or not) at small shapes with
+// tails, quick enough to run under compute-sanitizer (bench/attention_gpu_check.sh).
+TEST(AttentionTensorCore, CudaSmallShapesEveryVariant) {
+  EMBER_REQUIRE_CUDA();
+  const KernelChoice choice("tensor_core");
+  uint64_t seed = 2500;
+  for (int64_t dim : {64, 128}) {
+    for (bool causal : {false, true}) {
+      for (double dropout : {0.0, 0.2}) {
+        SCOPED_TRACE(::testing::Message() << "D " << dim << (causal ? " causal" : "")
+                                          << " dropout " << dropout);
+        const Tensor q = input({1, 2, 130, dim}, seed, kBF16),
+                     k = input({1, 2, 97, dim}, seed + 1, kBF16),
+                     v = input({1, 2, 97, dim}, seed + 2, kBF16),
+                     g = input({1, 2, 130, dim}, seed + 3, kBF16);
+        seed += 4;
+        expect_near(on_cuda(q, k, v, g, causal, dropout, seed),
+                    through_op(q, k, v, g, causal, dropout, seed), tolerance(kBF16));
+      }
     }
   }
 }
