@@ -8,7 +8,9 @@
 #include <climits>
 #include <cstdint>
 #include <mutex>
+#include <set>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "../cuda.h"
@@ -148,15 +150,27 @@ __global__ void __launch_bounds__(tc::kThreads)
   tc::grad_kv_block<T, D, kDropout>(DeviceCtx{}, p, blockIdx.x, tc_smem);
 }
 
-// Launches `kernel` on `blocks` blocks of kThreads with `smem` bytes of dynamic shared memory,
-// raising the kernel's limit first where it needs more than the default 48 KiB.
-template <typename Kernel>
+using Kernel = void (*)(tc::Params);
+
+// Lets `kernel` use `smem` bytes of dynamic shared memory on the current device (more than the
+// default 48 KiB needs asking), once per kernel and device.
+void allow_shared_memory(Kernel kernel, size_t smem) {
+  if (smem <= 48 * 1024) return;
+  int device = 0;
+  EMBER_CUDA_CHECK(cudaGetDevice(&device));
+  static std::mutex mutex;
+  static std::set<std::pair<Kernel, int>> raised;
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (raised.count({kernel, device}) != 0) return;
+  EMBER_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(smem)));
+  raised.insert({kernel, device});
+}
+
+// Launches `kernel` on `blocks` blocks of kThreads with `smem` bytes of dynamic shared memory.
 void launch(Kernel kernel, int64_t blocks, size_t smem, cudaStream_t stream, const tc::Params& p) {
   if (blocks == 0) return;
-  if (smem > 48 * 1024) {
-    EMBER_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          static_cast<int>(smem)));
-  }
+  allow_shared_memory(kernel, smem);
   kernel<<<static_cast<unsigned>(blocks), tc::kThreads, smem, stream>>>(p);
   EMBER_CUDA_CHECK_LAUNCH();
 }
