@@ -1,4 +1,8 @@
-// CUDA scaled-dot-product attention: ember's own kernels, written for clarity over speed.
+// CUDA scaled-dot-product attention. Two kernels: the tensor-core one (attention_tc.cu, after
+// FlashAttention-2) for f16/bf16 at head dims 64 and 128, and the simple one below for every
+// other call; see the dispatch at the bottom of this file for how one is picked.
+//
+// The simple kernel: ember's own, written for clarity over speed.
 // One warp owns one output row and walks the keys (or, for dk/dv, the queries) 32 at a time:
 // each lane scores one of them (a full dot product), the warp combines the 32 scores (online
 // softmax in forward), and each lane then accumulates its own columns of the row in shared
@@ -9,10 +13,13 @@
 // dk and dv (a warp per key row), both recomputing the weights from the saved logsumexp.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 
 #include "../detail/attention.h"
 #include "../detail/dispatch.h"
 #include "../ops.h"
+#include "attention_tc.cuh"
 #include "cuda_kernels.h"
 #include "launch.cuh"
 
@@ -263,12 +270,32 @@ Geometry geometry_of(const Tensor& q, const Tensor& v) {
   return {q.size(0), q.size(1), v.size(1), q.size(2), v.size(2)};
 }
 
+// Which kernel runs a call, chosen by measurement: EMBER_SDPA_CUDA_KERNEL=simple keeps every
+// call on the simple kernel above; tensor_core (also when unset or empty) sends the calls the
+// tensor-core kernel supports (attention_tc_supported: f16/bf16, E = Ev in {64, 128}, aligned
+// rows, compute capability 8.0+) there and the rest here. The variable is read at every call,
+// so a benchmark or a test can time or compare both in one process. Forward and backward
+// choose independently: both kernels save and read the same out and logsumexp.
+bool use_tensor_core_kernel(const Tensor& q, const Tensor& k, const Tensor& v,
+                            std::initializer_list<const Tensor*> others) {
+  const char* choice = std::getenv("EMBER_SDPA_CUDA_KERNEL");
+  if (choice != nullptr && std::strcmp(choice, "simple") == 0) return false;
+  EMBER_CHECK(choice == nullptr || choice[0] == '\0' || std::strcmp(choice, "tensor_core") == 0,
+              "scaled_dot_product_attention", "EMBER_SDPA_CUDA_KERNEL must be simple or ",
+              "tensor_core, got '", choice, "'");
+  return attention_tc_supported(q, k, v, others);
+}
+
 void attention_forward_cuda(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
                             const Tensor& v, const AttentionParams& params) {
   EMBER_ASSERT(out.is_contiguous() && lse.is_contiguous() && q.is_contiguous() &&
                k.is_contiguous() && v.is_contiguous());
   const Geometry g = geometry_of(q, v);
   if (g.bh * g.lq == 0) return;
+  if (use_tensor_core_kernel(q, k, v, {&out})) {
+    attention_tc_forward(out, lse, q, k, v, params);
+    return;
+  }
   const KernelContext ctx(q);
   dispatch_floating(q.dtype(), "scaled_dot_product_attention", [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -288,6 +315,10 @@ void attention_backward_cuda(const Tensor& grad_q, const Tensor& grad_k, const T
   EMBER_ASSERT(grad_out.is_contiguous() && out.is_contiguous() && lse.is_contiguous() &&
                q.is_contiguous() && k.is_contiguous() && v.is_contiguous());
   const Geometry g = geometry_of(q, v);
+  if (use_tensor_core_kernel(q, k, v, {&grad_out, &out, &grad_q, &grad_k, &grad_v})) {
+    attention_tc_backward(grad_q, grad_k, grad_v, grad_out, q, k, v, out, lse, params);
+    return;
+  }
   const KernelContext ctx(q);
   dispatch_floating(q.dtype(), "scaled_dot_product_attention_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
