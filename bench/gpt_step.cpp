@@ -1,8 +1,11 @@
 // One GPT training step (forward, backward, AdamW over weight_decay_groups) on random tokens:
 // median step time after warm-up, tokens/s, achieved TFLOP/s (nanoGPT's 6N + 12 L d T FLOPs
 // per token) and peak memory, one JSON line. bench/gpt_step_torch.py runs the same step in
-// PyTorch with the same flags and keys; bench/gpt_compare.sh runs both.
+// PyTorch with the same flags and keys; bench/gpt_compare.sh runs both. --cuda-graphs (ember
+// only) replays the whole step captured in one CUDA graph (bench/captured_step.h).
 #include <sys/resource.h>
+
+#include <functional>
 
 #include <CLI/CLI.hpp>
 
@@ -10,6 +13,7 @@
 #include <ember/optim/param_groups.h>
 
 #include "bench_util.h"
+#include "captured_step.h"
 #include "precision.h"
 
 int main(int argc, char** argv) {
@@ -31,6 +35,9 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"fp32", "tf32", "bf16"}));
   app.add_option("--threads", threads, "CPU threads")->check(CLI::PositiveNumber);
   app.add_option("--steps", steps, "timed steps")->check(CLI::PositiveNumber);
+  bool cuda_graphs = false;
+  app.add_flag("--cuda-graphs", cuda_graphs,
+               "replay the whole step captured in a CUDA graph (CUDA only)");
   CLI11_PARSE(app, argc, argv);
   config.dropout = 0.0;
 
@@ -50,8 +57,7 @@ int main(int argc, char** argv) {
         ember::randint(0, config.vocab_size, {batch, config.block_size}, ids);
     ember::apps::PrecisionContext precision(ember::apps::resolve_precision(precision_name, device),
                                             device);
-    auto step = [&] {
-      optimizer.zero_grad();
+    auto forward_backward_step = [&] {
       ember::Tensor loss;
       {
         const auto autocast = precision.autocast();
@@ -62,6 +68,16 @@ int main(int argc, char** argv) {
       precision.scale(loss).backward();
       precision.step(optimizer);
     };
+    std::function<void()> step = [&] {
+      optimizer.zero_grad();
+      forward_backward_step();
+    };
+    ember::cuda::CUDAGraph graph;
+    if (cuda_graphs) {
+      EMBER_CHECK(device.is_cuda(), "--cuda-graphs", "needs --device cuda");
+      ember::bench::capture_training_step(graph, optimizer, forward_backward_step);
+      step = [&] { graph.replay(); };
+    }
     auto sync = [&] {
       if (device.is_cuda()) ember::cuda::synchronize();
     };
@@ -81,6 +97,7 @@ int main(int argc, char** argv) {
         .add("precision", precision.name())
         .add("threads", threads)
         .add("attention", "sdpa")
+        .add("cuda_graphs", cuda_graphs)
         .add("parameters", static_cast<long long>(ember::nn::parameter_count(*model)))
         .add("step_s", step_s)
         .add("tokens_per_s", tokens / step_s)

@@ -3,8 +3,9 @@
 // line. bench/train_step_torch.py runs the same step in PyTorch with the same flags and keys.
 // --no-fuse turns off the ResNet's fused batch norm + ReLU (+ add), the eager-PyTorch form.
 // --precision as ember-train's (apps/precision.h): fp32, tf32, bf16 or fp16 autocast (fp16
-// with loss scaling). --cuda-graphs replays a captured forward and backward (the optimizer
-// step eager, as ember-train --cuda-graphs). On CUDA the line also holds the peak memory of
+// with loss scaling). --cuda-graphs replays the whole step captured in one CUDA graph
+// (forward, backward, loss scaling and the optimizer step, as ember-train --cuda-graphs;
+// bench/captured_step.h). On CUDA the line also holds the peak memory of
 // the caching allocator and, given --peak-tflops (the GPU's dense peak for the precision),
 // the model FLOPs utilisation: images/s x 3 x forward FLOPs per image / peak.
 #include <sys/resource.h>
@@ -18,6 +19,7 @@
 #include <ember/ember.h>
 
 #include "bench_util.h"
+#include "captured_step.h"
 #include "precision.h"
 
 namespace {
@@ -74,7 +76,7 @@ int main(int argc, char** argv) {
   app.add_flag("--ddp", ddp, "under mpirun: DDP step time beside the no_sync step time");
   app.add_flag("--channels-last", channels_last, "model and images in channels_last (NHWC)");
   app.add_flag("--cuda-graphs", cuda_graphs,
-               "replay a CUDA graph of forward and backward (CUDA, one process, not fp16)");
+               "replay the whole step captured in a CUDA graph (CUDA, one process)");
   app.add_option("--peak-tflops", peak_tflops,
                  "the device's dense peak for this precision, for the MFU field (0: none)");
   app.add_flag("--no-fuse", no_fuse,
@@ -128,16 +130,13 @@ int main(int argc, char** argv) {
     };
     ember::cuda::CUDAGraph graph;
     if (cuda_graphs) {
-      EMBER_CHECK(device.is_cuda() && !ddp && precision.scaler() == nullptr, "train_step",
-                  "--cuda-graphs needs --device cuda, one process and no fp16 loss scaling");
-      for (int i = 0; i < 3; ++i) step();  // warm-up: cuDNN's algorithms, handles, the cache
-      optimizer.zero_grad();               // the capture allocates the gradients in its pool
-      ember::cuda::capture(graph, forward_backward);
+      EMBER_CHECK(device.is_cuda() && !ddp, "--cuda-graphs", "needs --device cuda and one process");
+      ember::bench::capture_training_step(graph, optimizer, [&] {
+        forward_backward();
+        precision.step(optimizer);
+      });
     }
-    auto graph_step = [&] {
-      graph.replay();
-      precision.step(optimizer);
-    };
+    auto graph_step = [&] { graph.replay(); };
     if (device.is_cuda()) ember::cuda::reset_peak_stats();
     // The same step with gradient synchronisation off: the compute-only baseline for DDP.
     auto local_step = [&] {
