@@ -13,8 +13,9 @@
 #           (ctest.log, ctest-junit.xml)                                                  ~3 min
 #   gpt     bench/gpt_compare.sh --device cuda --precision bf16: the 6-layer 384-wide GPT at
 #           block 256 and a GPT-2-small-sized one (12 layers, 768 wide, block 1024), ember
-#           beside PyTorch eager (F.scaled_dot_product_attention), one JSON line each in
-#           gpt.jsonl                                                                      ~2 min
+#           eager with each CUDA attention kernel (tensor_core, simple) and with the whole
+#           step as one CUDA graph, beside PyTorch eager (F.scaled_dot_product_attention),
+#           one JSON line each in gpt.jsonl                                                ~2 min
 #   bench   build/bench/train_step and bench/train_step_torch.py --device cuda for ResNet-18
 #           (CIFAR) and ResNet-20 at batch 128 and 512: (a) tf32, NCHW; (b) bf16 autocast and
 #           channels_last; ember eager and with --cuda-graphs, PyTorch eager, then PyTorch
@@ -72,8 +73,9 @@ stage_build() {
 stage_test() {
   say "test: the new GPU tests"
   {
-    "$b/tests/ember_tensor_tests" --gtest_filter='CudaGraph.*:LayersParity.Pool*:LayersParity.*Pool2d*:Cuda.*'
-    "$b/tests/ember_nn_tests" --gtest_filter='ChannelsLast*'
+    "$b/tests/ember_tensor_tests" --gtest_filter='AttentionTensorCore.*:Attention.*:LayersParity.*:CudaGraph.*:CudaParity.*:Cuda.*:LinearBiasEpilogue.*:AmpOps.*:ChannelsLastCuda.*:Autocast.PolicyTableOnCuda'
+    "$b/tests/ember_optim_tests" --gtest_filter='CapturableOptimizer.*:FusedGradScaling.*'
+    "$b/tests/ember_nn_tests" --gtest_filter='ChannelsLast*:MultiheadSelfAttention.*'
     "$b/tests/ember_apps_tests" --gtest_filter='Trainer.*'
   } >"$OUT/focused.log" 2>&1
   say "focused: $(grep -c '^\[       OK' "$OUT/focused.log") passed, $(grep -c '^\[  FAILED  \] [A-Z]' "$OUT/focused.log") failed, $(grep -c '^\[  SKIPPED' "$OUT/focused.log") skipped"
@@ -135,9 +137,15 @@ stage_gpt() {
   local sizes
   for sizes in "--n-layer 6 --n-head 6 --n-embd 384 --block-size 256 --batch 64" \
     "--n-layer 12 --n-head 12 --n-embd 768 --block-size 1024 --batch 8"; do
+    # Eager with each CUDA attention kernel, then the whole step as one CUDA graph.
     # shellcheck disable=SC2086
     timeout "$run_timeout" bash bench/gpt_compare.sh --build "$b" --python python3 --device cuda \
-      --precision bf16 --steps 10 $sizes >>"$OUT/gpt.jsonl" 2>>"$OUT/bench.log"
+      --precision bf16 --steps 10 --sdpa-kernels "tensor_core simple" $sizes \
+      >>"$OUT/gpt.jsonl" 2>>"$OUT/bench.log"
+    # shellcheck disable=SC2086
+    timeout "$run_timeout" bash bench/gpt_compare.sh --build "$b" --python python3 --device cuda \
+      --precision bf16 --steps 10 --ember-args --cuda-graphs $sizes \
+      >>"$OUT/gpt.jsonl" 2>>"$OUT/bench.log"
   done
   say "gpt: $(grep -c ember_over_torch "$OUT/gpt.jsonl") comparisons"
 }
