@@ -23,8 +23,11 @@ namespace ember {
 // leading dims) exactly where rand({..., L_q, L_k}, kF32) drawn at (seed, offset) is below
 // float(1 - dropout_p), on the CPU and CUDA alike; backward regenerates it from (seed, offset).
 // CPU: a tiled (flash-attention) kernel on BLAS, threads over the leading dims and query
-// blocks; CUDA: ember's own kernel. f32 and f64 compute in their dtype, f16/bf16 in f32 with
-// the output rounded once. Under autocast it runs in the low dtype (PyTorch's CUDA list).
+// blocks; CUDA: ember's own kernels, a FlashAttention-2 style tensor-core one for f16/bf16 at
+// head dims 64 and 128 on sm_80+, a simple one otherwise (EMBER_SDPA_CUDA_KERNEL=simple|
+// tensor_core picks; tensor/cuda/attention.cu). f32 and f64 compute in their dtype, f16/bf16
+// in f32 with the output rounded once. Under autocast it runs in the low dtype (PyTorch's
+// CUDA list).
 Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, const Tensor& value,
                                     bool is_causal = false, double dropout_p = 0.0,
                                     std::optional<double> scale = std::nullopt,
