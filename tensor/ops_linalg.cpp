@@ -191,9 +191,9 @@ Tensor addmm(const Tensor& input, const Tensor& a, const Tensor& b, Scalar beta,
   const double beta_value = beta.to_double();
   // A linear layer's bias ([n] or [1, n], beta 1) rides in the GEMM's epilogue instead of a
   // copy into c that the GEMM reads back (cuBLASLt's bias epilogue on CUDA, as PyTorch's).
-  const bool bias_epilogue = beta_value == 1.0 && input.numel() == out_shape[1] &&
-                             input.size(-1) == out_shape[1] && input.is_contiguous() &&
-                             out_shape[1] > 0;
+  const bool bias_epilogue = beta_value == 1.0 && input.dim() >= 1 &&
+                             input.numel() == out_shape[1] && input.size(-1) == out_shape[1] &&
+                             input.is_contiguous() && out_shape[1] > 0;
   if (bias_epilogue) {
     run_gemm(c, a, b, alpha.to_double(), 0.0, "addmm", input);
   } else {

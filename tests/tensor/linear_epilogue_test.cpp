@@ -66,6 +66,10 @@ TEST(LinearBiasEpilogue, AddmmBiasShapesAndScalars) {
   expect_close(addmm(bias, a, m, 0.5, 1), matmul(a, m) + bias * 0.5, 1e-6, 1e-6);
   const Tensor full = random_tensor({5, 3}, kF32, 11);
   expect_close(addmm(full, a, m), matmul(a, m) + full, 1e-6, 1e-6);
+  // A 0-d input broadcasts like any other (a single output column makes its size match).
+  const Tensor one_column = random_tensor({6, 1}, kF32, 13),
+               scalar = ember::full({}, 0.5, TensorOptions(kF32));
+  expect_close(addmm(scalar, a, one_column), matmul(a, one_column) + scalar, 1e-6, 1e-6);
   // A bias read from an offset (not 16-byte aligned) view.
   const Tensor wide = random_tensor({4}, kF32, 12);
   const Tensor shifted = wide.narrow(0, 1, 3);
