@@ -124,8 +124,16 @@ Tensor::Tensor(Storage storage, DType dtype, Shape sizes, Shape strides, int64_t
 
 void Tensor::throw_undefined() { throw Error("tensor: operation on an undefined tensor"); }
 
-int64_t Tensor::size(int64_t d) const { return sizes()[detail::wrap_dim(d, dim(), "size")]; }
-int64_t Tensor::stride(int64_t d) const { return strides()[detail::wrap_dim(d, dim(), "stride")]; }
+// wrap_dim lets reductions name dim 0 / -1 of a 0-d tensor (as PyTorch does); a 0-d tensor
+// still has no size or stride to read, so it is refused here (PyTorch's IndexError).
+int64_t Tensor::size(int64_t d) const {
+  EMBER_CHECK(dim() > 0, "size", "a 0-d tensor has no dims (asked for dim ", d, ")");
+  return sizes()[detail::wrap_dim(d, dim(), "size")];
+}
+int64_t Tensor::stride(int64_t d) const {
+  EMBER_CHECK(dim() > 0, "stride", "a 0-d tensor has no dims (asked for dim ", d, ")");
+  return strides()[detail::wrap_dim(d, dim(), "stride")];
+}
 
 bool Tensor::is_contiguous() const {
   const Impl& i = impl();

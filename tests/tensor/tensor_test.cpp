@@ -68,6 +68,16 @@ TEST(TensorBasics, FromVectorAndBlob) {
   EXPECT_TRUE(weak.expired());
 }
 
+TEST(TensorBasics, SizeAndStrideOfAZeroDimTensorAreRefused) {
+  // PyTorch: tensor(1.).size(-1) raises IndexError; ember once read past an empty shape.
+  const Tensor scalar = full({}, 2.0);
+  EXPECT_EQ(scalar.dim(), 0);
+  EXPECT_EMBER_ERROR(scalar.size(-1), "size: a 0-d tensor has no dims (asked for dim -1)");
+  EXPECT_EMBER_ERROR(scalar.size(0), "size: a 0-d tensor has no dims (asked for dim 0)");
+  EXPECT_EMBER_ERROR(scalar.stride(0), "stride: a 0-d tensor has no dims (asked for dim 0)");
+  EXPECT_EQ(zeros({3}).size(-1), 3);
+}
+
 TEST(TensorBasics, CpuMemoryIsAligned) {
   for (int64_t n : {1, 3, 17, 1000}) {
     const Tensor t = empty({n}, kU8);
