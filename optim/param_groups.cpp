@@ -13,8 +13,11 @@ const std::vector<std::string>& default_no_decay_modules() {
   return kModules;
 }
 
-WeightDecaySplit split_weight_decay(nn::Module& model,
-                                    const std::vector<std::string>& no_decay_modules) {
+namespace {
+
+// nanogpt: the shape alone decides; otherwise minGPT's rule with these module types excluded.
+WeightDecaySplit split(nn::Module& model, bool nanogpt,
+                       const std::vector<std::string>& no_decay_modules) {
   struct Entry {
     std::string name;
     Tensor param;
@@ -26,7 +29,7 @@ WeightDecaySplit split_weight_decay(nn::Module& model,
                                            module->name()) != no_decay_modules.end();
     for (const auto& [name, param] : module->named_parameters(/*recurse=*/false)) {
       if (!param.requires_grad()) continue;
-      const bool decays = !excluded_module && name != "bias" && param.dim() >= 2;
+      const bool decays = param.dim() >= 2 && (nanogpt || (!excluded_module && name != "bias"));
       const auto same = std::find_if(entries.begin(), entries.end(),
                                      [&](const Entry& e) { return e.param.is_same(param); });
       if (same != entries.end()) {
@@ -36,16 +39,14 @@ WeightDecaySplit split_weight_decay(nn::Module& model,
       entries.push_back({prefix.empty() ? name : prefix + "." + name, param, decays});
     }
   }
-  WeightDecaySplit split;
-  for (auto& e : entries) (e.decays ? split.decay : split.no_decay).emplace_back(e.name, e.param);
-  return split;
+  WeightDecaySplit out;
+  for (auto& e : entries) (e.decays ? out.decay : out.no_decay).emplace_back(e.name, e.param);
+  return out;
 }
 
-std::vector<ParamGroup> weight_decay_groups(nn::Module& model, double weight_decay,
-                                            const std::vector<std::string>& no_decay_modules) {
+std::vector<ParamGroup> groups_of(const WeightDecaySplit& split, double weight_decay) {
   EMBER_CHECK(weight_decay >= 0, "weight_decay_groups", "weight_decay must be >= 0, got ",
               weight_decay);
-  const WeightDecaySplit split = split_weight_decay(model, no_decay_modules);
   const auto tensors = [](const nn::NamedTensors& named) {
     std::vector<Tensor> out;
     for (const auto& [name, t] : named) out.push_back(t);
@@ -57,6 +58,27 @@ std::vector<ParamGroup> weight_decay_groups(nn::Module& model, double weight_dec
   if (!split.no_decay.empty())
     groups.emplace_back(tensors(split.no_decay), Options{{"weight_decay", 0.0}});
   return groups;
+}
+
+}  // namespace
+
+WeightDecaySplit split_weight_decay(nn::Module& model, WeightDecayRule rule) {
+  return split(model, rule == WeightDecayRule::kNanoGPT, default_no_decay_modules());
+}
+
+WeightDecaySplit split_weight_decay(nn::Module& model,
+                                    const std::vector<std::string>& no_decay_modules) {
+  return split(model, /*nanogpt=*/false, no_decay_modules);
+}
+
+std::vector<ParamGroup> weight_decay_groups(nn::Module& model, double weight_decay,
+                                            WeightDecayRule rule) {
+  return groups_of(split_weight_decay(model, rule), weight_decay);
+}
+
+std::vector<ParamGroup> weight_decay_groups(nn::Module& model, double weight_decay,
+                                            const std::vector<std::string>& no_decay_modules) {
+  return groups_of(split_weight_decay(model, no_decay_modules), weight_decay);
 }
 
 }  // namespace ember::optim

@@ -1,5 +1,6 @@
-// What GPT training adds to the optimizers: weight-decay parameter groups by module type and
-// shape (minGPT's configure_optimizers) and nanoGPT's cosine schedule with linear warmup.
+// What GPT training adds to the optimizers: weight-decay parameter groups by shape (nanoGPT's
+// configure_optimizers) or by module type and shape (minGPT's) and nanoGPT's cosine schedule
+// with linear warmup.
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -59,6 +60,35 @@ TEST(WeightDecayGroups, LinearAndConvWeightsDecayBiasesNormsAndVectorsDoNot) {
   EXPECT_TRUE(split.decay[0].second.is_same(net->named_parameters()[0].second));
 }
 
+// The embeddings (2-d) decay under nanoGPT's rule, the default, and not under minGPT's; a
+// norm's and every bias and gain never do.
+TEST(WeightDecayGroups, NanoGPTsRuleDecaysEveryMatrixEmbeddingsIncluded) {
+  manual_seed(0);
+  auto net = std::make_shared<nn::Sequential>();
+  net->push_back(std::make_shared<nn::Embedding>(5, 4));
+  net->push_back(std::make_shared<nn::LayerNorm>(4));
+  net->push_back(std::make_shared<nn::Linear>(4, 3));
+  const std::vector<std::string> matrices = {"0.weight", "2.weight"};
+  const std::vector<std::string> vectors = {"1.weight", "1.bias", "2.bias"};
+  for (const WeightDecaySplit& split :
+       {split_weight_decay(*net), split_weight_decay(*net, WeightDecayRule::kNanoGPT)}) {
+    EXPECT_EQ(names(split.decay), matrices);
+    EXPECT_EQ(names(split.no_decay), vectors);
+  }
+  const WeightDecaySplit mingpt = split_weight_decay(*net, WeightDecayRule::kMinGPT);
+  EXPECT_EQ(names(mingpt.decay), (std::vector<std::string>{"2.weight"}));
+  EXPECT_EQ(names(mingpt.no_decay),
+            (std::vector<std::string>{"0.weight", "1.weight", "1.bias", "2.bias"}));
+  // The groups follow the rule too.
+  const auto nanogpt_groups = weight_decay_groups(*net, 0.1);
+  ASSERT_EQ(nanogpt_groups.size(), 2u);
+  EXPECT_EQ(nanogpt_groups[0].params.size(), 2u);
+  EXPECT_EQ(nanogpt_groups[0].options.at("weight_decay"), 0.1);
+  const auto mingpt_groups = weight_decay_groups(*net, 0.1, WeightDecayRule::kMinGPT);
+  ASSERT_EQ(mingpt_groups.size(), 2u);
+  EXPECT_EQ(mingpt_groups[0].params.size(), 1u);
+}
+
 TEST(WeightDecayGroups, ModuleTypesCanBeChosen) {
   auto net = conv_net();
   const WeightDecaySplit split = split_weight_decay(*net, {"Linear", "Custom"});
@@ -74,11 +104,15 @@ TEST(WeightDecayGroups, ATiedWeightIsListedOnceAndDecaysOnlyIfEveryOwnerSaysSo) 
   auto net = std::make_shared<nn::Sequential>();
   net->push_back(head);
   net->push_back(std::make_shared<TiedEmbedding>(head->weight));
-  const WeightDecaySplit split = split_weight_decay(*net);
+  const WeightDecaySplit split = split_weight_decay(*net, WeightDecayRule::kMinGPT);
   EXPECT_TRUE(split.decay.empty());
   EXPECT_EQ(names(split.no_decay), (std::vector<std::string>{"0.weight"}));
+  // Under nanoGPT's rule both owners hold a matrix, which decays, listed once.
+  const WeightDecaySplit nanogpt = split_weight_decay(*net);
+  EXPECT_EQ(names(nanogpt.decay), (std::vector<std::string>{"0.weight"}));
+  EXPECT_TRUE(nanogpt.no_decay.empty());
   // One group (the empty decay group is left out), which AdamW accepts: no parameter twice.
-  const auto groups = weight_decay_groups(*net, 0.1);
+  const auto groups = weight_decay_groups(*net, 0.1, WeightDecayRule::kMinGPT);
   ASSERT_EQ(groups.size(), 1u);
   EXPECT_EQ(groups[0].options.at("weight_decay"), 0.0);
   AdamW adamw(groups);

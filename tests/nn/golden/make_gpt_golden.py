@@ -6,10 +6,13 @@ by PyTorch (Debian's python3-torch 1.13), for ember's GPT tests to match. Run on
 
 The model is ember's nn::GPT (nanoGPT's layout and parameter names): token and position
 embeddings, pre-norm blocks (ln_1, attn.c_attn, attn.c_proj, ln_2, mlp.c_fc, exact GELU,
-mlp.c_proj), ln_f, and an lm_head tied to wte. Dropout is 0. Everything is float64. The
-AdamW step uses two groups as minGPT's configure_optimizers (ember's
-optim::weight_decay_groups): Linear weights decay; biases, LayerNorm weights and the
-embeddings (the tied head among them) do not.
+mlp.c_proj), ln_f, and an lm_head tied to wte. Dropout is 0. Everything is float64. One
+AdamW step from the same gradients under each weight-decay rule of ember's
+optim::weight_decay_groups:
+  after_step_nanogpt  nanoGPT's configure_optimizers, its code as nanoGPT has it: every
+                      parameter of 2 or more dims decays (wte and wpe included), no other;
+  after_step_mingpt   minGPT's: Linear weights decay; biases, LayerNorm weights and the
+                      embeddings (the tied head among them) do not.
 """
 import json
 import math
@@ -104,15 +107,30 @@ def main():
     loss.backward()
     grads = {name: flat(p.grad) for name, p in model.named_parameters()}
 
+    start = {name: p.detach().clone() for name, p in model.named_parameters()}
+
+    def adamw_step(optim_groups):
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                p.copy_(start[name])
+        torch.optim.AdamW(optim_groups, lr=LR, betas=BETAS, eps=EPS).step()
+        return {name: flat(p) for name, p in model.named_parameters()}
+
+    # nanoGPT's GPT.configure_optimizers, as it is written there.
+    param_dict = {pn: p for pn, p in model.named_parameters()}
+    param_dict = {pn: p for pn, p in param_dict.items() if p.requires_grad}
+    decay_params = [p for n, p in param_dict.items() if p.dim() >= 2]
+    nodecay_params = [p for n, p in param_dict.items() if p.dim() < 2]
+    after_nanogpt = adamw_step([{"params": decay_params, "weight_decay": WEIGHT_DECAY},
+                                {"params": nodecay_params, "weight_decay": 0.0}])
+
+    # minGPT's: no decay on biases, nor on any parameter of a LayerNorm or an Embedding.
     def decays(name, p):
         return p.dim() >= 2 and not name.startswith(("wte.", "wpe."))
     decay = [p for n, p in model.named_parameters() if decays(n, p)]
     no_decay = [p for n, p in model.named_parameters() if not decays(n, p)]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": WEIGHT_DECAY},
-                             {"params": no_decay, "weight_decay": 0.0}],
-                            lr=LR, betas=BETAS, eps=EPS)
-    opt.step()
-    after = {name: flat(p) for name, p in model.named_parameters()}
+    after_mingpt = adamw_step([{"params": decay, "weight_decay": WEIGHT_DECAY},
+                               {"params": no_decay, "weight_decay": 0.0}])
 
     out = {
         "config": {"vocab_size": VOCAB, "block_size": BLOCK, "n_layer": N_LAYER,
@@ -121,7 +139,8 @@ def main():
         "parameter_names": [name for name, _ in model.named_parameters()],
         "idx": flat(idx), "targets": flat(targets),
         "weights": weights, "logits": flat(logits), "loss": loss.item(),
-        "grads": grads, "after_step": after,
+        "grads": grads,
+        "after_step_nanogpt": after_nanogpt, "after_step_mingpt": after_mingpt,
         "torch_version": torch.__version__,
     }
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpt_golden.json")
