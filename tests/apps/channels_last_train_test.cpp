@@ -8,30 +8,24 @@
 #include <string>
 
 #include "train_cli.h"
-#include "train_options.h"
 
 namespace fs = std::filesystem;
 
 namespace ember::apps {
 namespace {
 
-int parse(std::vector<std::string> args, TrainOptions& o) {
-  args.insert(args.begin(), "ember-train");
-  std::vector<char*> argv;
-  for (std::string& a : args) argv.push_back(a.data());
-  return parse_train_options(static_cast<int>(argv.size()), argv.data(), o);
-}
+using testing::parse_args;
 
 TEST(ChannelsLastFlag, DefaultsOnForCudaOffForCpu) {
   TrainOptions o;
-  ASSERT_EQ(parse({}, o), -1);
+  ASSERT_EQ(parse_args({}, o), -1);
   EXPECT_TRUE(use_channels_last(o, true));
   EXPECT_FALSE(use_channels_last(o, false));
   TrainOptions on;
-  ASSERT_EQ(parse({"--channels-last"}, on), -1);
+  ASSERT_EQ(parse_args({"--channels-last"}, on), -1);
   EXPECT_TRUE(use_channels_last(on, false));
   TrainOptions off;
-  ASSERT_EQ(parse({"--no-channels-last"}, off), -1);
+  ASSERT_EQ(parse_args({"--no-channels-last"}, off), -1);
   EXPECT_FALSE(use_channels_last(off, true));
 }
 

@@ -1,5 +1,5 @@
 // What the ember-train tests share: a generated image folder (two classes of small PNG and
-// BMP images) and running the program, its output captured.
+// BMP images), running the program, its output captured, and parsing its command line.
 #pragma once
 
 #include <sys/wait.h>
@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "data/formats.h"
+#include "train_options.h"
 
 namespace ember::apps::testing {
 
@@ -75,6 +76,14 @@ inline int64_t count_lines_with(const std::filesystem::path& path, const std::st
   int64_t n = 0;
   for (std::string line; std::getline(in, line);) n += line.find(text) != std::string::npos;
   return n;
+}
+
+// parse_train_options on "ember-train" followed by `args`: its return value.
+inline int parse_args(std::vector<std::string> args, TrainOptions& options) {
+  args.insert(args.begin(), "ember-train");
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  return parse_train_options(static_cast<int>(argv.size()), argv.data(), options);
 }
 
 }  // namespace ember::apps::testing
