@@ -477,7 +477,7 @@ int64_t Trainer::resume() {
     }
     if (group_.rank() == 0) {
       for (const std::string& p : problems)
-        std::fprintf(stderr, "ember-train: warning: skipped the damaged snapshot %s\n",
+        std::fprintf(stderr, "Trainer::resume: warning: skipped the damaged snapshot %s\n",
                      p.substr(p.rfind("load_checkpoint: ", 0) == 0 ? 17 : 0).c_str());
     }
   }
@@ -485,8 +485,8 @@ int64_t Trainer::resume() {
   Tensor steps = from_vector<int64_t>({step_, -step_});
   group_.allreduce(steps, dist::ReduceOp::kMax)->wait();
   const auto s = steps.to_vector<int64_t>();
-  EMBER_CHECK(s[0] == -s[1], "ember-train --resume", "the ranks resumed at different steps (",
-              -s[1], " to ", s[0], "): every rank must see the same snapshots in ",
+  EMBER_CHECK(s[0] == -s[1], "Trainer::resume", "the ranks resumed at different steps (", -s[1],
+              " to ", s[0], "): every rank must see the same snapshots in ",
               options_.checkpoint_dir);
   if (loaded.empty()) {
     log.log("no snapshot in " + options_.checkpoint_dir + ": starting from scratch");

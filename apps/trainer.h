@@ -1,6 +1,10 @@
 // ember-train's training loop, in the shape of PyTorch's fault-tolerance tutorial Trainer:
 // run_batch (one optimizer step), run_epoch, save_snapshot, load_snapshot and train, each
-// usable alone.
+// usable alone. Installed API (<ember/apps/trainer.h>, also in <ember/ember.h>; library
+// Ember::apps, part of Ember::ember): README.md's "Training loops with the Trainer" shows a
+// program of your own on it. A step's loss is cross_entropy(forward(batch.data), batch.target)
+// with integer class targets (logits [N, C, ...], or a GPT's [B, T, V] with
+// options.model == "gpt").
 //
 // Snapshots (dist::Checkpoint files in options.checkpoint_dir) hold the model, optimizer,
 // schedule, RNG states, the sampler's epoch and position, the step counter and the epoch's
@@ -74,7 +78,9 @@ class Trainer {
   // model: the bare module (its parameters are clipped); trained: what forward runs, the
   // model itself or its DistributedDataParallel wrapper. schedule may be null (a fixed lr).
   // Uses options.accum_steps, grad_clip, label_smoothing, max_steps, log_every,
-  // eval_every_steps, checkpoint_dir, checkpoint_interval, save_every_steps, keep and resume.
+  // eval_every_steps, checkpoint_dir, checkpoint_interval, save_every_steps, keep, resume,
+  // epochs, cuda_graphs and model; the others are ember-train's. `options` is held by
+  // reference: it must outlive the trainer.
   Trainer(const TrainOptions& options, nn::Module& model, nn::Module& trained,
           optim::Optimizer& optimizer, optim::LRScheduler* schedule, dist::ProcessGroup& group,
           Device device);

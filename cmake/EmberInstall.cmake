@@ -1,5 +1,6 @@
-# `cmake --install` puts headers under include/ember/<module>/, the versioned module libraries
-# and the umbrella target in lib/, EmberConfig.cmake so that other projects can
+# `cmake --install` puts headers under include/ember/<module>/ (apps: the Trainer's), the
+# versioned module libraries and the umbrella target in lib/, EmberConfig.cmake so that other
+# projects can
 #   find_package(Ember CONFIG REQUIRED)
 #   target_link_libraries(app PRIVATE Ember::ember)
 # and ember.pc for builds without CMake:
@@ -26,6 +27,17 @@ foreach(module tensor autograd nn optim data dist)
             PATTERN "cpu" EXCLUDE PATTERN "cuda" EXCLUDE PATTERN "detail" EXCLUDE)
   endif()
 endforeach()
+
+# apps: the Trainer library, with only the headers its target lists (EMBER_PUBLIC_HEADERS);
+# ember-train's own parts stay private. Linked before dist.
+if(TARGET ember_apps)
+  set_target_properties(ember_apps PROPERTIES EXPORT_NAME apps)
+  list(APPEND EMBER_EXPORTED_TARGETS ember_apps)
+  set(EMBER_PC_LIBS "-lember_apps ${EMBER_PC_LIBS}")
+  get_target_property(EMBER_APPS_HEADERS ember_apps EMBER_PUBLIC_HEADERS)
+  install(FILES ${EMBER_APPS_HEADERS} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/ember/apps
+          COMPONENT dev)
+endif()
 
 install(TARGETS ${EMBER_EXPORTED_TARGETS} EXPORT EmberTargets
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT runtime NAMELINK_COMPONENT dev

@@ -49,7 +49,7 @@ grep -q -F "ember (= $version)" <<<"$dev_depends" || fail "ember-dev's Depends l
 # What goes where: versioned libraries in ember, their unversioned links in ember-dev.
 dpkg-deb -c "$runtime" >"$work/runtime.list"
 dpkg-deb -c "$dev" >"$work/dev.list"
-for library in tensor autograd nn optim data dist; do
+for library in tensor autograd nn optim data dist apps; do
   grep -q -E "\./usr/lib/libember_$library\.so\.$version\$" "$work/runtime.list" ||
     fail "ember lacks usr/lib/libember_$library.so.$version"
   grep -q -E "\./usr/lib/libember_$library\.so -> libember_$library\.so\.${version%%.*}\$" "$work/dev.list" ||
@@ -57,7 +57,8 @@ for library in tensor autograd nn optim data dist; do
 done
 grep -q -E '\./usr/bin/ember-train$' "$work/runtime.list" || fail "ember lacks usr/bin/ember-train"
 grep -q -E '\./usr/bin/ember-run$' "$work/runtime.list" || fail "ember lacks usr/bin/ember-run"
-for file in usr/include/ember/ember.h usr/include/ember/tensor/version.h usr/lib/cmake/Ember/EmberConfig.cmake \
+for file in usr/include/ember/ember.h usr/include/ember/tensor/version.h usr/include/ember/apps/trainer.h \
+  usr/lib/cmake/Ember/EmberConfig.cmake \
   usr/lib/cmake/Ember/EmberConfigVersion.cmake usr/lib/pkgconfig/ember.pc; do
   grep -q -E "\./$file\$" "$work/dev.list" || fail "ember-dev lacks $file"
 done

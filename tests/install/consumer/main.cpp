@@ -57,15 +57,20 @@ int main() {
     check(std::fabs(w[0] - 2) < 1e-3 && std::fabs(w[1] + 1) < 1e-3 && std::fabs(b - 0.5f) < 1e-3,
           "SGD finds weight (2, -1) and bias 0.5");
 
-    // dist: a checkpoint of the fitted layer, written and read back into a fresh one.
-    const std::string path = (std::filesystem::temp_directory_path() /
-                              ("ember-consumer-" + std::to_string(getpid()) + ".safetensors"))
-                                 .string();
+    // dist: a checkpoint of the fitted layer, written as a Trainer snapshot, found by
+    // apps::list_snapshots (the Trainer's library) and read back into a fresh layer.
+    const std::filesystem::path dir =
+        std::filesystem::temp_directory_path() / ("ember-consumer-" + std::to_string(getpid()));
+    std::filesystem::create_directories(dir);
+    const std::string path = (dir / "checkpoint-step-500.safetensors").string();
     dist::save_checkpoint(path, {.model = &layer, .step = 500});
+    const std::vector<apps::SnapshotFile> snapshots = apps::list_snapshots(dir.string());
+    check(snapshots.size() == 1 && snapshots[0].path == path && snapshots[0].step == 500,
+          "apps::list_snapshots finds the snapshot of step 500");
     nn::Linear restored(2, 1);
     dist::Checkpoint into{.model = &restored};
     dist::load_checkpoint(path, into);
-    std::filesystem::remove(path);
+    std::filesystem::remove_all(dir);
     check(restored.weight.to_vector<float>() == w && restored.bias.item<float>() == b &&
               into.step == 500,
           "a checkpoint restores the layer and the step");
