@@ -8,6 +8,11 @@
 // and the first dataset_size % world ranks get one index more than the others, so ranks run
 // out of batches at different times (train such uneven shards under dist::Join, join.h).
 //
+// As in PyTorch, the order is a function of (seed, epoch) and set_epoch(e) selects the epoch:
+// every DataLoader pass, whole or partial, loads the epoch selected last, so call
+// sampler->set_epoch(epoch) before each epoch. Passes between two set_epoch() calls repeat
+// one order (rank 0 warns once per loader when a shuffled epoch is passed over twice).
+//
 // A run resumed mid-epoch continues where it stopped: set_position(p) makes the next
 // indices() of the current epoch start at position p of this rank's shard; the position
 // resets to 0 when set_epoch() selects another epoch. Checkpoints save (epoch, position).
@@ -52,6 +57,9 @@ class DistributedSampler : public data::Sampler {
   // Where in this rank's shard of the current epoch indices() starts (0..num_samples()).
   int64_t position() const { return position_; }
   void set_position(int64_t position);
+
+  bool shuffles() const override { return options_.shuffle; }
+  bool reports_warnings() const override { return rank_ == 0; }
 
  protected:
   void on_set_epoch(uint64_t previous, uint64_t epoch) override;

@@ -9,8 +9,9 @@
 // (floor with drop_last). The order depends on (seed, epoch, world size, rank) only, never on
 // the DataLoader's workers.
 //
-// It is a DistributedSampler: set_epoch(), set_position() and checkpoints (dist::Checkpoint's
-// sampler, epoch and position) work unchanged.
+// It is a DistributedSampler: set_epoch() (select the epoch before each one: passes repeat the
+// selected epoch's windows), set_position() and checkpoints (dist::Checkpoint's sampler, epoch
+// and position) work unchanged.
 #pragma once
 
 #include <cstdint>
@@ -38,6 +39,7 @@ class DistributedWindowSampler : public DistributedSampler {
   // This rank's window starts for epoch(), from position() on.
   std::vector<int64_t> indices() const override;
   int64_t num_windows() const { return num_windows_; }
+  bool shuffles() const override { return true; }
 
  private:
   int64_t num_windows_;
