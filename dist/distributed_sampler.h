@@ -19,8 +19,10 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
+#include <ember/data/dataset.h>
 #include <ember/data/sampler.h>
 
 #include "process_group.h"
@@ -42,6 +44,12 @@ class DistributedSampler : public data::Sampler {
   // num_replicas and rank from the group.
   DistributedSampler(int64_t dataset_size, const ProcessGroup& group,
                      DistributedSamplerOptions options = {});
+  // num_replicas and rank from the default group, as torch.distributed's
+  // DistributedSampler(dataset): ember::Error before init_process_group().
+  explicit DistributedSampler(int64_t dataset_size, DistributedSamplerOptions options = {});
+  explicit DistributedSampler(const data::Dataset& dataset, DistributedSamplerOptions options = {});
+  explicit DistributedSampler(const std::shared_ptr<const data::Dataset>& dataset,
+                              DistributedSamplerOptions options = {});
 
   // This rank's indices for epoch(), from position() on.
   std::vector<int64_t> indices() const override;
@@ -63,6 +71,9 @@ class DistributedSampler : public data::Sampler {
 
  protected:
   void on_set_epoch(uint64_t previous, uint64_t epoch) override;
+  // The default group, for the constructors without one; ember::Error naming `op` and what
+  // to do when init_process_group() was not called.
+  static std::shared_ptr<ProcessGroup> default_group(const char* op);
 
  private:
   int64_t dataset_size_;

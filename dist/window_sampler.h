@@ -35,6 +35,9 @@ class DistributedWindowSampler : public DistributedSampler {
                            WindowSamplerOptions options = {});
   DistributedWindowSampler(int64_t num_windows, int64_t num_samples, const ProcessGroup& group,
                            WindowSamplerOptions options = {});
+  // num_replicas and rank from the default group; ember::Error before init_process_group().
+  DistributedWindowSampler(int64_t num_windows, int64_t num_samples,
+                           WindowSamplerOptions options = {});
 
   // This rank's window starts for epoch(), from position() on.
   std::vector<int64_t> indices() const override;

@@ -1,12 +1,16 @@
 // DistributedSampler: PyTorch's sharding and padding rules (every rank's shard is computed
 // here for several world sizes), set_epoch as PyTorch defines it (a peek then a loop, passes
-// repeating an epoch, rank 0's warning), a mid-epoch restore through a DataLoader, and a
-// resumed training run that selects its epochs the PyTorch way.
+// repeating an epoch, rank 0's warning), the default group, a mid-epoch restore through a
+// DataLoader, and a resumed training run that selects its epochs the PyTorch way.
 #include <algorithm>
+#include <chrono>
 #include <set>
 
 #include <ember/data/dataloader.h>
+#include <ember/dist/api.h>
 #include <ember/dist/distributed_sampler.h>
+#include <ember/dist/init.h>
+#include <ember/dist/window_sampler.h>
 #include <ember/nn/layers.h>
 #include <ember/optim/sgd.h>
 #include <ember/tensor/layer_ops.h>
@@ -186,6 +190,45 @@ TEST(DistributedSampler, PassesWithoutSetEpochRepeatAndRankZeroWarnsOnce) {
   pass_order(plain);
   pass_order(plain);
   EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
+}
+
+// torch.distributed's DistributedSampler(dataset): num_replicas and rank from the default
+// group; before init_process_group() an error that says what to do.
+TEST(DistributedSampler, WithoutAGroupTakesTheDefaultGroup) {
+  testing::DefaultGroupGuard guard;
+  ASSERT_FALSE(is_initialized());
+  auto data = std::make_shared<data::TensorDataset>(zeros({40, 1}), zeros({40}, kI64));
+  const std::string before =
+      "no group given and the default process group is not initialized: call "
+      "dist::init_process_group() first, or pass num_replicas and rank (or a group)";
+  EXPECT_EMBER_ERROR(DistributedSampler{data}, "DistributedSampler: " + before);
+  EXPECT_EMBER_ERROR(DistributedSampler{*data}, "DistributedSampler: " + before);
+  EXPECT_EMBER_ERROR(DistributedSampler(40, {.seed = 2}), "DistributedSampler: " + before);
+  EXPECT_EMBER_ERROR(DistributedWindowSampler(1000, 64), "DistributedWindowSampler: " + before);
+  EXPECT_EMBER_ERROR(DistributedSampler(std::shared_ptr<const data::Dataset>()), "dataset is null");
+
+  init_process_group({.device = kCPU, .timeout = std::chrono::seconds(60)});
+  const int world_size = get_world_size(), rank = get_rank();
+  DistributedSampler explicit_ranks(40, world_size, rank, {.seed = 2});
+  explicit_ranks.set_epoch(3);
+  std::vector<DistributedSampler> made;
+  made.emplace_back(data, DistributedSamplerOptions{.seed = 2});
+  made.emplace_back(*data, DistributedSamplerOptions{.seed = 2});
+  made.emplace_back(40, DistributedSamplerOptions{.seed = 2});
+  for (DistributedSampler& s : made) {
+    EXPECT_EQ(s.num_replicas(), world_size);
+    EXPECT_EQ(s.rank(), rank);
+    s.set_epoch(3);
+    EXPECT_EQ(s.indices(), explicit_ranks.indices());
+  }
+  DistributedWindowSampler windows(1000, 64, {.seed = 4});
+  EXPECT_EQ(windows.num_replicas(), world_size);
+  EXPECT_EQ(windows.indices(),
+            DistributedWindowSampler(1000, 64, world_size, rank, {.seed = 4}).indices());
+  // The tutorial's loader, as written in PyTorch.
+  data::DataLoader loader(data,
+                          {.batch_size = 8, .sampler = std::make_shared<DistributedSampler>(data)});
+  EXPECT_EQ(loader.size(), (40 / world_size + (40 % world_size != 0) + 7) / 8);
 }
 
 // A run in the shape of a PyTorch script: rank 1 of 2's shard, sampler->set_epoch(e) before
