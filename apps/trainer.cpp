@@ -258,6 +258,7 @@ EvalResult Trainer::evaluate() {
   trained_.eval();
   NoGradGuard no_grad;
   double loss_sum = 0, correct = 0, count = 0;
+  test_loader_->set_epoch(0);  // the same evaluation set (GPT: the same windows) every time
   for (const data::Batch& batch : *test_loader_) {
     const Tensor x = batch.data.to(device_, true);
     const auto autocast = precision_ != nullptr ? precision_->autocast() : nullptr;

@@ -2,11 +2,11 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <map>
 #include <mutex>
-#include <numeric>
 #include <string_view>
 #include <thread>
 #include <utility>
@@ -57,6 +57,7 @@ struct DataLoader::Run {
 
   const DataLoader& loader;
   const uint64_t epoch;
+  const uint64_t selections;  // the sampler's epoch_selections() as the pass started
   const std::vector<int64_t> order;
   const int64_t num_batches;
   const int64_t window;  // batches that may be claimed beyond the next one to take
@@ -66,14 +67,17 @@ struct DataLoader::Run {
   std::condition_variable ready_cv;  // a batch was finished
   int64_t next_claim = 0;            // guarded by mutex
   int64_t next_take = 0;             // guarded by mutex
+  bool complete = false;             // every batch was taken (by the caller's thread)
   bool stopping = false;             // guarded by mutex
   std::atomic<bool> stop{false};     // the same, read without the lock inside a batch
   std::map<int64_t, Slot> ready;     // guarded by mutex
   std::vector<std::thread> workers;
 
-  Run(const DataLoader& owner, uint64_t epoch_in, std::vector<int64_t> order_in)
+  Run(const DataLoader& owner, uint64_t epoch_in, uint64_t selections_in,
+      std::vector<int64_t> order_in)
       : loader(owner),
         epoch(epoch_in),
+        selections(selections_in),
         order(std::move(order_in)),
         num_batches(owner.batches_for(static_cast<int64_t>(order.size()))),
         window(static_cast<int64_t>(owner.options_.num_workers) * owner.options_.prefetch_factor) {
@@ -121,17 +125,23 @@ struct DataLoader::Run {
     }
   }
 
+  bool finished() {
+    complete = true;
+    return false;
+  }
+
   // The next batch in order, or false at the end of the epoch; rethrows a loading error.
   bool next(Batch& out) {
     if (workers.empty()) {
-      if (next_take >= num_batches) return false;
+      if (next_take >= num_batches) return finished();
       out = loader.load_batch(epoch, order, next_take++, nullptr);
       return true;
     }
     Slot slot;
     {
       std::unique_lock<std::mutex> lock(mutex);
-      if (next_take >= num_batches || stopping) return false;
+      if (stopping) return false;
+      if (next_take >= num_batches) return finished();
       ready_cv.wait(lock, [&] { return ready.count(next_take) > 0; });
       auto it = ready.find(next_take);
       slot = std::move(it->second);
@@ -157,6 +167,15 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions
               options_.num_workers);
   EMBER_CHECK(options_.prefetch_factor >= 1, "DataLoader", "prefetch_factor must be >= 1, got ",
               options_.prefetch_factor);
+  EMBER_CHECK(!(options_.shuffle && options_.sampler), "DataLoader",
+              "the sampler option is mutually exclusive with shuffle = true: the sampler decides ",
+              "the order (give it a shuffling sampler, or drop the sampler to shuffle)");
+  if (options_.sampler)
+    sampler_ = options_.sampler;
+  else if (options_.shuffle)
+    sampler_ = std::make_shared<RandomSampler>(dataset_->size(), options_.seed);
+  else
+    sampler_ = std::make_shared<SequentialSampler>(dataset_->size());
   pool_ = std::make_unique<BufferPool>();
   // Batches in flight, one being built per worker, and the two the caller may hold.
   pool_->capacity = static_cast<size_t>(options_.num_workers) * (options_.prefetch_factor + 1) + 2;
@@ -169,46 +188,33 @@ int64_t DataLoader::batches_for(int64_t samples) const {
   return options_.drop_last ? samples / b : (samples + b - 1) / b;
 }
 
-int64_t DataLoader::size() const {
-  return batches_for(options_.sampler ? options_.sampler->size() : dataset_->size());
-}
+int64_t DataLoader::size() const { return batches_for(sampler_->size()); }
 
-bool DataLoader::sampler_moves_on() const {
-  return sampler_selections_seen_ &&
-         *sampler_selections_seen_ == options_.sampler->epoch_selections();
-}
+void DataLoader::set_epoch(uint64_t epoch) { sampler_->set_epoch(epoch); }
 
-void DataLoader::set_epoch(uint64_t epoch) {
-  if (options_.sampler)
-    options_.sampler->set_epoch(epoch);
-  else
-    epoch_ = epoch;
-}
-
-uint64_t DataLoader::epoch() const {
-  if (!options_.sampler) return epoch_;
-  return options_.sampler->epoch() + (sampler_moves_on() ? 1 : 0);
-}
+uint64_t DataLoader::epoch() const { return sampler_->next_pass_epoch(); }
 
 DataLoader::Iterator DataLoader::begin() {
+  if (run_ && run_->complete) whole_pass_selection_ = run_->selections;
   run_.reset();  // joins the workers of an epoch still in flight
-  uint64_t epoch = 0;
-  std::vector<int64_t> order;
-  if (Sampler* sampler = options_.sampler.get()) {
-    if (sampler_moves_on()) sampler->set_epoch(sampler->epoch() + 1);
-    sampler_selections_seen_ = sampler->epoch_selections();
-    epoch = sampler->epoch();
-    order = sampler->indices();
-  } else {
-    epoch = epoch_++;
-    if (options_.shuffle) {
-      order = random_permutation(dataset_->size(), options_.seed, epoch);
-    } else {
-      order.resize(static_cast<size_t>(dataset_->size()));
-      std::iota(order.begin(), order.end(), int64_t{0});
+  Sampler& sampler = *sampler_;
+  std::vector<int64_t> order = sampler.start_pass();
+  if (whole_pass_selection_ == sampler.epoch_selections() && sampler.shuffles() &&
+      !warned_repeat_) {
+    warned_repeat_ = true;
+    if (sampler.reports_warnings()) {
+      std::fprintf(stderr,
+                   "ember: DataLoader: another pass over epoch %llu of the sampler, with the "
+                   "same order (and random transforms) as its last complete pass: set_epoch() "
+                   "was not called since. As in PyTorch, passes repeat the epoch that "
+                   "set_epoch() selected; call sampler->set_epoch(epoch) before each epoch. "
+                   "(Said once per loader.)\n",
+                   static_cast<unsigned long long>(sampler.epoch()));
+      std::fflush(stderr);
     }
   }
-  run_ = std::make_unique<Run>(*this, epoch, std::move(order));
+  run_ =
+      std::make_unique<Run>(*this, sampler.epoch(), sampler.epoch_selections(), std::move(order));
   return Iterator(run_.get());
 }
 

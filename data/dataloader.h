@@ -7,10 +7,16 @@
 //     for (const Batch& batch : loader) step(batch.data, batch.target);
 //   }
 //
-// Which epoch a pass loads: with a sampler, the sampler's epoch (set_epoch() on either the
-// sampler or the loader selects it; a pass not preceded by one moves the sampler on to the
-// epoch after the last pass). Without one, the loader's own counter, which set_epoch() sets
-// and each pass advances.
+// Which epoch a pass loads is the sampler's rule (sampler.h), set_epoch() on either the
+// sampler or the loader selecting it. A given sampler whose epoch the user sets
+// (dist::DistributedSampler and the like) loads the selected epoch on every pass, whole or
+// partial, as in PyTorch: sampler->set_epoch(e), a peek at one batch, then a loop: the loop
+// is epoch e. Two complete passes of one shuffled epoch with no set_epoch() between repeat
+// its order, and the loader warns once on stderr (rank 0 only for DistributedSampler).
+// Without a sampler (shuffle = true: a RandomSampler of `seed`; false: a SequentialSampler),
+// and with a given RandomSampler or SequentialSampler, each pass draws a new order: the first
+// pass after set_epoch(e) is epoch e, the next e + 1, and so on, as PyTorch's RandomSampler.
+// `shuffle = true` together with a sampler is an ember::Error, as PyTorch's ValueError.
 //
 // Batch k of an epoch holds the samples at positions [k*B, (k+1)*B) of the sampler's order
 // for that epoch, each transformed with a SampleRng of (seed, epoch, dataset index). A batch
@@ -47,13 +53,13 @@ struct Batch {
 
 struct DataLoaderOptions {
   int64_t batch_size = 1;
-  bool shuffle = false;     // a RandomSampler of `seed` (ignored when `sampler` is set)
+  bool shuffle = false;     // a RandomSampler of `seed`; ember::Error together with `sampler`
   uint64_t seed = 0;        // for shuffling and for the transforms' randomness
   bool drop_last = false;   // drop a final batch smaller than batch_size
   int num_workers = 0;      // 0: load in the calling thread, on demand
   int prefetch_factor = 2;  // batches each worker may have loaded ahead of the caller
   bool pin_memory = false;  // page-locked batches for non_blocking copies (when CUDA is present)
-  std::shared_ptr<Sampler> sampler = nullptr;  // overrides shuffle; its epoch is the loader's
+  std::shared_ptr<Sampler> sampler = nullptr;            // the order; its epoch is the loader's
   std::shared_ptr<const Transform> transform = nullptr;  // applied to each example's data
 };
 
@@ -66,7 +72,8 @@ class DataLoader {
 
   // Batches per epoch (for progress bars).
   int64_t size() const;
-  // Selects the epoch the next begin() loads (with a sampler: sampler->set_epoch(epoch)).
+  // Selects the epoch the next begin() loads: sampler->set_epoch(epoch) (the given sampler,
+  // or the loader's own RandomSampler / SequentialSampler).
   void set_epoch(uint64_t epoch);
   // The epoch the next begin() loads, unless set_epoch() selects another.
   uint64_t epoch() const;
@@ -82,8 +89,6 @@ class DataLoader {
  private:
   struct Run;
   int64_t batches_for(int64_t samples) const;
-  // True when the sampler's epoch was not selected since the last pass.
-  bool sampler_moves_on() const;
   // Batch `batch` of an epoch whose sampler order is `order`; returns early (incomplete)
   // once `stop` is set.
   Batch load_batch(uint64_t epoch, const std::vector<int64_t>& order, int64_t batch,
@@ -92,10 +97,12 @@ class DataLoader {
   struct BufferPool;
   std::shared_ptr<const Dataset> dataset_;
   DataLoaderOptions options_;
-  uint64_t epoch_ = 0;  // without a sampler
-  // The sampler's epoch_selections() right after the last pass chose its epoch; equal at
-  // the next begin() means nobody selected an epoch since, and the sampler moves on.
-  std::optional<uint64_t> sampler_selections_seen_;
+  // options_.sampler, or a RandomSampler (shuffle) or SequentialSampler of the dataset.
+  std::shared_ptr<Sampler> sampler_;
+  // The sampler's epoch_selections() when the last complete pass started: equal at a later
+  // pass of a shuffling sampler means it repeats that order, and the loader warns (once).
+  std::optional<uint64_t> whole_pass_selection_;
+  bool warned_repeat_ = false;
   std::unique_ptr<BufferPool> pool_;  // declared before run_: the workers use it
   std::unique_ptr<Run> run_;
 };

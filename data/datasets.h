@@ -109,7 +109,12 @@ constexpr int64_t kDefaultMaxImagePixels = 89'478'485;
 // Images in root/<class>/**/<file>, as torchvision's ImageFolder: classes are the
 // subfolders sorted by name (target = position), files are found recursively and sorted by
 // path, and only the given extensions (compared case-insensitively) are taken. Only regular
-// files (and links to them) are taken; FIFOs, devices and sockets are skipped.
+// files (and links to them) are taken; FIFOs, devices and sockets are skipped. Links to
+// folders outside the dataset are followed; a link to a folder that leads back into the
+// dataset (`cat/sub/loop -> ..`, a link to the root, `kitten -> cat`) or to a folder holding
+// the link (a loop) is an ember::Error naming the link and where it leads, never followed
+// into reading the same images again. skip_bad_files (--bad-images skip) does not skip such a
+// link: it leaves out files that do not decode, while a link back in is the layout's error.
 struct ImageFolderOptions {
   int channels = 3;  // 1 (grey), 3 (RGB) or 4 (RGBA): every image is converted to this
   std::vector<std::string> extensions = {".png", ".jpg", ".jpeg", ".bmp"};

@@ -21,6 +21,28 @@ std::string lower(std::string s) {
   return s;
 }
 
+// Whether `path` is `folder` or lies inside it (both canonical).
+bool lies_within(const std::filesystem::path& path, const std::filesystem::path& folder) {
+  return std::mismatch(folder.begin(), folder.end(), path.begin(), path.end()).first ==
+         folder.end();
+}
+
+// ember::Error when `link`, a symbolic link to a folder met while listing the dataset at
+// `root` (canonical), leads back into the dataset or to a folder that holds the link (a loop):
+// following it would read the same images again.
+void refuse_looping_link(const std::filesystem::path& link, const std::filesystem::path& root) {
+  namespace fs = std::filesystem;
+  const fs::path target = fs::canonical(link);
+  const fs::path parent = fs::canonical(link.parent_path());
+  const bool into_dataset = lies_within(target, root);
+  EMBER_CHECK(!into_dataset && !lies_within(parent, target), "ImageFolder", "the symbolic link '",
+              link.string(), "' leads to '", target.string(), "', ",
+              into_dataset ? "inside the dataset '" + root.string() + "'"
+                           : std::string("a folder that holds the link (a loop)"),
+              ": following it would read the same images again. Remove the link, or point it at a "
+              "folder outside the dataset");
+}
+
 }  // namespace
 
 Tensor decode_image(const std::string& path, int channels, int64_t max_pixels) {
@@ -48,8 +70,18 @@ void ImageFolder::scan(const std::string& root, const std::vector<std::string>& 
                        std::vector<std::string>& empty_classes) {
   namespace fs = std::filesystem;
   const char* op = "ImageFolder";
+  const fs::path canonical_root = fs::canonical(root);
+  // Links to folders are followed (as torchvision does) unless they lead back into the
+  // dataset or loop; links to files are taken as files.
+  const auto check_link = [&](const fs::directory_entry& entry) {
+    std::error_code kind_error;
+    if (entry.is_symlink(kind_error) && entry.is_directory(kind_error))
+      refuse_looping_link(entry.path(), canonical_root);
+  };
   for (const auto& entry : fs::directory_iterator(root)) {
-    if (entry.is_directory()) classes_.push_back(entry.path().filename().string());
+    if (!entry.is_directory()) continue;
+    check_link(entry);
+    classes_.push_back(entry.path().filename().string());
   }
   std::sort(classes_.begin(), classes_.end());
   EMBER_CHECK(!classes_.empty(), op, "'", root, "' has no class subfolders. Arrange images as ",
@@ -61,6 +93,7 @@ void ImageFolder::scan(const std::string& root, const std::vector<std::string>& 
          fs::recursive_directory_iterator(fs::path(root) / classes_[c], it_options)) {
       // Directories are walked; anything else with an image extension is a sample, so that
       // a FIFO or device named like an image is reported (by get()) rather than hidden.
+      check_link(entry);
       std::error_code kind_error;
       if (entry.is_directory(kind_error)) continue;
       const std::string ext = lower(entry.path().extension().string());

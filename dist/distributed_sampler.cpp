@@ -4,6 +4,8 @@
 
 #include <ember/tensor/error.h>
 
+#include "init.h"
+
 namespace ember::dist {
 
 DistributedSampler::DistributedSampler(int64_t dataset_size, int num_replicas, int rank,
@@ -32,6 +34,29 @@ DistributedSampler::DistributedSampler(int64_t dataset_size, int num_replicas, i
 DistributedSampler::DistributedSampler(int64_t dataset_size, const ProcessGroup& group,
                                        DistributedSamplerOptions options)
     : DistributedSampler(dataset_size, group.size(), group.rank(), options) {}
+
+DistributedSampler::DistributedSampler(int64_t dataset_size, DistributedSamplerOptions options)
+    : DistributedSampler(dataset_size, *default_group("DistributedSampler"), options) {}
+
+DistributedSampler::DistributedSampler(const data::Dataset& dataset,
+                                       DistributedSamplerOptions options)
+    : DistributedSampler(dataset.size(), options) {}
+
+DistributedSampler::DistributedSampler(const std::shared_ptr<const data::Dataset>& dataset,
+                                       DistributedSamplerOptions options)
+    : DistributedSampler(
+          [&]() -> const data::Dataset& {
+            EMBER_CHECK(dataset != nullptr, "DistributedSampler", "dataset is null");
+            return *dataset;
+          }(),
+          options) {}
+
+std::shared_ptr<ProcessGroup> DistributedSampler::default_group(const char* op) {
+  EMBER_CHECK(is_initialized(), op,
+              "no group given and the default process group is not initialized: call "
+              "dist::init_process_group() first, or pass num_replicas and rank (or a group)");
+  return get_default_group();
+}
 
 void DistributedSampler::on_set_epoch(uint64_t previous, uint64_t epoch) {
   if (epoch != previous) position_ = 0;

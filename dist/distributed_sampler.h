@@ -8,14 +8,21 @@
 // and the first dataset_size % world ranks get one index more than the others, so ranks run
 // out of batches at different times (train such uneven shards under dist::Join, join.h).
 //
+// As in PyTorch, the order is a function of (seed, epoch) and set_epoch(e) selects the epoch:
+// every DataLoader pass, whole or partial, loads the epoch selected last, so call
+// sampler->set_epoch(epoch) before each epoch. Passes between two set_epoch() calls repeat
+// one order (rank 0 warns once per loader when a shuffled epoch is passed over twice).
+//
 // A run resumed mid-epoch continues where it stopped: set_position(p) makes the next
 // indices() of the current epoch start at position p of this rank's shard; the position
 // resets to 0 when set_epoch() selects another epoch. Checkpoints save (epoch, position).
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
+#include <ember/data/dataset.h>
 #include <ember/data/sampler.h>
 
 #include "process_group.h"
@@ -37,6 +44,12 @@ class DistributedSampler : public data::Sampler {
   // num_replicas and rank from the group.
   DistributedSampler(int64_t dataset_size, const ProcessGroup& group,
                      DistributedSamplerOptions options = {});
+  // num_replicas and rank from the default group, as torch.distributed's
+  // DistributedSampler(dataset): ember::Error before init_process_group().
+  explicit DistributedSampler(int64_t dataset_size, DistributedSamplerOptions options = {});
+  explicit DistributedSampler(const data::Dataset& dataset, DistributedSamplerOptions options = {});
+  explicit DistributedSampler(const std::shared_ptr<const data::Dataset>& dataset,
+                              DistributedSamplerOptions options = {});
 
   // This rank's indices for epoch(), from position() on.
   std::vector<int64_t> indices() const override;
@@ -53,8 +66,14 @@ class DistributedSampler : public data::Sampler {
   int64_t position() const { return position_; }
   void set_position(int64_t position);
 
+  bool shuffles() const override { return options_.shuffle; }
+  bool reports_warnings() const override { return rank_ == 0; }
+
  protected:
   void on_set_epoch(uint64_t previous, uint64_t epoch) override;
+  // The default group, for the constructors without one; ember::Error naming `op` and what
+  // to do when init_process_group() was not called.
+  static std::shared_ptr<ProcessGroup> default_group(const char* op);
 
  private:
   int64_t dataset_size_;

@@ -21,6 +21,11 @@ DistributedWindowSampler::DistributedWindowSampler(int64_t num_windows, int64_t 
                                                    WindowSamplerOptions options)
     : DistributedWindowSampler(num_windows, num_samples, group.size(), group.rank(), options) {}
 
+DistributedWindowSampler::DistributedWindowSampler(int64_t num_windows, int64_t num_samples,
+                                                   WindowSamplerOptions options)
+    : DistributedWindowSampler(num_windows, num_samples, *default_group("DistributedWindowSampler"),
+                               options) {}
+
 std::vector<int64_t> DistributedWindowSampler::indices() const {
   const std::vector<int64_t> starts =
       data::random_window_starts(num_windows_, total_size(), seed_, epoch());

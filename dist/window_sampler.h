@@ -9,8 +9,9 @@
 // (floor with drop_last). The order depends on (seed, epoch, world size, rank) only, never on
 // the DataLoader's workers.
 //
-// It is a DistributedSampler: set_epoch(), set_position() and checkpoints (dist::Checkpoint's
-// sampler, epoch and position) work unchanged.
+// It is a DistributedSampler: set_epoch() (select the epoch before each one: passes repeat the
+// selected epoch's windows), set_position() and checkpoints (dist::Checkpoint's sampler, epoch
+// and position) work unchanged.
 #pragma once
 
 #include <cstdint>
@@ -34,10 +35,14 @@ class DistributedWindowSampler : public DistributedSampler {
                            WindowSamplerOptions options = {});
   DistributedWindowSampler(int64_t num_windows, int64_t num_samples, const ProcessGroup& group,
                            WindowSamplerOptions options = {});
+  // num_replicas and rank from the default group; ember::Error before init_process_group().
+  DistributedWindowSampler(int64_t num_windows, int64_t num_samples,
+                           WindowSamplerOptions options = {});
 
   // This rank's window starts for epoch(), from position() on.
   std::vector<int64_t> indices() const override;
   int64_t num_windows() const { return num_windows_; }
+  bool shuffles() const override { return true; }
 
  private:
   int64_t num_windows_;

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <numeric>
 #include <thread>
 
@@ -262,31 +263,121 @@ class OddReverseSampler : public Sampler {
   int64_t n_;
 };
 
-TEST(DataLoader, TheSamplersEpochIsTheOneLoaded) {
-  // The PyTorch habit: a fresh loader (a resumed run), the epoch chosen on the sampler.
-  auto sampler = std::make_shared<RandomSampler>(20, 5);
-  DataLoader loader(small_dataset(20), {.batch_size = 6, .num_workers = 2, .sampler = sampler});
-  sampler->set_epoch(3);
-  EXPECT_EQ(loader.epoch(), 3u);
-  auto order_of = [&] {
-    std::vector<int64_t> order;
-    for (const Batch& b : loader) order.insert(order.end(), b.indices.begin(), b.indices.end());
-    return order;
-  };
-  EXPECT_EQ(order_of(), random_permutation(20, 5, 3));
-  // Chosen again before every pass, as a PyTorch loop does, including a repeat of an epoch.
-  for (uint64_t epoch : {4, 4, 9}) {
-    sampler->set_epoch(epoch);
-    EXPECT_EQ(order_of(), random_permutation(20, 5, epoch)) << "epoch " << epoch;
+// Every index of a pass, in order; `peek` stops after the first batch (`*loader.begin()`).
+std::vector<int64_t> pass_order(DataLoader& loader, bool peek = false) {
+  std::vector<int64_t> order;
+  for (const Batch& b : loader) {
+    order.insert(order.end(), b.indices.begin(), b.indices.end());
+    if (peek) break;
   }
-  // Not chosen: the sampler moves on to the next epoch instead of repeating one.
-  EXPECT_EQ(loader.epoch(), 10u);
-  EXPECT_EQ(order_of(), random_permutation(20, 5, 10));
-  EXPECT_EQ(sampler->epoch(), 10u);
-  // loader.set_epoch() selects the sampler's epoch: one source of truth.
-  loader.set_epoch(2);
+  return order;
+}
+
+// What a pass printed on stderr.
+std::string stderr_of(const std::function<void()>& pass) {
+  ::testing::internal::CaptureStderr();
+  pass();
+  return ::testing::internal::GetCapturedStderr();
+}
+
+size_t count_of(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+constexpr const char* kRepeatWarning = "call sampler->set_epoch(epoch) before each epoch";
+
+// A sampler whose order is a function of (seed, epoch), as PyTorch's DistributedSampler:
+// set_epoch(e), a peek at one batch, then a loop: the loop is epoch e, whatever the workers.
+TEST(DataLoader, PeekThenLoopLoadsTheEpochSetEpochSelected) {
+  for (int workers : {0, 2}) {
+    auto sampler = std::make_shared<RandomWindowSampler>(50, 30, 5);
+    DataLoader loader(small_dataset(50),
+                      {.batch_size = 4, .num_workers = workers, .sampler = sampler});
+    RandomWindowSampler fresh(50, 30, 5);
+    for (uint64_t epoch : {3, 4}) {
+      sampler->set_epoch(epoch);
+      const Batch peeked = *loader.begin();
+      EXPECT_EQ(loader.epoch(), epoch);
+      const std::vector<int64_t> loop = pass_order(loader);
+      fresh.set_epoch(epoch);
+      EXPECT_EQ(loop, fresh.indices()) << "epoch " << epoch << ", " << workers << " workers";
+      EXPECT_EQ(peeked.indices, std::vector<int64_t>(loop.begin(), loop.begin() + 4));
+    }
+    EXPECT_EQ(sampler->epoch(), 4u);
+  }
+}
+
+TEST(DataLoader, PassesWithoutSetEpochRepeatItsOrderAndWarnOnce) {
+  auto sampler = std::make_shared<RandomWindowSampler>(40, 40, 8);
+  DataLoader loader(small_dataset(40), {.batch_size = 8, .num_workers = 1, .sampler = sampler});
+  sampler->set_epoch(2);
+  std::vector<int64_t> first, second, third;
+  // A partial pass, then one complete pass: no warning yet.
+  EXPECT_EQ(stderr_of([&] {
+              pass_order(loader, true);
+              first = pass_order(loader);
+            }),
+            "");
+  EXPECT_EQ(first, random_window_starts(40, 40, 8, 2));
+  // Two more complete passes of epoch 2: the same order, and one warning.
+  const std::string said = stderr_of([&] {
+    second = pass_order(loader);
+    third = pass_order(loader);
+  });
+  EXPECT_EQ(second, first);
+  EXPECT_EQ(third, first);
+  EXPECT_EQ(count_of(said, kRepeatWarning), 1u) << said;
+  EXPECT_NE(said.find("epoch 2"), std::string::npos) << said;
+  // set_epoch() before each pass, as a PyTorch loop does (the same epoch again included):
+  // silent.
+  EXPECT_EQ(stderr_of([&] {
+              for (uint64_t epoch : {3, 3, 4}) {
+                sampler->set_epoch(epoch);
+                EXPECT_EQ(pass_order(loader), random_window_starts(40, 40, 8, epoch));
+              }
+            }),
+            "");
+  // A sampler whose order does not depend on the epoch repeats without a word.
+  DataLoader fixed(small_dataset(10),
+                   {.batch_size = 2, .sampler = std::make_shared<OddReverseSampler>(10)});
+  EXPECT_EQ(stderr_of([&] {
+              for (int pass = 0; pass < 3; ++pass)
+                EXPECT_EQ(pass_order(fixed), (std::vector<int64_t>{9, 7, 5, 3, 1}));
+            }),
+            "");
+}
+
+// PyTorch's RandomSampler (and a loader's shuffle = true) draws a new order on each
+// iteration; ember's is the next epoch of (seed, epoch), so set_epoch() still replays one.
+TEST(DataLoader, RandomSamplerAndShuffleDrawANewOrderEachPass) {
+  auto sampler = std::make_shared<RandomSampler>(20, 5);
+  DataLoader given(small_dataset(20), {.batch_size = 6, .num_workers = 2, .sampler = sampler});
+  DataLoader shuffled(small_dataset(20), {.batch_size = 6, .shuffle = true, .seed = 5});
+  for (DataLoader* loader : {&given, &shuffled}) {
+    EXPECT_EQ(stderr_of([&] {
+                EXPECT_EQ(pass_order(*loader), random_permutation(20, 5, 0));
+                EXPECT_EQ(pass_order(*loader), random_permutation(20, 5, 1));
+                EXPECT_EQ(loader->epoch(), 2u);
+                EXPECT_EQ(pass_order(*loader), random_permutation(20, 5, 2));
+                // Chosen before a pass (a resumed run's fresh loader, or a replay): that epoch.
+                loader->set_epoch(7);
+                EXPECT_EQ(loader->epoch(), 7u);
+                EXPECT_EQ(pass_order(*loader), random_permutation(20, 5, 7));
+                // A peek is an iteration of its own, as in PyTorch: the loop after it moves on.
+                loader->set_epoch(3);
+                const std::vector<int64_t> third = random_permutation(20, 5, 3);
+                EXPECT_EQ(pass_order(*loader, true),
+                          std::vector<int64_t>(third.begin(), third.begin() + 6));
+                EXPECT_EQ(pass_order(*loader), random_permutation(20, 5, 4));
+              }),
+              "");  // never a repeat, so never a warning
+  }
+  // loader.set_epoch() selects the given sampler's epoch: one source of truth.
+  given.set_epoch(2);
   EXPECT_EQ(sampler->epoch(), 2u);
-  EXPECT_EQ(order_of(), random_permutation(20, 5, 2));
+  EXPECT_EQ(pass_order(given), random_permutation(20, 5, 2));
 }
 
 TEST(DataLoader, UsesAnySamplerAndSetsItsEpoch) {
@@ -294,16 +385,21 @@ TEST(DataLoader, UsesAnySamplerAndSetsItsEpoch) {
   DataLoaderOptions options;
   options.batch_size = 2;
   options.sampler = sampler;
-  options.shuffle = true;  // ignored: the sampler decides
   options.num_workers = 2;
   DataLoader loader(small_dataset(10), options);
   EXPECT_EQ(loader.size(), 3);
   loader.set_epoch(7);
-  std::vector<int64_t> order;
-  for (const Batch& b : loader) order.insert(order.end(), b.indices.begin(), b.indices.end());
-  EXPECT_EQ(order, (std::vector<int64_t>{9, 7, 5, 3, 1}));
+  EXPECT_EQ(pass_order(loader), (std::vector<int64_t>{9, 7, 5, 3, 1}));
   collect(loader);
-  EXPECT_EQ(sampler->epochs, (std::vector<uint64_t>{7, 8}));
+  EXPECT_EQ(sampler->epochs, (std::vector<uint64_t>{7}));  // the loader moved nothing on
+  EXPECT_EQ(loader.epoch(), 7u);
+}
+
+TEST(DataLoader, ShuffleTogetherWithASamplerIsRefused) {
+  // PyTorch: ValueError: sampler option is mutually exclusive with shuffle.
+  EXPECT_EMBER_ERROR(DataLoader(small_dataset(10),
+                                {.shuffle = true, .sampler = std::make_shared<RandomSampler>(10)}),
+                     "DataLoader: the sampler option is mutually exclusive with shuffle = true");
 }
 
 // Throws on one index; counts the examples it produced.

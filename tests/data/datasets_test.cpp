@@ -200,6 +200,63 @@ TEST(ImageFolder, ClassesSortedFilesRecursiveAndSorted) {
   EXPECT_EQ(only_png.get(1).data.sizes(), (Shape{4, 4, 1}));
 }
 
+// Links inside an image folder: to files and to folders outside the dataset they are read
+// (as torchvision's os.walk(followlinks=True) does); a link that leads back into the dataset,
+// or a loop, is refused by name instead of reading the same images again.
+TEST(ImageFolder, FollowsLinksOutOfTheDatasetAndRefusesLinksBackIntoIt) {
+  namespace fs = std::filesystem;
+  TempDir dir, outside;
+  const Bytes one = testing::png(1, 1, 1, {9});
+  for (int i = 0; i < 5; ++i) {
+    dir.write("images/cat/" + std::to_string(i) + ".png", one);
+    dir.write("images/dog/" + std::to_string(i) + ".png", one);
+  }
+  const std::string root = dir.path() + "/images";
+  ASSERT_EQ(ImageFolder(root).size(), 10);
+  // Working links: a folder and a file outside the dataset.
+  outside.write("more/a.png", one);
+  outside.write("more/b.png", one);
+  const std::string lone = outside.write("lone.png", one);
+  fs::create_directory_symlink(outside.path() + "/more", root + "/cat/more");
+  fs::create_symlink(lone, root + "/dog/lone.png");
+  {
+    ImageFolder folder(root);
+    ASSERT_EQ(folder.size(), 13);
+    EXPECT_EQ(folder.samples()[0].first, root + "/cat/0.png");
+    EXPECT_EQ(folder.samples()[5].first, root + "/cat/more/a.png");
+    EXPECT_EQ(folder.samples()[6], std::make_pair(root + "/cat/more/b.png", int64_t{0}));
+    EXPECT_EQ(folder.samples()[12], std::make_pair(root + "/dog/lone.png", int64_t{1}));
+    EXPECT_EQ(folder.get(12).data.to_vector<uint8_t>(), (std::vector<uint8_t>{9, 9, 9}));
+  }
+  const std::string cat = fs::canonical(root + "/cat").string();
+  const std::string canonical_root = fs::canonical(root).string();
+  const auto refused = [&](const std::string& link, const std::string& target,
+                           const std::string& why) {
+    EXPECT_EMBER_ERROR(ImageFolder{root}, "ImageFolder: the symbolic link '" + link +
+                                              "' leads to '" + target + "', " + why +
+                                              ": following it would read the same images again");
+    ImageFolderOptions skip;
+    skip.skip_bad_files = true;  // not a bad file: refused all the same
+    EXPECT_EMBER_ERROR((ImageFolder{root, skip}), "the symbolic link '" + link + "'");
+    fs::remove(link);
+    EXPECT_EQ(ImageFolder(root).size(), 13);
+  };
+  const std::string inside = "inside the dataset '" + canonical_root + "'";
+  // cat/sub/loop -> .. : a loop inside a class folder.
+  fs::create_directories(root + "/cat/sub");
+  fs::create_directory_symlink("..", root + "/cat/sub/loop");
+  refused(root + "/cat/sub/loop", cat, inside);
+  // A link to the dataset's root, and one class folder under another name.
+  fs::create_directory_symlink(root, root + "/cat/all");
+  refused(root + "/cat/all", canonical_root, inside);
+  fs::create_directory_symlink("cat", root + "/kitten");
+  refused(root + "/kitten", cat, inside);
+  // A loop outside the dataset, reached through a link that is fine by itself.
+  fs::create_directory_symlink(outside.path(), outside.path() + "/more/up");
+  refused(root + "/cat/more/up", fs::canonical(outside.path()).string(),
+          "a folder that holds the link (a loop)");
+}
+
 // --- bad input ------------------------------------------------------------------------
 
 TEST(BadInput, MissingDatasetsNameThePathAndHowToGetThem) {

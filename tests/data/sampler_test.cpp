@@ -61,6 +61,39 @@ TEST(RandomSampler, OrderIsAPureFunctionOfSeedAndEpoch) {
   EXPECT_EQ(random_permutation(10, 0, 0), (std::vector<int64_t>{4, 5, 7, 0, 6, 2, 8, 9, 3, 1}));
 }
 
+// PyTorch's RandomSampler and SequentialSampler (no set_epoch there) give a new iteration
+// each pass: the first pass after set_epoch(e) loads e, the next e + 1. A sampler of
+// (seed, epoch), as DistributedSampler, loads the selected epoch on every pass.
+TEST(Sampler, WhichEpochEachPassLoads) {
+  RandomSampler random(10, 1);
+  SequentialSampler sequential(4);
+  RandomWindowSampler windows(10, 5, 1);
+  EXPECT_TRUE(random.moves_on_each_pass() && random.shuffles());
+  EXPECT_TRUE(sequential.moves_on_each_pass() && !sequential.shuffles());
+  EXPECT_TRUE(!windows.moves_on_each_pass() && windows.shuffles());
+  EXPECT_TRUE(random.reports_warnings());  // one process: it speaks for itself
+
+  EXPECT_EQ(random.next_pass_epoch(), 0u);
+  EXPECT_EQ(random.start_pass(), random_permutation(10, 1, 0));
+  EXPECT_EQ(random.next_pass_epoch(), 1u);
+  EXPECT_EQ(random.start_pass(), random_permutation(10, 1, 1));
+  EXPECT_EQ(random.epoch(), 1u);
+  random.set_epoch(4);
+  EXPECT_EQ(random.next_pass_epoch(), 4u);
+  EXPECT_EQ(random.start_pass(), random_permutation(10, 1, 4));
+  EXPECT_EQ(random.start_pass(), random_permutation(10, 1, 5));
+  EXPECT_EQ(sequential.start_pass(), iota(4));
+  EXPECT_EQ(sequential.start_pass(), iota(4));
+  EXPECT_EQ(sequential.epoch(), 1u);  // new random transforms on the second pass
+
+  windows.set_epoch(4);
+  for (int pass = 0; pass < 3; ++pass) {
+    EXPECT_EQ(windows.start_pass(), random_window_starts(10, 5, 1, 4));
+    EXPECT_EQ(windows.next_pass_epoch(), 4u);
+  }
+  EXPECT_EQ(windows.epoch(), 4u);
+}
+
 TEST(RandomSampler, PositionsAreRoughlyUniform) {
   // Over 4,000 epochs each of 4 indices should land first about 1,000 times.
   std::vector<int> first(4, 0);

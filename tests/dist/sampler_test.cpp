@@ -1,11 +1,16 @@
 // DistributedSampler: PyTorch's sharding and padding rules (every rank's shard is computed
-// here for several world sizes), set_epoch, a mid-epoch restore through a DataLoader, and a
-// resumed training run that selects its epochs the PyTorch way.
+// here for several world sizes), set_epoch as PyTorch defines it (a peek then a loop, passes
+// repeating an epoch, rank 0's warning), the default group, a mid-epoch restore through a
+// DataLoader, and a resumed training run that selects its epochs the PyTorch way.
 #include <algorithm>
+#include <chrono>
 #include <set>
 
 #include <ember/data/dataloader.h>
+#include <ember/dist/api.h>
 #include <ember/dist/distributed_sampler.h>
+#include <ember/dist/init.h>
+#include <ember/dist/window_sampler.h>
 #include <ember/nn/layers.h>
 #include <ember/optim/sgd.h>
 #include <ember/tensor/layer_ops.h>
@@ -123,6 +128,107 @@ TEST(DistributedSampler, ResumesMidEpochThroughTheDataLoader) {
   EXPECT_EMBER_ERROR(resumed->set_position(13), "position 13 is outside [0, 12]");
   EXPECT_EMBER_ERROR(DistributedSampler(10, 2, 2), "rank 2 is outside [0, 2)");
   EXPECT_EMBER_ERROR(DistributedSampler(10, 0, 0), "num_replicas must be positive");
+}
+
+// Every index of a loader's pass, in order; `peek` stops after the first batch.
+std::vector<int64_t> pass_order(data::DataLoader& loader, bool peek = false) {
+  std::vector<int64_t> order;
+  for (const data::Batch& b : loader) {
+    order.insert(order.end(), b.indices.begin(), b.indices.end());
+    if (peek) break;
+  }
+  return order;
+}
+
+// PyTorch's habit: sampler.set_epoch(e), x, y = next(iter(loader)) to look at a batch, then
+// `for b in loader`: the loop gets epoch e's order, as a fresh sampler at epoch e gives it.
+TEST(DistributedSampler, PeekThenLoopLoadsTheEpochSetEpochSelected) {
+  auto pg = world();
+  auto data = std::make_shared<data::TensorDataset>(zeros({50, 1}), zeros({50}, kI64));
+  for (int workers : {0, 2}) {
+    auto sampler =
+        std::make_shared<DistributedSampler>(50, *pg, DistributedSamplerOptions{.seed = 3});
+    data::DataLoader loader(data, {.batch_size = 4, .num_workers = workers, .sampler = sampler});
+    for (uint64_t epoch : {0, 1, 2}) {
+      sampler->set_epoch(epoch);
+      const data::Batch peeked = *loader.begin();
+      const std::vector<int64_t> loop = pass_order(loader);
+      DistributedSampler fresh(50, *pg, {.seed = 3});
+      fresh.set_epoch(epoch);
+      EXPECT_EQ(loop, fresh.indices()) << "epoch " << epoch << ", " << workers << " workers";
+      EXPECT_EQ(peeked.indices, std::vector<int64_t>(loop.begin(), loop.begin() + 4));
+    }
+  }
+}
+
+// Without set_epoch() between them, passes repeat the epoch's order, as in PyTorch; rank 0
+// (only) says once what to call.
+TEST(DistributedSampler, PassesWithoutSetEpochRepeatAndRankZeroWarnsOnce) {
+  auto pg = world();
+  auto data = std::make_shared<data::TensorDataset>(zeros({30, 1}), zeros({30}, kI64));
+  auto sampler =
+      std::make_shared<DistributedSampler>(30, *pg, DistributedSamplerOptions{.seed = 1});
+  data::DataLoader loader(data, {.batch_size = 4, .sampler = sampler});
+  sampler->set_epoch(6);
+  std::vector<std::vector<int64_t>> passes;
+  ::testing::internal::CaptureStderr();
+  for (int pass = 0; pass < 3; ++pass) passes.push_back(pass_order(loader));
+  const std::string said = ::testing::internal::GetCapturedStderr();
+  DistributedSampler fresh(30, *pg, {.seed = 1});
+  fresh.set_epoch(6);
+  for (const auto& order : passes) EXPECT_EQ(order, fresh.indices());
+  const std::string advice = "call sampler->set_epoch(epoch) before each epoch";
+  size_t warnings = 0;
+  for (size_t at = said.find(advice); at != std::string::npos; at = said.find(advice, at + 1))
+    ++warnings;
+  EXPECT_EQ(warnings, pg->rank() == 0 ? 1u : 0u) << said;
+  // An unshuffled sampler's passes are the same whatever the epoch: nothing to say.
+  auto in_order =
+      std::make_shared<DistributedSampler>(30, *pg, DistributedSamplerOptions{.shuffle = false});
+  data::DataLoader plain(data, {.batch_size = 4, .sampler = in_order});
+  ::testing::internal::CaptureStderr();
+  pass_order(plain);
+  pass_order(plain);
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
+}
+
+// torch.distributed's DistributedSampler(dataset): num_replicas and rank from the default
+// group; before init_process_group() an error that says what to do.
+TEST(DistributedSampler, WithoutAGroupTakesTheDefaultGroup) {
+  testing::DefaultGroupGuard guard;
+  ASSERT_FALSE(is_initialized());
+  auto data = std::make_shared<data::TensorDataset>(zeros({40, 1}), zeros({40}, kI64));
+  const std::string before =
+      "no group given and the default process group is not initialized: call "
+      "dist::init_process_group() first, or pass num_replicas and rank (or a group)";
+  EXPECT_EMBER_ERROR(DistributedSampler{data}, "DistributedSampler: " + before);
+  EXPECT_EMBER_ERROR(DistributedSampler{*data}, "DistributedSampler: " + before);
+  EXPECT_EMBER_ERROR(DistributedSampler(40, {.seed = 2}), "DistributedSampler: " + before);
+  EXPECT_EMBER_ERROR(DistributedWindowSampler(1000, 64), "DistributedWindowSampler: " + before);
+  EXPECT_EMBER_ERROR(DistributedSampler(std::shared_ptr<const data::Dataset>()), "dataset is null");
+
+  init_process_group({.device = kCPU, .timeout = std::chrono::seconds(60)});
+  const int world_size = get_world_size(), rank = get_rank();
+  DistributedSampler explicit_ranks(40, world_size, rank, {.seed = 2});
+  explicit_ranks.set_epoch(3);
+  std::vector<DistributedSampler> made;
+  made.emplace_back(data, DistributedSamplerOptions{.seed = 2});
+  made.emplace_back(*data, DistributedSamplerOptions{.seed = 2});
+  made.emplace_back(40, DistributedSamplerOptions{.seed = 2});
+  for (DistributedSampler& s : made) {
+    EXPECT_EQ(s.num_replicas(), world_size);
+    EXPECT_EQ(s.rank(), rank);
+    s.set_epoch(3);
+    EXPECT_EQ(s.indices(), explicit_ranks.indices());
+  }
+  DistributedWindowSampler windows(1000, 64, {.seed = 4});
+  EXPECT_EQ(windows.num_replicas(), world_size);
+  EXPECT_EQ(windows.indices(),
+            DistributedWindowSampler(1000, 64, world_size, rank, {.seed = 4}).indices());
+  // The tutorial's loader, as written in PyTorch.
+  data::DataLoader loader(data,
+                          {.batch_size = 8, .sampler = std::make_shared<DistributedSampler>(data)});
+  EXPECT_EQ(loader.size(), (40 / world_size + (40 % world_size != 0) + 7) / 8);
 }
 
 // A run in the shape of a PyTorch script: rank 1 of 2's shard, sampler->set_epoch(e) before
