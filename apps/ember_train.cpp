@@ -92,6 +92,8 @@ int run(const apps::TrainOptions& o) {
   data::DataLoader test_loader(d.test, loader_options);
 
   // --- model, optimizer, schedule ------------------------------------------------------------
+  // The default generator starts from a fresh seed in each process: --seed (0 by default)
+  // makes the weights and the dropout masks repeat from run to run.
   manual_seed(o.seed);
   std::shared_ptr<nn::Module> model;
   nn::GPTConfig gpt;

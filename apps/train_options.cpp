@@ -82,7 +82,9 @@ int parse_train_options(int argc, char** argv, TrainOptions& o, SampleOptions* s
   app.add_option("--threads", o.threads, "CPU threads per rank (0: all cores)")
       ->check(kNonNegative);
   app.add_option("--workers", o.workers, "Data-loading threads")->check(kNonNegative);
-  app.add_option("--seed", o.seed);
+  app.add_option("--seed", o.seed,
+                 "Seed of the weights' initialisation, dropout, shuffling and augmentation "
+                 "(default 0: runs repeat unless it is changed)");
   app.add_flag("--deterministic", o.deterministic,
                "Bit-for-bit repeatable runs for a seed (CPU only)");
   app.add_option(
@@ -171,7 +173,7 @@ int parse_train_options(int argc, char** argv, TrainOptions& o, SampleOptions* s
       ->check(kNonNegative);
   sample_command->add_option("--top-k", s.top_k, "Draw among the k most likely (0: all)")
       ->check(kNonNegative);
-  sample_command->add_option("--seed", s.seed);
+  sample_command->add_option("--seed", s.seed, "Seed of the draws (default 0: repeatable)");
   sample_command->add_option("--device", s.device)->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   try {
     app.parse(argc, argv);

@@ -28,7 +28,7 @@ struct TrainOptions {
   std::string precision = "auto";  // auto | fp32 | tf32 | bf16 | fp16 (see precision.h)
   int threads = 0;                 // 0: all cores
   int workers = 2;
-  uint64_t seed = 0;
+  uint64_t seed = 0;  // a fixed default, as PyTorch scripts have: runs repeat unless changed
   bool deterministic = false;
   std::string checkpoint_dir;       // empty: no snapshots (--out-dir when asked for by the next)
   int64_t checkpoint_interval = 1;  // epochs
