@@ -12,6 +12,10 @@
 // node are started again instead, up to K times (a new rendezvous round, the same world size):
 // the program resumes from its own snapshot. SIGINT and SIGTERM are forwarded to the workers.
 //
+// Threads: unless OMP_NUM_THREADS is set, each worker gets it as its share of the CPUs
+// ember-run may use (cpu_share: their count over --nproc-per-node, at least 1; torchrun sets
+// 1), which ember's thread count and OpenMP's follow.
+//
 // Several nodes: node 0's ember-run serves the launchers' store on --master-addr:--master-port
 // and every node's ember-run meets there; a failure on any node stops the workers of all nodes
 // (and restarts them all). Each round's workers meet at a fresh port that node 0 picks.
@@ -26,6 +30,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <optional>
 #include <string>
@@ -36,6 +41,7 @@
 #include <ember/dist/detail/rendezvous.h>
 #include <ember/dist/detail/supervisor.h>
 #include <ember/tensor/error.h>
+#include <ember/tensor/parallel.h>
 #include <ember/tensor/version.h>
 #include <CLI/CLI.hpp>
 
@@ -55,6 +61,7 @@ struct RunOptions {
   double rdzv_timeout_s = 300;
   bool no_secret = false;
   std::vector<std::string> command;
+  int worker_threads = 0;  // OMP_NUM_THREADS for the workers; 0: the user's, left alone
 };
 
 void say(const std::string& line) { std::fprintf(stderr, "ember-run: %s\n", line.c_str()); }
@@ -122,6 +129,7 @@ class Launcher {
                {"OMPI_COMM_WORLD_SIZE", std::nullopt},
                {"OMPI_COMM_WORLD_LOCAL_RANK", std::nullopt}};
       if (secret_file_) l.env["EMBER_JOB_SECRET_FILE"] = *secret_file_;
+      if (o_.worker_threads > 0) l.env["OMP_NUM_THREADS"] = std::to_string(o_.worker_threads);
     }
     return out;
   }
@@ -239,6 +247,8 @@ class Launcher {
 int parse(int argc, char** argv, RunOptions& o) {
   CLI::App app{
       "ember-run: starts the workers of a distributed program on this node, like torchrun.\n"
+      "Unless OMP_NUM_THREADS is set, each worker gets OMP_NUM_THREADS = its share of the "
+      "CPUs (their count over --nproc-per-node, at least 1).\n"
       "Usage: ember-run [options] PROGRAM [ARGS...]"};
   app.set_version_flag("--version", "ember-run " + std::string(ember::version()));
   app.add_option("--nproc-per-node,--nproc_per_node", o.nproc_per_node,
@@ -301,6 +311,16 @@ int main(int argc, char** argv) {
     EMBER_CHECK(o.node_rank < o.nnodes, "ember-run", "--node-rank ", o.node_rank, " is not in [0, ",
                 o.nnodes, ") (--nnodes ", o.nnodes, ")");
     Supervisor::catch_signals();
+    // torchrun's "Setting OMP_NUM_THREADS environment variable for each process", with the
+    // share of the CPUs rather than 1.
+    const char* user_threads = std::getenv("OMP_NUM_THREADS");
+    if (user_threads == nullptr || user_threads[0] == '\0') {
+      o.worker_threads = ember::cpu_share(o.nproc_per_node);
+      say("setting OMP_NUM_THREADS=" + std::to_string(o.worker_threads) +
+          " for each worker: its share of the " + std::to_string(ember::available_cpus()) +
+          " CPUs this launcher may use over " + std::to_string(o.nproc_per_node) +
+          " worker(s); set OMP_NUM_THREADS to choose another count");
+    }
     const std::string given = read_job_secret();
     std::unique_ptr<SecretFile> fresh;
     if (given.empty() && !o.no_secret) {

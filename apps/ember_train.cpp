@@ -44,7 +44,7 @@ int run(const apps::TrainOptions& o) {
   EMBER_CHECK(!(o.deterministic && want_cuda), "ember-train",
               "--deterministic is available on the CPU only ",
               "(cuDNN picks algorithms by timing); use --device cpu");
-  if (o.threads > 0) set_num_threads(o.threads);
+  if (const int threads = apps::threads_to_set(o.threads); threads > 0) set_num_threads(threads);
   dist::InitOptions init;
   init.device = want_cuda ? std::optional<Device>(cuda_device(0)) : std::optional<Device>(kCPU);
   std::shared_ptr<dist::ProcessGroup> group = dist::init_process_group(init);
@@ -92,6 +92,8 @@ int run(const apps::TrainOptions& o) {
   data::DataLoader test_loader(d.test, loader_options);
 
   // --- model, optimizer, schedule ------------------------------------------------------------
+  // The default generator starts from a fresh seed in each process: --seed (0 by default)
+  // makes the weights and the dropout masks repeat from run to run.
   manual_seed(o.seed);
   std::shared_ptr<nn::Module> model;
   nn::GPTConfig gpt;
@@ -181,8 +183,9 @@ int run(const apps::TrainOptions& o) {
   const std::string length = cut_short ? std::to_string(o.max_steps) + " steps (--max-steps)"
                                        : std::to_string(o.epochs) + " epochs";
   log.log("ember-train: " + what + ", " + std::to_string(group->size()) + " rank(s) on " +
-          device.str() + " (" + group->backend() + "), batch " + std::to_string(o.batch_size) +
-          " per rank" +
+          device.str() + " (" + group->backend() + ")" +
+          (device.is_cuda() ? "" : ", " + std::to_string(get_num_threads()) + " thread(s) each") +
+          ", batch " + std::to_string(o.batch_size) + " per rank" +
           (o.accum_steps > 1 ? " in " + std::to_string(o.accum_steps) + " micro-batches" : "") +
           ", " + length + ", precision " + amp.name() +
           (apps::use_channels_last(o, device.is_cuda()) ? ", channels_last" : ""));

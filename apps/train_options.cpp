@@ -1,8 +1,10 @@
 #include "train_options.h"
 
+#include <ember/tensor/parallel.h>
 #include <ember/tensor/version.h>
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 namespace ember::apps {
@@ -23,6 +25,17 @@ CLI::Validator at_least(double minimum, const char* what) {
 const CLI::Validator kPositive = at_least(1e-300, "a positive number");
 const CLI::Validator kNonNegative = at_least(0.0, "a non-negative number");
 }  // namespace
+
+int threads_to_set(int threads) {
+  if (threads > 0) return threads;
+  const char* omp = std::getenv("OMP_NUM_THREADS");
+  if (omp != nullptr && omp[0] != '\0') return 0;
+  for (const char* name : {"LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"}) {
+    const char* value = std::getenv(name);
+    if (value != nullptr && std::atoi(value) > 0) return cpu_share(std::atoi(value));
+  }
+  return 0;
+}
 
 int parse_train_options(int argc, char** argv, TrainOptions& o, SampleOptions* sample,
                         bool* sampling) {
@@ -79,10 +92,14 @@ int parse_train_options(int argc, char** argv, TrainOptions& o, SampleOptions* s
                  "fp32 | tf32 | bf16 (autocast) | fp16 (autocast + loss scaling); auto: bf16 on "
                  "a GPU of compute capability 8.0 or later, else fp32")
       ->check(CLI::IsMember({"auto", "fp32", "tf32", "bf16", "fp16"}));
-  app.add_option("--threads", o.threads, "CPU threads per rank (0: all cores)")
+  app.add_option("--threads", o.threads,
+                 "CPU threads per rank (0: OMP_NUM_THREADS when set, else under a launcher "
+                 "(ember-run, torchrun, mpirun) this rank's share of the node's CPUs, else all)")
       ->check(kNonNegative);
   app.add_option("--workers", o.workers, "Data-loading threads")->check(kNonNegative);
-  app.add_option("--seed", o.seed);
+  app.add_option("--seed", o.seed,
+                 "Seed of the weights' initialisation, dropout, shuffling and augmentation "
+                 "(default 0: runs repeat unless it is changed)");
   app.add_flag("--deterministic", o.deterministic,
                "Bit-for-bit repeatable runs for a seed (CPU only)");
   app.add_option(
@@ -171,7 +188,7 @@ int parse_train_options(int argc, char** argv, TrainOptions& o, SampleOptions* s
       ->check(kNonNegative);
   sample_command->add_option("--top-k", s.top_k, "Draw among the k most likely (0: all)")
       ->check(kNonNegative);
-  sample_command->add_option("--seed", s.seed);
+  sample_command->add_option("--seed", s.seed, "Seed of the draws (default 0: repeatable)");
   sample_command->add_option("--device", s.device)->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   try {
     app.parse(argc, argv);

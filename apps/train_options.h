@@ -26,9 +26,9 @@ struct TrainOptions {
   double label_smoothing = 0.1;
   std::string device = "auto";     // auto | cpu | cuda
   std::string precision = "auto";  // auto | fp32 | tf32 | bf16 | fp16 (see precision.h)
-  int threads = 0;                 // 0: all cores
+  int threads = 0;                 // 0: see threads_to_set
   int workers = 2;
-  uint64_t seed = 0;
+  uint64_t seed = 0;  // a fixed default, as PyTorch scripts have: runs repeat unless changed
   bool deterministic = false;
   std::string checkpoint_dir;       // empty: no snapshots (--out-dir when asked for by the next)
   int64_t checkpoint_interval = 1;  // epochs
@@ -80,6 +80,14 @@ inline bool is_gpt(const TrainOptions& options) { return options.model == "gpt";
 inline bool use_channels_last(const TrainOptions& options, bool cuda) {
   return options.channels_last < 0 ? cuda : options.channels_last == 1;
 }
+
+// The CPU thread count to set for --threads `threads`: itself when positive. For 0, this
+// process's share of its CPUs (cpu_share) among the processes a launcher started on this node
+// (LOCAL_WORLD_SIZE from ember-run, torchrun or dist::spawn; OMPI_COMM_WORLD_LOCAL_SIZE from
+// Open MPI's mpirun; MPI_LOCALNRANKS from MPICH's), so ranks do not oversubscribe the cores;
+// but 0 (leave OpenMP's count: OMP_NUM_THREADS, else all cores) when OMP_NUM_THREADS is set
+// or no launcher is seen.
+int threads_to_set(int threads);
 
 // Parses argv; prints help or a clear message and returns the exit code to leave with when
 // the program should not run (0 for --help), or -1 to go on. `sample` as the first argument

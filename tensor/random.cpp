@@ -1,6 +1,7 @@
 #include "random.h"
 
 #include <numeric>
+#include <random>
 
 #include "detail/autograd_hooks.h"
 #include "detail/kernel_table.h"
@@ -32,12 +33,25 @@ std::pair<uint64_t, uint64_t> Generator::next_draw() {
   return {seed_, offset_++};
 }
 
+namespace {
+
+// 64 bits from the operating system's entropy source (getrandom or /dev/urandom), as
+// PyTorch's getNonDeterministicRandom.
+uint64_t nondeterministic_seed() {
+  std::random_device device;
+  return (static_cast<uint64_t>(device()) << 32) ^ static_cast<uint64_t>(device());
+}
+
+}  // namespace
+
 Generator& default_generator() {
-  static Generator generator(0);
+  static Generator generator(nondeterministic_seed());
   return generator;
 }
 
 void manual_seed(uint64_t seed) { default_generator().manual_seed(seed); }
+
+uint64_t initial_seed() { return default_generator().seed(); }
 
 namespace {
 

@@ -12,11 +12,15 @@
 
 namespace ember {
 
+// A generator built without a seed starts from seed 0, so it is deterministic (as a
+// torch.Generator() is); only the default generator starts from a fresh seed.
 class Generator {
  public:
   explicit Generator(uint64_t seed = 0) : seed_(seed) {}
 
   void manual_seed(uint64_t seed);
+  // The seed it was built with or last given (torch.Generator.initial_seed(); unlike
+  // torch.Generator.seed() it does not reseed).
   uint64_t seed() const;
   // The draw counter; with seed() it is the whole state (saved in checkpoints).
   uint64_t offset() const;
@@ -30,10 +34,16 @@ class Generator {
   uint64_t offset_ = 0;
 };
 
-// The process-wide generator that draws use when none is given.
+// The process-wide generator that draws use when none is given (weight initialisation,
+// dropout, ...). As PyTorch's, it starts from a fresh nondeterministic 64-bit seed in each
+// process, so the ranks of a job draw different numbers unless seeded; manual_seed makes a
+// run repeatable.
 Generator& default_generator();
 // Seeds the default generator (torch.manual_seed).
 void manual_seed(uint64_t seed);
+// The default generator's seed: the fresh one it started from, or the last manual_seed
+// (torch.initial_seed). manual_seed(initial_seed()) replays the process's draws from the start.
+uint64_t initial_seed();
 
 // Uniform in [low, high).
 Tensor rand(const Shape& sizes, TensorOptions options = {}, Generator* gen = nullptr);

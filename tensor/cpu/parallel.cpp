@@ -2,6 +2,9 @@
 
 #include <cblas.h>
 #include <omp.h>
+#include <sched.h>
+
+#include <algorithm>
 
 #include "../error.h"
 
@@ -14,5 +17,17 @@ void set_num_threads(int threads) {
 }
 
 int get_num_threads() { return omp_get_max_threads(); }
+
+int available_cpus() {
+  cpu_set_t mask;
+  CPU_ZERO(&mask);
+  if (sched_getaffinity(0, sizeof mask, &mask) == 0) return std::max(1, CPU_COUNT(&mask));
+  return std::max(1, omp_get_num_procs());  // a mask wider than cpu_set_t: all the CPUs
+}
+
+int cpu_share(int processes) {
+  EMBER_CHECK(processes > 0, "cpu_share", "process count must be positive, got ", processes);
+  return std::max(1, available_cpus() / processes);
+}
 
 }  // namespace ember

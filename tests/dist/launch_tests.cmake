@@ -28,6 +28,12 @@ foreach(case local2 local3 nodes nodes_secret_required nodes_wrong_secret
   set_tests_properties(dist_ember_run_${case} PROPERTIES TIMEOUT 120 LABELS "dist;tcp;launch"
                                                          PROCESSORS 3)
 endforeach()
+# OMP_NUM_THREADS and ember's thread count inside the workers: ember-run's share, or the user's.
+add_test(NAME dist_ember_run_threads
+  COMMAND ${EMBER_LAUNCH_TESTS} threads $<TARGET_FILE:ember-run>
+          $<TARGET_FILE:ember_dist_launch_worker>)
+set_tests_properties(dist_ember_run_threads PROPERTIES TIMEOUT 120 LABELS "dist;tcp;launch"
+                                                       PROCESSORS 3)
 if(TARGET ember-train)
   add_test(NAME dist_ember_run_train
     COMMAND ${EMBER_LAUNCH_TESTS} train $<TARGET_FILE:ember-run>

@@ -6,7 +6,8 @@
 # restart (SIGKILL under --max-restarts 1: bit-identical final parameters), restart_nodes,
 # fail, fail_nodes (no restarts: every launcher exits non-zero naming the dead rank), sigterm,
 # sigint (forwarded: the workers end, ember-run exits 128 + the signal),
-# launcher_killed (SIGKILL to ember-run: its workers die too), secret, train (ember-train under ember-run; exits 77 without Fashion-MNIST).
+# launcher_killed (SIGKILL to ember-run: its workers die too), secret, train (ember-train under ember-run; exits 77 without Fashion-MNIST),
+# threads (OMP_NUM_THREADS and ember's thread count as each worker sees them).
 # Every launcher runs under `timeout`, so no case can hang; each case takes seconds.
 set -u
 case_name=$1
@@ -296,6 +297,42 @@ secret)
   "$worker" client "$port" "$secret" >"$work/right.log" 2>&1 || fail "the right secret was refused"
   touch "$work/stop"
   wait "$launcher" || fail "the job failed"
+  ;;
+threads)
+  # Unless the user set OMP_NUM_THREADS, each worker gets its share of the CPUs of ember-run's
+  # affinity mask (at least 1), ember's thread count follows it, and ember-run says so once.
+  unset OMP_NUM_THREADS OMP_THREAD_LIMIT
+  cpus=$(nproc) # the affinity mask's CPUs
+  expect_threads() { # DIR WORKERS OMP_NUM_THREADS THREADS
+    local r line
+    for ((r = 0; r < $2; ++r)); do
+      line=$(cat "$1/threads$r.txt") || fail "rank $r wrote nothing"
+      [ "$line" = "omp_num_threads $3 threads $4" ] || fail "rank $r of $2: $line (expected $3, $4)"
+    done
+  }
+  for n in 1 2 3; do
+    share=$((cpus / n > 0 ? cpus / n : 1))
+    mkdir -p "$work/job$n"
+    timeout -k 5 60 "$run" --nproc-per-node "$n" "$worker" threads "$work/job$n" \
+      >"$work/run$n.log" 2>&1 || fail "ember-run exited with $?"
+    expect_threads "$work/job$n" "$n" "$share" "$share"
+    [ "$(grep -c "setting OMP_NUM_THREADS=$share for each worker: its share of the $cpus CPUs" \
+      "$work/run$n.log")" = 1 ] || fail "ember-run did not say OMP_NUM_THREADS=$share once"
+  done
+  # a narrower mask (taskset -c 0) is what ember-run shares
+  if [ "$cpus" -ge 2 ] && command -v taskset >/dev/null; then
+    mkdir -p "$work/one"
+    timeout -k 5 60 taskset -c "$(taskset -pc $$ | sed 's/.*: //; s/[,-].*//')" "$run" \
+      --nproc-per-node 1 "$worker" threads "$work/one" >"$work/one.log" 2>&1 ||
+      fail "ember-run under taskset exited with $?"
+    expect_threads "$work/one" 1 1 1
+  fi
+  # the user's OMP_NUM_THREADS is kept, silently
+  mkdir -p "$work/user"
+  OMP_NUM_THREADS=3 timeout -k 5 60 "$run" --nproc-per-node 2 "$worker" threads "$work/user" \
+    >"$work/user.log" 2>&1 || fail "ember-run exited with $?"
+  expect_threads "$work/user" 2 3 3
+  ! grep -q "setting OMP_NUM_THREADS" "$work/user.log" || fail "the user's OMP_NUM_THREADS was overridden"
   ;;
 train)
   if [ ! -d /usr/share/datasets/fashion-mnist ]; then

@@ -13,6 +13,8 @@
 //       the others wait in a barrier (the group timeout is 60 s: only the launcher ends them).
 //   launch_worker wait OUTDIR        writes OUTDIR/pid<R> and OUTDIR/ready<R> (the job secret's
 //       file), waits for OUTDIR/stop (60 s at most), then a barrier.
+//   launch_worker threads OUTDIR     writes OUTDIR/threads<RANK>.txt: "omp_num_threads E threads
+//       T" (E: OMP_NUM_THREADS as the worker found it, or unset; T: get_num_threads()).
 //   launch_worker client PORT SECRET_FILE|none   a store client at 127.0.0.1:PORT: sets and
 //       reads a key; exits 0 when served, 3 when refused.
 #include <signal.h>
@@ -171,6 +173,13 @@ int wait_for_stop(const std::string& out) {
   return 0;
 }
 
+int threads(const std::string& out) {
+  write_file(out + "/threads" + std::to_string(env_int("RANK")) + ".txt",
+             "omp_num_threads " + env_or("OMP_NUM_THREADS", "unset") + " threads " +
+                 std::to_string(get_num_threads()) + "\n");
+  return 0;
+}
+
 int client(int port, const std::string& secret_file) {
   TcpStoreOptions o;
   o.secret = "";
@@ -202,6 +211,7 @@ int main(int argc, char** argv) {
     }
     if (mode == "die" && argc == 4) return die(argv[2], std::atoi(argv[3]));
     if (mode == "wait" && argc == 3) return wait_for_stop(argv[2]);
+    if (mode == "threads" && argc == 3) return threads(argv[2]);
     if (mode == "client" && argc == 4) return client(std::atoi(argv[2]), argv[3]);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "launch_worker (%s): %s\n", mode.c_str(), e.what());

@@ -2,7 +2,7 @@
 // and finalises it at the end; started torchrun-style (RANK set) it leaves MPI alone, and under
 // srun ember initialises MPI when a test first needs it. Rank 0 prints gtest's usual output;
 // the other ranks print only their failures, prefixed with their rank. Each rank's exit status
-// is its own result.
+// is its own result. Each test starts from manual_seed(0) (seed_each_test.h).
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -11,6 +11,8 @@
 #include <string>
 
 #include <ember/dist/init.h>
+
+#include "seed_each_test.h"
 
 namespace {
 
@@ -57,6 +59,7 @@ int main(int argc, char** argv) {
     delete listeners.Release(listeners.default_result_printer());
     listeners.Append(new RankFailurePrinter(rank));
   }
+  ember::testing::seed_each_test();  // every test starts from manual_seed(0)
   const int result = RUN_ALL_TESTS();
   // A test that left the default group behind: it goes before MPI does.
   if (ember::dist::is_initialized()) ember::dist::destroy_process_group();

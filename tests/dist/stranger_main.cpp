@@ -78,6 +78,7 @@ int job(const std::string& outdir) {
         dist::ProcessGroupOptions{.timeout = 60s});
     const int rank = pg->rank(), size = pg->size();
     ember::Generator gen(11);
+    ember::manual_seed(11);  // the same weights in the quiet and the disturbed run
     auto model = std::make_shared<ember::nn::Linear>(6, 3);
     auto ddp = std::make_shared<dist::DistributedDataParallel>(model, pg);
     ember::optim::SGD sgd(ddp->parameters(), {.lr = 0.05});

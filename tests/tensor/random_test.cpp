@@ -1,6 +1,10 @@
-// Philox random draws: known-answer vectors, reproducibility, and the distributions' moments.
+// Philox random draws: known-answer vectors, reproducibility, and the distributions' moments;
+// the default generator's fresh seed per process (initial_seed) and manual_seed.
 #include <algorithm>
+#include <cstdio>
 #include <numeric>
+#include <sstream>
+#include <string>
 
 #include <ember/tensor/detail/philox.h>
 
@@ -57,6 +61,63 @@ TEST(Random, SameSeedSameNumbers) {
   g1.set_state(seed, offset);
   EXPECT_TRUE(equal(randn({20}, kF32, &g1), next));
   EXPECT_EQ(g1.offset(), offset + 1);
+}
+
+// One run of random_draws_main.cpp: its initial_seed() and its four draws.
+struct ProcessDraws {
+  uint64_t seed = 0;
+  std::string draws;
+};
+
+ProcessDraws process_draws(const std::string& seed_argument = "") {
+  const std::string command = std::string(EMBER_RANDOM_DRAWS_BIN) + " " + seed_argument;
+  FILE* pipe = popen(command.c_str(), "r");
+  EXPECT_NE(pipe, nullptr) << command;
+  if (pipe == nullptr) return {};
+  std::string line;
+  char buffer[512];
+  while (std::fgets(buffer, sizeof buffer, pipe) != nullptr) line += buffer;
+  EXPECT_EQ(pclose(pipe), 0) << command;
+  std::istringstream in(line);
+  std::string word;
+  ProcessDraws out;
+  in >> word >> out.seed >> word;
+  EXPECT_EQ(word, "draws") << line;
+  std::getline(in, out.draws);
+  EXPECT_FALSE(out.draws.empty()) << line;
+  return out;
+}
+
+TEST(Random, ProcessesDrawDifferentNumbersUnlessSeeded) {
+  // As torch.rand in two fresh Python processes: each starts from its own random seed.
+  const ProcessDraws a = process_draws(), b = process_draws();
+  EXPECT_NE(a.seed, b.seed);
+  EXPECT_NE(a.draws, b.draws);
+  // manual_seed makes them repeat.
+  const ProcessDraws c = process_draws("5"), d = process_draws("5");
+  EXPECT_EQ(c.seed, 5u);
+  EXPECT_EQ(d.seed, 5u);
+  EXPECT_EQ(c.draws, d.draws);
+  EXPECT_NE(c.draws, a.draws);
+  // initial_seed() names the seed that replays an unseeded process's draws.
+  EXPECT_EQ(process_draws(std::to_string(a.seed)).draws, a.draws);
+  EXPECT_EQ(process_draws(std::to_string(b.seed)).draws, b.draws);
+}
+
+TEST(Random, InitialSeedIsTheDefaultGeneratorsSeed) {
+  // This binary's main seeds 0 before every test (tests/seed_each_test.h).
+  EXPECT_EQ(initial_seed(), 0u);
+  EXPECT_EQ(default_generator().offset(), 0u);
+  manual_seed(0xfedcba9876543210ull);  // all 64 bits are kept
+  EXPECT_EQ(initial_seed(), 0xfedcba9876543210ull);
+  const Tensor first = rand({5});
+  EXPECT_EQ(initial_seed(), 0xfedcba9876543210ull) << "draws leave the seed alone";
+  manual_seed(initial_seed());
+  EXPECT_TRUE(equal(rand({5}), first));
+  // A Generator built without a seed is deterministic, as torch.Generator() is.
+  Generator g1, g2;
+  EXPECT_EQ(g1.seed(), 0u);
+  EXPECT_TRUE(equal(rand({8}, kF32, &g1), rand({8}, kF32, &g2)));
 }
 
 TEST(Random, ElementValueDependsOnlyOnPosition) {

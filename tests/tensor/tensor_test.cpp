@@ -1,5 +1,9 @@
 // Tensor handles, views, copies, factories and printing.
+#include <sched.h>
+
+#include <algorithm>
 #include <numeric>
+#include <thread>
 
 #include "test_util.h"
 
@@ -105,6 +109,31 @@ TEST(TensorBasics, ThreadCountIsSettable) {
   set_num_threads(before);
   EXPECT_EQ(get_num_threads(), before);
   EXPECT_EMBER_ERROR(set_num_threads(0), "set_num_threads: thread count must be positive, got 0");
+}
+
+TEST(TensorBasics, CpuShareDividesTheAffinityMask) {
+  const int cpus = available_cpus();
+  EXPECT_GE(cpus, 1);
+  EXPECT_LE(cpus, static_cast<int>(std::thread::hardware_concurrency()));
+  EXPECT_EQ(cpu_share(1), cpus);
+  EXPECT_EQ(cpu_share(2), std::max(1, cpus / 2));
+  EXPECT_EQ(cpu_share(cpus + 1), 1) << "at least one thread each";
+  EXPECT_EMBER_ERROR(cpu_share(0), "cpu_share: process count must be positive, got 0");
+  // A narrower mask (taskset -c 0) is what counts, not the machine's CPUs.
+  cpu_set_t before, one;
+  ASSERT_EQ(sched_getaffinity(0, sizeof before, &before), 0);
+  CPU_ZERO(&one);
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &before)) {
+      CPU_SET(cpu, &one);
+      break;
+    }
+  }
+  ASSERT_EQ(sched_setaffinity(0, sizeof one, &one), 0);
+  EXPECT_EQ(available_cpus(), 1);
+  EXPECT_EQ(cpu_share(4), 1);
+  ASSERT_EQ(sched_setaffinity(0, sizeof before, &before), 0);
+  EXPECT_EQ(available_cpus(), cpus);
 }
 
 TEST(TensorViews, ShareStorageAndIndexCorrectly) {
