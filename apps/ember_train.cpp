@@ -119,8 +119,9 @@ int run(const apps::TrainOptions& o) {
       apps::is_gpt(o) ? o.lr : o.lr * static_cast<double>(o.batch_size * group->size()) / 128.0;
   std::unique_ptr<optim::Optimizer> optimizer;
   const std::vector<optim::ParamGroup> groups =
-      apps::is_gpt(o) ? optim::weight_decay_groups(*model, o.weight_decay)
-                      : apps::parameter_groups(*model, o.no_decay_norm_bias);
+      apps::is_gpt(o)
+          ? optim::weight_decay_groups(*model, o.weight_decay, apps::weight_decay_rule(o))
+          : apps::parameter_groups(*model, o.no_decay_norm_bias);
   if (o.optimizer == "sgd") {
     optim::SGDOptions sgd;
     sgd.lr = lr;

@@ -174,6 +174,11 @@ int parse_train_options(int argc, char** argv, TrainOptions& o, SampleOptions* s
       ->check(kNonNegative);
   app.add_option("--eval-windows", o.eval_windows, "--model gpt: validation windows per evaluation")
       ->check(kPositive);
+  app.add_option("--decay-rule", o.decay_rule,
+                 "--model gpt: which parameters take weight decay: nanogpt (nanoGPT's "
+                 "configure_optimizers: every parameter of 2 or more dims, the embeddings "
+                 "included) or mingpt (minGPT's: not the embeddings, norms or biases)")
+      ->check(CLI::IsMember({"nanogpt", "mingpt"}));
 
   SampleOptions ignored;
   SampleOptions& s = sample != nullptr ? *sample : ignored;
@@ -197,16 +202,16 @@ int parse_train_options(int argc, char** argv, TrainOptions& o, SampleOptions* s
   }
   if (sampling != nullptr) *sampling = sample_command->parsed();
   if (sample_command->parsed()) return -1;
+  auto unset = [&app](const char* name) { return app.count(name) == 0; };
+  if (!is_gpt(o) && unset("--label-smoothing")) o.label_smoothing = 0.1;  // the ResNet recipe's
   if (is_gpt(o)) {
     // nanoGPT's recipe where the command line is silent.
-    auto unset = [&app](const char* name) { return app.count(name) == 0; };
     if (unset("--dataset")) o.dataset = "text";
     if (unset("--data")) o.data = "fortunes";
     if (unset("--optimizer")) o.optimizer = "adamw";
     if (unset("--lr")) o.lr = 6e-4;
     if (unset("--weight-decay")) o.weight_decay = 0.1;
     if (unset("--schedule")) o.schedule = "warmup-cosine";
-    if (unset("--label-smoothing")) o.label_smoothing = 0.0;
     if (unset("--grad-clip")) o.grad_clip = 1.0;
     if (unset("--batch-size")) o.batch_size = 64;
     if (o.dataset != "text") {
@@ -221,6 +226,12 @@ int parse_train_options(int argc, char** argv, TrainOptions& o, SampleOptions* s
     }
   } else if (o.dataset == "text") {
     std::fprintf(stderr, "ember-train: --dataset text needs --model gpt\n");
+    return 2;
+  } else if (app.count("--decay-rule") > 0) {
+    std::fprintf(stderr,
+                 "ember-train: --decay-rule applies to --model gpt (for %s: "
+                 "--no-decay-norm-bias)\n",
+                 o.model.c_str());
     return 2;
   }
   if (o.checkpoint_dir.empty() && (o.save_every_steps > 0 || !o.resume.empty()))

@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include <ember/optim/param_groups.h>
+
 namespace ember::apps {
 
 struct TrainOptions {
@@ -23,7 +25,9 @@ struct TrainOptions {
   std::string schedule = "onecycle";  // onecycle | cosine | step | constant
   double warmup_epochs = -1;          // < 0: the schedule's default (see schedule.h)
   int64_t warmup_steps = -1;          // < 0: from warmup_epochs; wins over it when set
-  double label_smoothing = 0.1;
+  // 0: F.cross_entropy's, for a Trainer of one's own; ember-train's ResNet recipe takes 0.1
+  // where --label-smoothing is not given (parse_train_options).
+  double label_smoothing = 0.0;
   std::string device = "auto";     // auto | cpu | cuda
   std::string precision = "auto";  // auto | fp32 | tf32 | bf16 | fp16 (see precision.h)
   int threads = 0;                 // 0: see threads_to_set
@@ -60,6 +64,8 @@ struct TrainOptions {
   std::string tokens = "char";  // char | byte
   int64_t windows_per_epoch = 0;
   int64_t eval_windows = 512;  // validation windows per evaluation (the same ones each time)
+  // Which parameters take weight decay: nanogpt | mingpt (optim::WeightDecayRule).
+  std::string decay_rule = "nanogpt";
 };
 
 // `ember-train sample`: text from a GPT snapshot.
@@ -75,6 +81,12 @@ struct SampleOptions {
 };
 
 inline bool is_gpt(const TrainOptions& options) { return options.model == "gpt"; }
+
+// --model gpt's weight-decay rule, --decay-rule (see <ember/optim/param_groups.h>).
+inline optim::WeightDecayRule weight_decay_rule(const TrainOptions& options) {
+  return options.decay_rule == "mingpt" ? optim::WeightDecayRule::kMinGPT
+                                        : optim::WeightDecayRule::kNanoGPT;
+}
 
 // Whether the model trains in channels_last on a device that is (or is not) CUDA.
 inline bool use_channels_last(const TrainOptions& options, bool cuda) {
@@ -93,8 +105,9 @@ int threads_to_set(int threads);
 // the program should not run (0 for --help), or -1 to go on. `sample` as the first argument
 // fills `sample` instead and sets *sampling. With --model gpt, the options a user did not
 // give take the GPT recipe's defaults (nanoGPT's: AdamW lr 6e-4, betas (0.9, 0.95), weight
-// decay 0.1 off biases, norms and embeddings, warmup-cosine, gradient clip 1, no label
-// smoothing, batch 64, the fortunes corpus).
+// decay 0.1 on every parameter of 2 or more dims, the embeddings included (--decay-rule
+// mingpt: not on the embeddings either), warmup-cosine, gradient clip 1, no label smoothing,
+// batch 64, the fortunes corpus).
 int parse_train_options(int argc, char** argv, TrainOptions& options,
                         SampleOptions* sample = nullptr, bool* sampling = nullptr);
 

@@ -144,4 +144,32 @@ TEST_F(GptTrain, BadOptionsAndSnapshotsAreNamed) {
   EXPECT_NE(r.output.find("none"), std::string::npos) << r.output;
 }
 
+// --decay-rule: nanoGPT's rule unless minGPT's is asked for; another name, or the flag
+// without --model gpt, is refused.
+TEST(GptOptions, DecayRuleIsNanoGPTsUnlessMinGPTsIsAskedFor) {
+  using ember::apps::testing::parse_args;
+  using ember::optim::WeightDecayRule;
+  ember::apps::TrainOptions nanogpt, mingpt, unknown, resnet;
+  ASSERT_EQ(parse_args({"--model", "gpt"}, nanogpt), -1);
+  EXPECT_EQ(ember::apps::weight_decay_rule(nanogpt), WeightDecayRule::kNanoGPT);
+  ASSERT_EQ(parse_args({"--model", "gpt", "--decay-rule", "mingpt"}, mingpt), -1);
+  EXPECT_EQ(ember::apps::weight_decay_rule(mingpt), WeightDecayRule::kMinGPT);
+  EXPECT_GT(parse_args({"--model", "gpt", "--decay-rule", "gpt2"}, unknown), 0);
+  EXPECT_EQ(parse_args({"--decay-rule", "mingpt"}, resnet), 2);
+}
+
+// A TrainOptions of one's own computes F.cross_entropy's loss (no label smoothing); ember-train
+// takes 0.1 for the ResNets and 0 for a GPT unless --label-smoothing says otherwise.
+TEST(TrainOptionsDefaults, LabelSmoothingIsOnlyEmberTrainsResNetRecipe) {
+  using ember::apps::testing::parse_args;
+  EXPECT_EQ(ember::apps::TrainOptions{}.label_smoothing, 0.0);
+  ember::apps::TrainOptions resnet, resnet_given, gpt;
+  ASSERT_EQ(parse_args({}, resnet), -1);
+  EXPECT_EQ(resnet.label_smoothing, 0.1);
+  ASSERT_EQ(parse_args({"--label-smoothing", "0"}, resnet_given), -1);
+  EXPECT_EQ(resnet_given.label_smoothing, 0.0);
+  ASSERT_EQ(parse_args({"--model", "gpt"}, gpt), -1);
+  EXPECT_EQ(gpt.label_smoothing, 0.0);
+}
+
 }  // namespace

@@ -66,6 +66,7 @@ TEST(Trainer, LogitsWithClassesInDimOneAreScoredAsCrossEntropyReadsThem) {
   };
   dist::SingleProcessGroup group;
   TrainOptions o;
+  o.label_smoothing = 0.1;
   manual_seed(3);
   PerPosition model;
   auto sgd = make_sgd(model);
@@ -84,10 +85,12 @@ TEST(Trainer, ClippingIsClipGradNorm) {
   dist::SingleProcessGroup group;
   TrainOptions o;
   o.grad_clip = 0.05;
+  o.label_smoothing = 0.1;
   auto model = small_model(), reference = small_model(), unclipped = small_model();
   auto sgd = make_sgd(*model), sgd_ref = make_sgd(*reference), sgd_raw = make_sgd(*unclipped);
   Trainer trainer(o, *model, *model, *sgd, nullptr, group, kCPU);
   TrainOptions no_clip;
+  no_clip.label_smoothing = 0.1;
   Trainer raw(no_clip, *unclipped, *unclipped, *sgd_raw, nullptr, group, kCPU);
   const data::Batch batch = random_batch(16, 5);
   trainer.run_batch(batch);

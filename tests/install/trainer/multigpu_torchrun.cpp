@@ -80,7 +80,6 @@ int run(const std::string& dir, int64_t total_epochs, int64_t save_every, int64_
   // Trainer(model, train_data, optimizer, save_every, snapshot_path)
   apps::TrainOptions options;
   options.epochs = total_epochs;
-  options.label_smoothing = 0;  // F.cross_entropy's
   options.checkpoint_dir = dir + "/snapshots";
   options.save_every_steps = save_every;
   options.resume = "auto";  // the newest snapshot when there is one, else a fresh start
