@@ -59,8 +59,9 @@ struct InitOptions {
   //                      rank 0 refuses it, and the others give up at the timeout naming it.
   //                      rank and world_size required; PATH must be shared by all ranks.
   // Every rank checks at the store that it agrees with rank 0's world size and that no other
-  // process has its rank, within the timeout. Under mpirun (MPI backend, or NCCL meeting over
-  // MPI) the URL is not used, and rank / world_size, when given, must equal mpirun's.
+  // process has its rank, within the timeout. Under mpirun the ranks are mpirun's (rank /
+  // world_size, when given, must equal them); the MPI backend and NCCL meet over MPI and do not
+  // use the URL, the TCP backend ("gloo") meets at it.
   std::string init_method = "env://";
   int rank = -1;        // -1: from the launcher
   int world_size = -1;  // -1: from the launcher

@@ -224,6 +224,22 @@ TEST(LaunchEnv, GlooWorksUnderEveryLauncher) {
     ::ember::testing::expect_close(t, full({5}, launch.world_size, kI32));
   }
   for (const auto& [name, value] : master) ::unsetenv(name.c_str());
+
+  // Under mpirun with init_method tcp://: the ranks meet at the URL's address.
+  if (launch.launcher == "mpirun" && launch.master_addr.empty()) {
+    auto world = testing::world();
+    Tensor port = from_vector<int64_t>({world->rank() == 0 ? testing::free_port() : 0}, {1});
+    world->broadcast(port, 0)->wait();
+    InitOptions options = testing::cpu_init();
+    options.backend = "gloo";
+    options.init_method = "tcp://127.0.0.1:" + std::to_string(port.item<int64_t>());
+    testing::DefaultGroupGuard guard;
+    auto pg = init_process_group(options);
+    EXPECT_EQ(pg->backend(), "tcp");
+    Tensor t = ones({3}, kI32);
+    all_reduce(t);
+    ::ember::testing::expect_close(t, full({3}, launch.world_size, kI32));
+  }
 }
 
 TEST(LaunchEnv, UnderMpirunInitGivesTheMpiGroup) {
