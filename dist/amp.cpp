@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include "detail/default_group.h"
+
 namespace ember::dist {
 
 optim::GradScaler::FoundInfReducer make_found_inf_agreement(std::shared_ptr<ProcessGroup> group) {
@@ -9,6 +11,10 @@ optim::GradScaler::FoundInfReducer make_found_inf_agreement(std::shared_ptr<Proc
   return [group = std::move(group)](const Tensor& found_inf) {
     group->allreduce(found_inf, ReduceOp::kMax)->wait();
   };
+}
+
+optim::GradScaler::FoundInfReducer make_found_inf_agreement() {
+  return make_found_inf_agreement(detail::default_group_for("make_found_inf_agreement"));
 }
 
 }  // namespace ember::dist

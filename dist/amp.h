@@ -2,8 +2,8 @@
 // replicas drift apart. GradScaler (optim/, which knows nothing of dist) takes a hook that
 // agrees its found-inf flag across processes; this is dist's.
 //
-//   auto group = dist::init_process_group();
-//   optim::GradScaler scaler({}, dist::make_found_inf_agreement(group));
+//   dist::init_process_group();
+//   optim::GradScaler scaler({}, dist::make_found_inf_agreement());  // the default group
 #pragma once
 
 #include <memory>
@@ -19,5 +19,7 @@ namespace ember::dist {
 // it in the same order, once per gradient device and unscale. The flag sits on the gradients'
 // device: NCCL groups take CUDA gradients, MPI and TCP groups CPU ones (or stage CUDA).
 optim::GradScaler::FoundInfReducer make_found_inf_agreement(std::shared_ptr<ProcessGroup> group);
+// The same over the default group, taken now (ember::Error before init_process_group()).
+optim::GradScaler::FoundInfReducer make_found_inf_agreement();
 
 }  // namespace ember::dist

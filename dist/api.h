@@ -55,7 +55,7 @@ std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks,
                                         std::optional<ProcessGroupOptions> options = {});
 // The rank among the processes on this node (LOCAL_RANK), e.g. to pick a GPU.
 int get_local_rank();
-// "mpi", "nccl", "tcp" or "single".
+// "mpi", "nccl", "tcp" or "single" (a group made with backend "gloo" reports "tcp").
 std::string get_backend();
 
 // `tensor` becomes the reduction of every rank's `tensor`.

@@ -17,6 +17,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "detail/default_group.h"
+#include "init.h"
+
 namespace ember::dist {
 
 static_assert(std::endian::native == std::endian::little,
@@ -71,7 +74,7 @@ std::string number(double v) {
 }
 
 std::string system_error(const std::string& what, const std::string& path) {
-  return detail::str_cat("save_checkpoint: ", what, " ", path, ": ", std::strerror(errno));
+  return ember::detail::str_cat("save_checkpoint: ", what, " ", path, ": ", std::strerror(errno));
 }
 
 void write_all(int fd, const char* data, size_t n, const std::string& path) {
@@ -122,8 +125,8 @@ int create_locked(const std::string& tmp) {
       return fd;
     ::close(fd);  // another save took it for stale between the open and the lock: again
   }
-  throw Error(detail::str_cat("save_checkpoint: cannot keep the temporary file ", tmp,
-                              " (removed again and again while it was being created)"));
+  throw Error(ember::detail::str_cat("save_checkpoint: cannot keep the temporary file ", tmp,
+                                     " (removed again and again while it was being created)"));
 }
 
 // Removes the temporary files in `dir` that no writer holds (their writer died mid-save).
@@ -203,7 +206,7 @@ std::vector<char> serialize(const std::map<std::string, Tensor>& tensors,
 
 template <typename... Parts>
 Error load_error(const std::string& path, const Parts&... parts) {
-  return Error(detail::str_cat("load_checkpoint: ", path, ": ", parts...));
+  return Error(ember::detail::str_cat("load_checkpoint: ", path, ": ", parts...));
 }
 
 // The header's length from the file's first 8 bytes, checked against the file's size.
@@ -242,56 +245,137 @@ std::map<std::string, std::string> metadata_of(const std::string& path,
   return out;
 }
 
+// The random states' metadata keys: rank 0's where ember always kept them (so files from
+// before per-rank states load as rank 0's), the other ranks' under keys of their own, and how
+// many ranks' states the file holds (absent: 1).
+constexpr const char* kRngRanks = "rng_ranks";
+std::string rng_key(const std::string& name, int64_t rank, const char* field) {
+  return rank == 0 ? "rng." + name + "." + field
+                   : "rng_rank." + std::to_string(rank) + "." + name + "." + field;
+}
+
+// This process's generator states: seed, offset of each generator, in name order.
+std::vector<int64_t> own_rng_states(const Checkpoint& c) {
+  std::vector<int64_t> out;
+  for (const auto& [name, gen] : c.generators) {
+    EMBER_CHECK(gen != nullptr, "save_checkpoint", "generator \"", name, "\" is null");
+    out.push_back(std::bit_cast<int64_t>(gen->seed()));
+    out.push_back(std::bit_cast<int64_t>(gen->offset()));
+  }
+  return out;
+}
+
+// Every rank's own_rng_states, by rank: two all-gathers over `group`, the first checking that
+// every rank names the same generators.
+std::vector<std::vector<int64_t>> gather_rng_states(const Checkpoint& c, ProcessGroup& group) {
+  const std::vector<int64_t> mine = own_rng_states(c);
+  auto all_gather = [&group](const std::vector<int64_t>& values) {
+    const auto n = static_cast<int64_t>(values.size());
+    const Tensor input = from_vector<int64_t>(values, {n}).to(group.tensor_device());
+    std::vector<Tensor> outputs;
+    for (int r = 0; r < group.size(); ++r) outputs.push_back(empty({n}, input.options()));
+    group.allgather(outputs, input)->wait();
+    std::vector<std::vector<int64_t>> out;
+    for (const Tensor& t : outputs) out.push_back(t.to_vector<int64_t>());
+    return out;
+  };
+  uint64_t names = 14695981039346656037ull;
+  for (const auto& [name, gen] : c.generators) {
+    names = checksum(name.data(), name.size()) ^ (names * 1099511628211ull);
+  }
+  const auto described =
+      all_gather({static_cast<int64_t>(mine.size()), std::bit_cast<int64_t>(names)});
+  for (size_t r = 1; r < described.size(); ++r) {
+    EMBER_CHECK(described[r] == described[0], "save_checkpoint", "rank ", r, " saves ",
+                described[r][0] / 2, " generator(s) and rank 0 saves ", described[0][0] / 2,
+                described[r][0] == described[0][0] ? " named differently" : "",
+                "; every rank must save the same generators");
+  }
+  if (mine.empty()) return std::vector<std::vector<int64_t>>(described.size());
+  return all_gather(mine);
+}
+
+// Builds the file of `c`, with the random states `rng` (by rank), and writes it to `path`.
+void write_checkpoint(const std::string& path, const Checkpoint& c,
+                      const std::vector<std::vector<int64_t>>& rng) {
+  std::map<std::string, Tensor> tensors;
+  std::map<std::string, std::string> meta;
+  if (c.model != nullptr) {
+    for (const auto& [name, t] : c.model->state_dict()) tensors["model." + name] = t;
+  }
+  if (c.optimizer != nullptr) {
+    const optim::StateDict sd = c.optimizer->state_dict();
+    for (const auto& [key, t] : sd.tensors) tensors["optimizer." + key] = t;
+    for (const auto& [key, v] : sd.scalars) meta["optimizer." + key] = number(v);
+  }
+  if (c.scheduler != nullptr) {
+    for (const auto& [key, v] : c.scheduler->state_dict().scalars)
+      meta["scheduler." + key] = number(v);
+  }
+  if (c.grad_scaler != nullptr) {
+    for (const auto& [key, v] : c.grad_scaler->state_dict().scalars)
+      meta["grad_scaler." + key] = number(v);
+  }
+  if (!c.generators.empty()) {
+    meta[kRngRanks] = std::to_string(rng.size());
+    for (size_t r = 0; r < rng.size(); ++r) {
+      size_t i = 0;
+      for (const auto& [name, gen] : c.generators) {
+        const auto rank = static_cast<int64_t>(r);
+        meta[rng_key(name, rank, "seed")] = std::to_string(std::bit_cast<uint64_t>(rng[r][i]));
+        meta[rng_key(name, rank, "offset")] =
+            std::to_string(std::bit_cast<uint64_t>(rng[r][i + 1]));
+        i += 2;
+      }
+    }
+  }
+  if (c.sampler != nullptr) {
+    EMBER_CHECK(c.sampler_consumed >= 0 && c.sampler_consumed <= c.sampler->size(),
+                "save_checkpoint", "sampler_consumed ", c.sampler_consumed, " is outside [0, ",
+                c.sampler->size(), "] (the sampler's remaining indices)");
+    meta["sampler.epoch"] = std::to_string(c.sampler->epoch());
+    meta["sampler.position"] = std::to_string(c.sampler->position() + c.sampler_consumed);
+  }
+  for (const auto& [key, v] : c.values) meta["values." + key] = number(v);
+  for (const auto& [key, text] : c.texts) {
+    bool utf8 = true;  // the header is JSON, whose strings are UTF-8
+    try {
+      (void)nlohmann::json(text).dump();
+    } catch (const nlohmann::json::exception&) {
+      utf8 = false;
+    }
+    EMBER_CHECK(utf8, "save_checkpoint", "text \"", key, "\" is not valid UTF-8");
+    meta["texts." + key] = text;
+  }
+  meta["epoch"] = std::to_string(c.epoch);
+  meta["step"] = std::to_string(c.step);
+  write_atomically(path, serialize(tensors, std::move(meta)));
+}
+
 }  // namespace
 
 void save_checkpoint(const std::string& path, const Checkpoint& c, ProcessGroup* group) {
-  if (group == nullptr || group->rank() == 0) {
-    std::map<std::string, Tensor> tensors;
-    std::map<std::string, std::string> meta;
-    if (c.model != nullptr) {
-      for (const auto& [name, t] : c.model->state_dict()) tensors["model." + name] = t;
+  if (group == nullptr && is_initialized() &&
+      detail::default_group_for("save_checkpoint")->rank() != 0)
+    return;  // not collective: rank 0 of the default group writes
+  EMBER_CHECK(group == nullptr || group->is_member(), "save_checkpoint",
+              "this rank is not a member of the group");
+  if (group == nullptr || group->size() == 1) return write_checkpoint(path, c, {own_rng_states(c)});
+  const std::vector<std::vector<int64_t>> rng = gather_rng_states(c, *group);
+  std::string failure;  // rank 0's, told to the others
+  if (group->rank() == 0) {
+    try {
+      write_checkpoint(path, c, rng);
+    } catch (const Error& e) {
+      failure = e.what();
     }
-    if (c.optimizer != nullptr) {
-      const optim::StateDict sd = c.optimizer->state_dict();
-      for (const auto& [key, t] : sd.tensors) tensors["optimizer." + key] = t;
-      for (const auto& [key, v] : sd.scalars) meta["optimizer." + key] = number(v);
-    }
-    if (c.scheduler != nullptr) {
-      for (const auto& [key, v] : c.scheduler->state_dict().scalars)
-        meta["scheduler." + key] = number(v);
-    }
-    if (c.grad_scaler != nullptr) {
-      for (const auto& [key, v] : c.grad_scaler->state_dict().scalars)
-        meta["grad_scaler." + key] = number(v);
-    }
-    for (const auto& [name, gen] : c.generators) {
-      EMBER_CHECK(gen != nullptr, "save_checkpoint", "generator \"", name, "\" is null");
-      meta["rng." + name + ".seed"] = std::to_string(gen->seed());
-      meta["rng." + name + ".offset"] = std::to_string(gen->offset());
-    }
-    if (c.sampler != nullptr) {
-      EMBER_CHECK(c.sampler_consumed >= 0 && c.sampler_consumed <= c.sampler->size(),
-                  "save_checkpoint", "sampler_consumed ", c.sampler_consumed, " is outside [0, ",
-                  c.sampler->size(), "] (the sampler's remaining indices)");
-      meta["sampler.epoch"] = std::to_string(c.sampler->epoch());
-      meta["sampler.position"] = std::to_string(c.sampler->position() + c.sampler_consumed);
-    }
-    for (const auto& [key, v] : c.values) meta["values." + key] = number(v);
-    for (const auto& [key, text] : c.texts) {
-      bool utf8 = true;  // the header is JSON, whose strings are UTF-8
-      try {
-        (void)nlohmann::json(text).dump();
-      } catch (const nlohmann::json::exception&) {
-        utf8 = false;
-      }
-      EMBER_CHECK(utf8, "save_checkpoint", "text \"", key, "\" is not valid UTF-8");
-      meta["texts." + key] = text;
-    }
-    meta["epoch"] = std::to_string(c.epoch);
-    meta["step"] = std::to_string(c.step);
-    write_atomically(path, serialize(tensors, std::move(meta)));
   }
-  if (group != nullptr && group->size() > 1) group->barrier()->wait();
+  // Every rank returns once rank 0 has written, or fails with it.
+  Tensor written = from_vector<int64_t>({failure.empty() ? 1 : 0}, {1}).to(group->tensor_device());
+  group->broadcast(written, 0)->wait();
+  if (!failure.empty()) throw Error(failure);
+  EMBER_CHECK(written.item<int64_t>() == 1, "save_checkpoint", "rank 0 failed to write ", path,
+              " (its error says why)");
 }
 
 CheckpointFile read_checkpoint(const std::string& path, Device device) {
@@ -385,7 +469,18 @@ std::map<std::string, std::string> read_checkpoint_metadata(const std::string& p
   return metadata_of(path, parse_header(path, text.data(), length));
 }
 
-void load_checkpoint(const std::string& path, Checkpoint& c, Device device) {
+void load_checkpoint(const std::string& path, Checkpoint& c, Device device,
+                     const ProcessGroup* group) {
+  // This rank of the loading group and its size.
+  std::shared_ptr<ProcessGroup> default_group;
+  if (group == nullptr && is_initialized())
+    default_group = detail::default_group_for("load_checkpoint");
+  const ProcessGroup* loading = group != nullptr ? group : default_group.get();
+  EMBER_CHECK(loading == nullptr || loading->is_member(), "load_checkpoint",
+              "this rank is not a member of the group");
+  const int64_t rank = loading != nullptr ? loading->rank() : 0;
+  const int64_t size = loading != nullptr ? loading->size() : 1;
+
   CheckpointFile file = read_checkpoint(path, device);
   auto fail = [&path](const auto&... parts) { return load_error(path, parts...); };
   auto meta = [&](const std::string& key) -> const std::string& {
@@ -432,8 +527,26 @@ void load_checkpoint(const std::string& path, Checkpoint& c, Device device) {
   const int64_t epoch = static_cast<int64_t>(integer("epoch"));
   const int64_t step = static_cast<int64_t>(integer("step"));
   std::map<std::string, std::pair<uint64_t, uint64_t>> rng;
+  const auto saved_ranks = static_cast<int64_t>(
+      file.metadata.count(kRngRanks) != 0 ? std::max<uint64_t>(integer(kRngRanks), 1) : 1);
+  const int64_t from = rank < saved_ranks ? rank : 0;  // ranks the file lacks take rank 0's
   for (const auto& [name, gen] : c.generators)
-    rng[name] = {integer("rng." + name + ".seed"), integer("rng." + name + ".offset")};
+    rng[name] = {integer(rng_key(name, from, "seed")), integer(rng_key(name, from, "offset"))};
+  if (!c.generators.empty() && saved_ranks > 1 && saved_ranks != size && rank == 0) {
+    auto ranks = [](int64_t first, int64_t last) {
+      return first == last ? "rank " + std::to_string(first)
+                           : ember::detail::str_cat("ranks ", first, " to ", last);
+    };
+    const std::string what =
+        size > saved_ranks ? ranks(saved_ranks, size - 1) +
+                                 (size - saved_ranks == 1 ? " starts" : " start") + " from rank 0's"
+                           : "the states of " + ranks(size, saved_ranks - 1) + " go unused";
+    std::fprintf(stderr,
+                 "ember: warning: load_checkpoint: %s holds the random states of %lld ranks and "
+                 "is loaded on %lld: %s\n",
+                 path.c_str(), static_cast<long long>(saved_ranks), static_cast<long long>(size),
+                 what.c_str());
+  }
   uint64_t sampler_epoch = 0, sampler_position = 0;
   if (c.sampler != nullptr) {
     sampler_epoch = integer("sampler.epoch");

@@ -5,17 +5,44 @@
 // safetensors opens it. Tensors: "model.<name>" (parameters and buffers) and
 // "optimizer.<key>" (optimizer state buffers). Everything else lives in "__metadata__" as
 // strings: optimizer and scheduler scalars, epoch, step, RNG states (seed and offset per
-// named generator), the sampler's epoch and position, and a checksum of the data.
+// named generator, for each rank of a grouped save), the sampler's epoch and position, and a
+// checksum of the data.
 //
-// save_checkpoint writes on rank 0 only (to a temporary file NAME.tmp.PID in the same folder,
-// locked while it is written, then fsync, rename, fsync of the folder: a crash leaves the
-// previous checkpoint whole), then all ranks meet at a barrier. Temporary files in that folder
-// that no writer holds any more (left by one that died mid-save) are removed at the next save
-// (where the file system has no flock, they stay).
+// Saving, in two forms:
+//   save_checkpoint(path, ck)         not collective, like torch.save: rank 0 of the default
+//                                     group writes and every other rank returns at once
+//                                     without writing (with no default group, as in a single
+//                                     process, the caller writes). So the tutorial's
+//                                     `if (rank == 0) save_checkpoint(path, ck);` works as
+//                                     written, and a call on every rank writes once. The file
+//                                     holds rank 0's random states only.
+//   save_checkpoint(path, ck, group)  collective: every rank of `group` calls it. The ranks
+//                                     gather every rank's generator states to rank 0, rank 0
+//                                     writes, and every rank returns once the file is written
+//                                     (or fails with rank 0's failure). Not for
+//                                     `if (rank == 0)`: called on some ranks only, it fails
+//                                     on every rank when the others issue their next
+//                                     collective, each naming the other's call, on the TCP
+//                                     backend always and on MPI and NCCL in debug mode
+//                                     (EMBER_DIST_DEBUG=1); otherwise at the group's timeout.
+// Rank 0 writes to a temporary file NAME.tmp.PID in the same folder, locked while it is
+// written, then fsync, rename, fsync of the folder: a crash leaves the previous checkpoint
+// whole. Temporary files in that folder that no writer holds any more (left by one that died
+// mid-save) are removed at the next save (where the file system has no flock, they stay).
+//
 // load_checkpoint runs on every rank and validates the file before changing anything it can
 // (header, offsets, sizes, dtypes, checksum, names and shapes against the model): a problem is an
-// ember::Error naming the file and what is wrong. Only rank 0's RNG states are saved; ranks seeding
-// their generators differently should reseed after loading.
+// ember::Error naming the file and what is wrong. It communicates nothing.
+//
+// Random states: rank r of the loading group (`group`, else the default group, else a single
+// process: rank 0 of 1) takes the states rank r saved. A file from a grouped save over N ranks
+// holds N ranks' states; one from save_checkpoint(path, ck), a single process or ember before
+// per-rank states holds rank 0's alone, and every loading rank takes those (every rank then
+// draws the same numbers; save with the group to keep each rank's). Loaded on M ranks where
+// the file holds N > 1: ranks below N take their own, ranks N and up take rank 0's, and rank 0
+// prints a warning naming both counts when M != N. Keys: "rng.NAME.seed" / ".offset" (rank
+// 0's, as in every ember checkpoint), "rng_rank.R.NAME.seed" / ".offset" (rank R >= 1's) and
+// "rng_ranks" (N; absent means 1).
 #pragma once
 
 #include <cstdint>
@@ -38,7 +65,8 @@ struct Checkpoint {
   nn::Module* model = nullptr;
   optim::Optimizer* optimizer = nullptr;
   optim::LRScheduler* scheduler = nullptr;
-  std::map<std::string, Generator*> generators{};  // e.g. {{"default", &default_generator()}}
+  // e.g. {{"default", &default_generator()}}; every rank names the same generators.
+  std::map<std::string, Generator*> generators{};
   DistributedSampler* sampler = nullptr;
   // fp16 loss scaling: saved when set (and enabled); loaded when the file holds a scaler's
   // state, else left as it is (a checkpoint of an fp32 or bf16 run loads into an fp16 one).
@@ -56,14 +84,18 @@ struct Checkpoint {
   std::map<std::string, std::string> texts{};
 };
 
-// Rank 0 writes `path` atomically; then every rank waits at a barrier of `group` (when given).
+// Writes `path` atomically. Without a group (null): not collective, rank 0 of the default
+// group writes, the others return at once. With a group: collective over it, every rank's
+// random states saved (see above).
 void save_checkpoint(const std::string& path, const Checkpoint& checkpoint,
                      ProcessGroup* group = nullptr);
 
 // Restores every non-null member of `checkpoint` (and epoch, step) from `path`. Tensors are
 // read onto `device` (the map location), then copied into the model's and optimizer's own
-// tensors wherever those live.
-void load_checkpoint(const std::string& path, Checkpoint& checkpoint, Device device = kCPU);
+// tensors wherever those live. The generators take the states of this rank of `group` (null:
+// of the default group, or rank 0 with none), as described above.
+void load_checkpoint(const std::string& path, Checkpoint& checkpoint, Device device = kCPU,
+                     const ProcessGroup* group = nullptr);
 
 // The raw contents of a checkpoint file, validated: tensors (on `device`) and metadata.
 struct CheckpointFile {

@@ -7,6 +7,7 @@
 #include <ember/autograd/node.h>
 #include <ember/tensor/grad_mode.h>
 
+#include "detail/default_group.h"
 #include "join.h"
 
 namespace ember::dist {
@@ -339,6 +340,10 @@ struct DistributedDataParallel::Reducer {
     if (!ready_order.empty()) order_complete = true;
   }
 };
+
+DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> module,
+                                                 DDPOptions options)
+    : DistributedDataParallel(std::move(module), detail::default_group_for(kOp), options) {}
 
 DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> module,
                                                  std::shared_ptr<ProcessGroup> group,

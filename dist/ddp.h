@@ -1,7 +1,8 @@
 // DistributedDataParallel: data-parallel training of one model replica per rank
 // (torch.nn.parallel.DistributedDataParallel's model).
 //
-//   auto ddp = std::make_shared<dist::DistributedDataParallel>(model, group);
+//   dist::init_process_group();
+//   auto ddp = std::make_shared<dist::DistributedDataParallel>(model);  // the default group
 //   optim::SGD sgd(ddp->parameters(), {.lr = 0.1});
 //   Tensor loss = cross_entropy((*ddp)(x), y);
 //   loss.backward();   // gradients averaged across ranks by the time backward returns
@@ -67,6 +68,9 @@ class DistributedDataParallel : public nn::Module {
  public:
   DistributedDataParallel(std::shared_ptr<nn::Module> module, std::shared_ptr<ProcessGroup> group,
                           DDPOptions options = {});
+  // Over the default group (init_process_group()), as PyTorch's DDP(model) does; ember::Error
+  // before init_process_group().
+  explicit DistributedDataParallel(std::shared_ptr<nn::Module> module, DDPOptions options = {});
   ~DistributedDataParallel() override;
 
   // Broadcasts buffers (when asked), points gradients into the buckets and, unless inside

@@ -63,8 +63,14 @@ bool read_triple(LaunchEnv& out, const char* launcher, const char* rank, const c
   return true;
 }
 
+// "gloo", PyTorch's CPU backend, is ember's TCP backend.
+std::string canonical_backend(const std::string& name) { return name == "gloo" ? "tcp" : name; }
+
+// The TCP backend moves CPU tensors: asked for by name it keeps them there even where a GPU
+// is visible (as PyTorch's gloo does).
 Device pick_device(const InitOptions& options) {
   if (options.device) return *options.device;
+  if (canonical_backend(options.backend) == "tcp") return kCPU;
   return cuda::is_available() ? cuda_device(0) : kCPU;
 }
 
@@ -74,9 +80,14 @@ bool launched_by_mpi(const LaunchEnv& launch) {
 }
 
 std::string pick_backend(const InitOptions& options, const LaunchEnv& launch, Device device) {
-  const std::string& b = options.backend;
+  const std::string b = canonical_backend(options.backend);
   EMBER_CHECK(b == "auto" || b == "mpi" || b == "nccl" || b == "tcp" || b == "single", kOp,
-              "unknown backend \"", b, "\" (expected auto, mpi, nccl, tcp or single)");
+              "unknown backend \"", options.backend,
+              "\"; expected \"tcp\" or \"gloo\" (CPU tensors over TCP, under any launcher; "
+              "gloo is PyTorch's name for it), \"mpi\" (CPU tensors over MPI, under mpirun or "
+              "srun), \"nccl\" (CUDA tensors, one GPU per process), \"single\" (one process, "
+              "no communication) or \"auto\" (single without a launcher, nccl on CUDA, mpi under "
+              "an MPI launcher, tcp otherwise)");
   if (b != "auto") return b;
   if (launch.launcher == "none") return "single";
   if (device.is_cuda()) return "nccl";
@@ -221,8 +232,17 @@ std::shared_ptr<ProcessGroup> make_process_group(const InitOptions& user_options
   }
 
   if (backend == "tcp") {
-    EMBER_CHECK(device.is_cpu(), kOp, "the tcp backend moves CPU tensors but the device is ",
-                device, "; use the nccl backend on GPUs");
+    EMBER_CHECK(device.is_cpu(), kOp, "the ", options.backend,
+                " backend moves CPU tensors but the device is ", device,
+                "; use the nccl backend on GPUs");
+    // Under mpirun the ranks are mpirun's, but TCP ranks still meet at rank 0's store, as
+    // PyTorch's gloo does under any launcher.
+    EMBER_CHECK(!launched_by_mpi(launch) || launch.world_size == 1 || method.scheme != "env" ||
+                    (!launch.master_addr.empty() && launch.master_port > 0),
+                kOp, "the ", options.backend, " backend meets at MASTER_ADDR:MASTER_PORT under ",
+                launch.launcher,
+                " too, and they are not set: set both (rank 0's host and a free port), or use "
+                "backend \"mpi\" (or \"auto\"), which meets over MPI");
     const detail::StoreAddress store = meet("tcp");
     return std::make_shared<TcpProcessGroup>(store.host, store.port, launch.rank, launch.world_size,
                                              launch.local_rank, options.group);

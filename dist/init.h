@@ -32,11 +32,18 @@ LaunchEnv read_launch_env();
 struct InitOptions {
   // "auto": "single" for one process started without a launcher; "nccl" on CUDA devices;
   // on the CPU "mpi" when MPI launched the job (mpirun, or srun without MASTER_ADDR) and "tcp"
-  // otherwise (torchrun-style variables, or srun with MASTER_ADDR set). Or "mpi", "nccl",
-  // "tcp", "single".
+  // otherwise (torchrun-style variables, or srun with MASTER_ADDR set). Or by name:
+  //   "tcp", "gloo"  ember's CPU backend over TCP (gloo is PyTorch's name for the CPU backend;
+  //                  the group reports "tcp"). Like PyTorch's gloo it runs under any launcher:
+  //                  under mpirun or srun it takes their ranks and meets at MASTER_ADDR /
+  //                  MASTER_PORT (env://), which must then be set.
+  //   "mpi"          CPU tensors over MPI (mpirun, or srun with PMI).
+  //   "nccl"         CUDA tensors, one GPU per process.
+  //   "single"       one process, no communication.
+  // Another name is an ember::Error listing these.
   std::string backend = "auto";
-  // Where the tensors live; unset: CUDA when a GPU is visible, else the CPU. With CUDA each
-  // process is bound to GPU local_rank (made its current device).
+  // Where the tensors live; unset: the CPU for "tcp" / "gloo", else CUDA when a GPU is visible,
+  // else the CPU. With CUDA each process is bound to GPU local_rank (made its current device).
   std::optional<Device> device{};
   ProcessGroupOptions group{};
   // Where the ranks meet, as torch.distributed's init_method (TCP and NCCL backends):
@@ -52,8 +59,9 @@ struct InitOptions {
   //                      rank 0 refuses it, and the others give up at the timeout naming it.
   //                      rank and world_size required; PATH must be shared by all ranks.
   // Every rank checks at the store that it agrees with rank 0's world size and that no other
-  // process has its rank, within the timeout. Under mpirun (MPI backend, or NCCL meeting over
-  // MPI) the URL is not used, and rank / world_size, when given, must equal mpirun's.
+  // process has its rank, within the timeout. Under mpirun the ranks are mpirun's (rank /
+  // world_size, when given, must equal them); the MPI backend and NCCL meet over MPI and do not
+  // use the URL, the TCP backend ("gloo") meets at it.
   std::string init_method = "env://";
   int rank = -1;        // -1: from the launcher
   int world_size = -1;  // -1: from the launcher
@@ -76,6 +84,9 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options = {}
 bool is_initialized();
 
 // The default group; ember::Error when there is none (call init_process_group() first).
+// Every dist API that takes a group has a form without one that uses this group, as
+// torch.distributed's group=None does, and fails with the same error before
+// init_process_group().
 std::shared_ptr<ProcessGroup> get_default_group();
 
 // Releases the default group (ember::Error when there is none). The group itself ends once

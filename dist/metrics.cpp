@@ -5,6 +5,8 @@
 
 #include <ember/tensor/ops.h>
 
+#include "detail/default_group.h"
+
 namespace ember::dist {
 
 std::map<std::string, double> average_across_ranks(const std::map<std::string, double>& values,
@@ -35,6 +37,13 @@ std::map<std::string, double> average_across_ranks(const std::map<std::string, d
   for (const auto& [name, value] : values) out[name] = sums[i++] / world;
   return out;
 }
+
+std::map<std::string, double> average_across_ranks(const std::map<std::string, double>& values) {
+  return average_across_ranks(values, *detail::default_group_for("average_across_ranks"));
+}
+
+RankZeroLogger::RankZeroLogger(std::ostream& out)
+    : RankZeroLogger(*detail::default_group_for("RankZeroLogger"), out) {}
 
 void RankZeroLogger::log(std::string_view line) {
   if (enabled_) out_ << line << '\n' << std::flush;

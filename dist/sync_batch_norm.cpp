@@ -5,6 +5,8 @@
 #include <ember/autograd/function.h>
 #include <ember/tensor/grad_mode.h>
 
+#include "detail/default_group.h"
+#include "init.h"
 #include "join.h"
 
 namespace ember::dist {
@@ -16,15 +18,26 @@ SyncBatchNorm::SyncBatchNorm(int64_t num_features, std::shared_ptr<ProcessGroup>
   EMBER_CHECK(group_ != nullptr, "SyncBatchNorm", "the process group is null");
 }
 
+SyncBatchNorm::SyncBatchNorm(int64_t num_features, double eps, double momentum, bool affine,
+                             bool track_running_stats)
+    : nn::BatchNorm(num_features, 2, 5, eps, momentum, affine, track_running_stats) {}
+
+std::shared_ptr<ProcessGroup> SyncBatchNorm::group() const {
+  return group_ != nullptr ? group_ : detail::default_group_for("SyncBatchNorm");
+}
+
 Tensor SyncBatchNorm::forward(const Tensor& input) {
   check_input(input);
   if (!is_training()) return nn::BatchNorm::forward(input);  // running (or local) statistics
+  // Without a group of its own and with no default group: this rank's batch, as PyTorch.
+  if (group_ == nullptr && !is_initialized()) return nn::BatchNorm::forward(input);
+  const std::shared_ptr<ProcessGroup> group = this->group();
   const double momentum = effective_momentum();
   const int64_t n = input.size(0), channels = input.size(1);
   const int64_t spatial = input.dim() > 2 ? input.numel() / std::max<int64_t>(n * channels, 1) : 1;
   const DType stat = input.dtype() == kF16 || input.dtype() == kBF16 ? kF32 : input.dtype();
   const Shape per_channel{1, channels, 1};
-  ProcessGroup& pg = *group_;
+  ProcessGroup& pg = *group;
   const bool input_grad = input.requires_grad();
   // A channels_last input gives a channels_last output (and input gradient), as BatchNorm does.
   const MemoryFormat layout =
@@ -79,8 +92,8 @@ Tensor SyncBatchNorm::forward(const Tensor& input) {
     return {y.to(input.dtype()).reshape(input.sizes()).contiguous(layout)};
   };
 
-  auto backward_fn = [xhat, invstd, total, w, b, input_grad, group = group_, join, n, channels,
-                      spatial, stat, per_channel, layout, in_sizes = input.sizes(),
+  auto backward_fn = [xhat, invstd, total, w, b, input_grad, group, join, n, channels, spatial,
+                      stat, per_channel, layout, in_sizes = input.sizes(),
                       in_dtype = input.dtype()](const std::vector<Tensor>& grads) {
     std::vector<Tensor> out(3);
     if (!grads[0].defined()) return out;
@@ -111,18 +124,23 @@ Tensor SyncBatchNorm::forward(const Tensor& input) {
                                   backward_fn)[0];
 }
 
-std::shared_ptr<nn::Module> convert_sync_batchnorm(std::shared_ptr<nn::Module> module,
-                                                   std::shared_ptr<ProcessGroup> group) {
+namespace {
+
+// convert_sync_batchnorm's work; a null `group` makes SyncBatchNorms over the default group.
+std::shared_ptr<nn::Module> convert_to_sync(std::shared_ptr<nn::Module> module,
+                                            const std::shared_ptr<ProcessGroup>& group) {
   EMBER_CHECK(module != nullptr, "convert_sync_batchnorm", "the module is null");
-  EMBER_CHECK(group != nullptr, "convert_sync_batchnorm", "the process group is null");
   // The replacement shares the BatchNorm's tensors (as PyTorch's does), so optimizers and
   // other holders of the parameters stay valid.
   auto convert = [&group](nn::Module& m) -> std::shared_ptr<nn::Module> {
     auto* bn = dynamic_cast<nn::BatchNorm*>(&m);
     if (bn == nullptr || dynamic_cast<SyncBatchNorm*>(&m) != nullptr) return nullptr;
-    auto sync =
-        std::make_shared<SyncBatchNorm>(bn->num_features(), group, bn->eps(), bn->momentum(),
-                                        bn->weight.defined(), bn->running_mean.defined());
+    const bool affine = bn->weight.defined(), tracked = bn->running_mean.defined();
+    auto sync = group != nullptr
+                    ? std::make_shared<SyncBatchNorm>(bn->num_features(), group, bn->eps(),
+                                                      bn->momentum(), affine, tracked)
+                    : std::make_shared<SyncBatchNorm>(bn->num_features(), bn->eps(), bn->momentum(),
+                                                      affine, tracked);
     if (bn->weight.defined()) {
       sync->weight = sync->parameter("weight") = bn->weight;
       sync->bias = sync->parameter("bias") = bn->bias;
@@ -145,6 +163,18 @@ std::shared_ptr<nn::Module> convert_sync_batchnorm(std::shared_ptr<nn::Module> m
   }
   for (auto& [parent, child_name, sync] : replacements) parent->replace_module(child_name, sync);
   return module;
+}
+
+}  // namespace
+
+std::shared_ptr<nn::Module> convert_sync_batchnorm(std::shared_ptr<nn::Module> module,
+                                                   std::shared_ptr<ProcessGroup> group) {
+  EMBER_CHECK(group != nullptr, "convert_sync_batchnorm", "the process group is null");
+  return convert_to_sync(std::move(module), group);
+}
+
+std::shared_ptr<nn::Module> convert_sync_batchnorm(std::shared_ptr<nn::Module> module) {
+  return convert_to_sync(std::move(module), nullptr);
 }
 
 }  // namespace ember::dist

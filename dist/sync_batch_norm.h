@@ -32,13 +32,20 @@ class SyncBatchNorm : public nn::BatchNorm {
   // Accepts inputs [N, C, ...] of 2 to 5 dims.
   SyncBatchNorm(int64_t num_features, std::shared_ptr<ProcessGroup> group, double eps = 1e-5,
                 double momentum = 0.1, bool affine = true, bool track_running_stats = true);
+  // Over the default group as it is at each training forward, as PyTorch's
+  // process_group=None: it may be made before init_process_group(), and a training forward
+  // with no default group uses this rank's batch alone, as PyTorch's does.
+  explicit SyncBatchNorm(int64_t num_features, double eps = 1e-5, double momentum = 0.1,
+                         bool affine = true, bool track_running_stats = true);
   Tensor forward(const Tensor& input) override;
   std::string name() const override { return "SyncBatchNorm"; }
-  const std::shared_ptr<ProcessGroup>& group() const { return group_; }
+  // The group the statistics cover (the default group when made without one; ember::Error
+  // when there is none).
+  std::shared_ptr<ProcessGroup> group() const;
 
  private:
   friend class Join;
-  std::shared_ptr<ProcessGroup> group_;
+  std::shared_ptr<ProcessGroup> group_;        // null: the default group
   std::shared_ptr<detail::JoinChannel> join_;  // the live Join covering this layer, if any
 };
 
@@ -47,5 +54,8 @@ class SyncBatchNorm : public nn::BatchNorm {
 // (the replacement when `module` itself is a BatchNorm, else `module`).
 std::shared_ptr<nn::Module> convert_sync_batchnorm(std::shared_ptr<nn::Module> module,
                                                    std::shared_ptr<ProcessGroup> group);
+// The same with SyncBatchNorms over the default group (see SyncBatchNorm(num_features)), as
+// PyTorch's convert_sync_batchnorm(model).
+std::shared_ptr<nn::Module> convert_sync_batchnorm(std::shared_ptr<nn::Module> module);
 
 }  // namespace ember::dist

@@ -305,6 +305,10 @@ LaunchEnv resolve_identity(const InitMethod& method, int rank, int world_size,
                 kOp, "rank=", rank, ", world_size=", world_size, " disagree with mpirun's rank ",
                 launch.rank, " of ", launch.world_size,
                 "; under mpirun leave them unset (-1) or give mpirun's values");
+    if (method.scheme == "tcp") {  // the TCP backend's ranks meet there (MPI ignores it)
+      self.master_addr = method.host;
+      self.master_port = method.port;
+    }
     return self;
   }
   if (method.scheme == "env") {

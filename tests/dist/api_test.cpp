@@ -14,13 +14,7 @@ namespace ember::dist {
 namespace {
 
 using ::ember::testing::expect_close;
-
-InitOptions cpu_init() {
-  InitOptions init;
-  init.device = kCPU;  // a visible GPU would pick NCCL
-  init.group.timeout = std::chrono::seconds(60);
-  return init;
-}
+using testing::cpu_init;
 
 // The backend init_process_group() picks on the CPU for the launcher that started the test:
 // MPI for mpirun, and for srun without MASTER_ADDR; TCP for torchrun-style launches.

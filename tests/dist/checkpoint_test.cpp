@@ -3,6 +3,7 @@
 // files are rejected with an error naming the file and the problem. Also the metric helpers.
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -303,6 +304,225 @@ TEST(Checkpoint, StaleTemporaryFilesGoAtTheNextSave) {
   fs::resize_file(path, 20);
   EXPECT_EMBER_ERROR(read_checkpoint_metadata(path), "the header claims");
   fs::remove_all(dir);
+}
+
+// A model whose every parameter holds `value`, and a checkpoint of it and of `gen`.
+struct Filled {
+  std::shared_ptr<nn::Linear> model = std::make_shared<nn::Linear>(3, 2);
+  Checkpoint ck;
+  Filled(double value, Generator& gen) {
+    for (Tensor& p : model->parameters()) Tensor(p.detach()).fill_(value);
+    ck.model = model.get();
+    ck.generators = {{"data", &gen}};
+  }
+};
+
+// The weight a checkpoint file holds (every element alike).
+double saved_weight(const std::string& path) {
+  return read_checkpoint(path).tensors.at("model.weight").to_vector<float>().front();
+}
+
+uint64_t inode_of(const std::string& path) {
+  struct stat st {};
+  EXPECT_EQ(::stat(path.c_str(), &st), 0) << path;
+  return static_cast<uint64_t>(st.st_ino);
+}
+
+// save_checkpoint(path, ck) after init_process_group() on every rank, as a PyTorch user calls
+// torch.save: rank 0 writes, the others return at once, writing nothing.
+TEST(Checkpoint, WithoutAGroupOnlyRankZeroOfTheDefaultGroupWrites) {
+  testing::DefaultGroupGuard guard;
+  auto pg = init_process_group(testing::cpu_init());
+  SharedDir dir(*pg);
+  const std::string path = dir.file("unguarded.safetensors");
+  Generator gen(100 + static_cast<uint64_t>(pg->rank()));
+  Filled mine(pg->rank() + 1.0, gen);
+  save_checkpoint(path, mine.ck);  // every rank, at once
+  barrier();
+  EXPECT_EQ(saved_weight(path), 1.0);  // rank 0's
+  const auto meta = read_checkpoint_metadata(path);
+  EXPECT_EQ(meta.at("rng.data.seed"), "100");
+  EXPECT_EQ(meta.at("rng_ranks"), "1");
+  EXPECT_EQ(meta.count("rng_rank.1.data.seed"), 0u);
+
+  // The other ranks alone, one after another, with a checkpoint that could not even be
+  // written (its text is not UTF-8): they return at once and the file is rank 0's, untouched.
+  const uint64_t inode = inode_of(path);
+  if (pg->rank() != 0) {
+    mine.ck.texts = {{"bytes", std::string("a\xff")}};
+    save_checkpoint(path, mine.ck);
+  }
+  barrier();
+  EXPECT_EQ(inode_of(path), inode);  // no rename since rank 0's
+  EXPECT_EQ(saved_weight(path), 1.0);
+  std::set<std::string> files;
+  for (const auto& entry : fs::directory_iterator(dir.path()))
+    files.insert(entry.path().filename());
+  EXPECT_EQ(files, std::set<std::string>{"unguarded.safetensors"});
+}
+
+// The tutorial's guard, `if rank == 0: save`, written as the user writes it: rank 0 writes
+// and goes on without waiting for the others (no barrier inside), so it cannot hang.
+TEST(Checkpoint, RankZeroAloneUnderTheTutorialsGuardWritesWithoutWaiting) {
+  testing::DefaultGroupGuard guard;
+  auto pg = init_process_group(testing::cpu_init(std::chrono::seconds(20)));
+  SharedDir dir(*pg);
+  const std::string path = dir.file("guarded.safetensors");
+  Generator gen(7);
+  Filled mine(pg->rank() + 1.0, gen);
+  if (get_rank() == 0) save_checkpoint(path, mine.ck);
+  barrier();  // a save waiting for the others would meet this barrier and fail
+  EXPECT_EQ(saved_weight(path), 1.0);
+}
+
+TEST(Checkpoint, ASingleProcessWithoutAGroupWrites) {
+  ASSERT_FALSE(is_initialized());
+  // Under a launcher every process is a single process here: each writes its own file.
+  const fs::path path = fs::path(::testing::TempDir()) /
+                        ("ember_checkpoint_single_" + std::to_string(::getpid()) + ".safetensors");
+  Generator gen(5);
+  Filled mine(3.0, gen);
+  save_checkpoint(path.string(), mine.ck);
+  EXPECT_EQ(saved_weight(path.string()), 3.0);
+  EXPECT_EQ(read_checkpoint_metadata(path.string()).at("rng.data.seed"), "5");
+  fs::remove(path);
+}
+
+// Each rank seeds differently (as with a fresh seed per process): a save with the group keeps
+// every rank's generators, and the load gives each rank its own back, so it draws again what
+// it drew after the save.
+TEST(Checkpoint, WithTheGroupEveryRankGetsItsOwnRandomStateBack) {
+  testing::DefaultGroupGuard guard;
+  auto pg = init_process_group(testing::cpu_init());
+  SharedDir dir(*pg);
+  const std::string path = dir.file("states.safetensors");
+  const auto rank = static_cast<uint64_t>(pg->rank());
+  Generator data(1000 + 17 * rank);
+  manual_seed(50 + rank);
+  (void)randn({3 + static_cast<int64_t>(rank)});  // offsets differ too
+  (void)rand({2}, kF32, &data);
+  Checkpoint ck;
+  ck.generators = {{"default", &default_generator()}, {"data", &data}};
+  save_checkpoint(path, ck, pg.get());
+  const std::vector<float> drawn = randn({6}).to_vector<float>();
+  const std::vector<float> drawn_data = rand({4}, kF32, &data).to_vector<float>();
+  (void)randn({10});  // both go on
+  (void)rand({10}, kF32, &data);
+
+  const auto meta = read_checkpoint_metadata(path);
+  EXPECT_EQ(meta.at("rng_ranks"), std::to_string(pg->size()));
+  EXPECT_EQ(meta.at("rng.data.seed"), "1000");  // rank 0's where ember always kept it
+  if (pg->size() > 1) {
+    EXPECT_EQ(meta.at("rng_rank.1.data.seed"), "1017");
+  }
+
+  load_checkpoint(path, ck);  // the default group's rank picks the states
+  EXPECT_EQ(default_generator().seed(), 50 + rank);
+  EXPECT_EQ(data.seed(), 1000 + 17 * rank);
+  EXPECT_EQ(randn({6}).to_vector<float>(), drawn);
+  EXPECT_EQ(rand({4}, kF32, &data).to_vector<float>(), drawn_data);
+
+  // Ranks that name different generators are refused on every rank, before anything is written.
+  if (pg->size() > 1) {
+    Generator extra(1);
+    if (pg->rank() == 1) ck.generators["extra"] = &extra;
+    EXPECT_EMBER_ERROR(save_checkpoint(dir.file("refused.safetensors"), ck, pg.get()),
+                       "save_checkpoint: rank 1 saves 3 generator(s) and rank 0 saves 2; every "
+                       "rank must save the same generators");
+    barrier();
+    EXPECT_FALSE(fs::exists(dir.file("refused.safetensors")));
+  }
+}
+
+// A collective save that rank 0 cannot write fails on every rank, promptly, and the group
+// goes on working.
+TEST(Checkpoint, AGroupedSaveRankZeroCannotWriteFailsEverywhere) {
+  auto pg = world();
+  SharedDir dir(*pg);
+  const std::string path = dir.file("no/such/folder/ck.safetensors");
+  Generator gen(1);
+  Filled mine(1.0, gen);
+  if (pg->rank() == 0) {
+    EXPECT_EMBER_ERROR(save_checkpoint(path, mine.ck, pg.get()), "save_checkpoint: cannot create");
+  } else {
+    EXPECT_EMBER_ERROR(save_checkpoint(path, mine.ck, pg.get()),
+                       "save_checkpoint: rank 0 failed to write " + path);
+  }
+  Tensor t = ones({2});
+  pg->allreduce(t)->wait();
+  ::ember::testing::expect_close(t, full({2}, pg->size()));
+}
+
+// A group of any rank and size that communicates nothing: load_checkpoint only asks it who
+// this rank is.
+class RankOnly : public ProcessGroup {
+ public:
+  RankOnly(int rank, int size) : ProcessGroup(rank, size, 0) {}
+  std::string backend() const override { return "none"; }
+  WorkHandle allreduce(const Tensor&, ReduceOp) override { return refuse(); }
+  WorkHandle broadcast(const Tensor&, int) override { return refuse(); }
+  WorkHandle allgather(const std::vector<Tensor>&, const Tensor&) override { return refuse(); }
+  WorkHandle reduce(const Tensor&, int, ReduceOp) override { return refuse(); }
+  WorkHandle reduce_scatter(const Tensor&, const std::vector<Tensor>&, ReduceOp) override {
+    return refuse();
+  }
+  WorkHandle barrier() override { return refuse(); }
+  WorkHandle send(const Tensor&, int, int) override { return refuse(); }
+  WorkHandle recv(const Tensor&, int, int) override { return refuse(); }
+
+ private:
+  static WorkHandle refuse() { throw Error("RankOnly: communicates nothing"); }
+};
+
+// Files holding N ranks' states loaded on M ranks; and files from before per-rank states.
+TEST(Checkpoint, RandomStatesLoadedOnAnotherNumberOfRanks) {
+  const fs::path path = fs::path(::testing::TempDir()) /
+                        ("ember_checkpoint_ranks_" + std::to_string(::getpid()) + ".safetensors");
+  // What a save with a group of 3 writes (no tensors).
+  write_raw(path.string(),
+            R"({"__metadata__":{"format":"ember.checkpoint.v1","epoch":"0","step":"0",)"
+            R"("rng_ranks":"3","rng.g.seed":"10","rng.g.offset":"1","rng_rank.1.g.seed":"11",)"
+            R"("rng_rank.1.g.offset":"2","rng_rank.2.g.seed":"12","rng_rank.2.g.offset":"3"}})",
+            "");
+  Generator gen;
+  Checkpoint ck;
+  ck.generators = {{"g", &gen}};
+  auto load_as = [&](int rank, int size) {
+    RankOnly group(rank, size);
+    ::testing::internal::CaptureStderr();
+    load_checkpoint(path.string(), ck, kCPU, &group);
+    const std::string warning = ::testing::internal::GetCapturedStderr();
+    return std::make_tuple(gen.seed(), gen.offset(), warning);
+  };
+  EXPECT_EQ(load_as(2, 3), std::make_tuple(uint64_t{12}, uint64_t{3}, std::string()));
+  EXPECT_EQ(load_as(1, 4), std::make_tuple(uint64_t{11}, uint64_t{2}, std::string()));
+  EXPECT_EQ(load_as(3, 4), std::make_tuple(uint64_t{10}, uint64_t{1}, std::string()));
+  EXPECT_EQ(std::get<2>(load_as(0, 4)),
+            "ember: warning: load_checkpoint: " + path.string() +
+                " holds the random states of 3 ranks and is loaded on 4: rank 3 starts from rank "
+                "0's\n");
+  EXPECT_EQ(std::get<2>(load_as(0, 1)),
+            "ember: warning: load_checkpoint: " + path.string() +
+                " holds the random states of 3 ranks and is loaded on 1: the states of ranks 1 to "
+                "2 go unused\n");
+  // Without a group or a default group: a single process, rank 0.
+  ASSERT_FALSE(is_initialized());
+  gen.set_state(0, 0);
+  ::testing::internal::CaptureStderr();
+  load_checkpoint(path.string(), ck);
+  EXPECT_NE(::testing::internal::GetCapturedStderr().find("is loaded on 1"), std::string::npos);
+  EXPECT_EQ(gen.seed(), 10u);
+
+  // A file written before per-rank states (or without a group): every rank takes rank 0's,
+  // without a warning.
+  write_raw(path.string(),
+            R"({"__metadata__":{"format":"ember.checkpoint.v1","epoch":"2","step":"9",)"
+            R"("rng.g.seed":"20","rng.g.offset":"5"}})",
+            "");
+  EXPECT_EQ(load_as(1, 2), std::make_tuple(uint64_t{20}, uint64_t{5}, std::string()));
+  EXPECT_EQ(load_as(0, 2), std::make_tuple(uint64_t{20}, uint64_t{5}, std::string()));
+  EXPECT_EQ(ck.step, 9);
+  fs::remove(path);
 }
 
 TEST(Metrics, AveragesNamedValuesAndLogsOnRankZero) {

@@ -4,6 +4,10 @@
 // at MASTER_ADDR:MASTER_PORT).
 #pragma once
 
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdlib>
 #include <memory>
@@ -32,6 +36,29 @@ inline std::shared_ptr<ProcessGroup> make_group(const ProcessGroupOptions& optio
   const LaunchEnv launch = read_launch_env();
   return std::make_shared<TcpProcessGroup>(launch.master_addr, launch.master_port, launch.rank,
                                            launch.world_size, launch.local_rank, options);
+}
+
+// A loopback port nothing listens on right now.
+inline int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  socklen_t length = sizeof(addr);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &length);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// init_process_group's options for the tests: on the CPU (a visible GPU would pick NCCL),
+// failing after `timeout` instead of hanging.
+inline InitOptions cpu_init(std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
+  InitOptions init;
+  init.device = kCPU;
+  init.group.timeout = timeout;
+  return init;
 }
 
 // Destroys the default group, if any, when the scope ends: tests that call

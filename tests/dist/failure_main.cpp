@@ -1,6 +1,6 @@
 // Not a gtest: a job that is meant to fail, run by expect_failure.sh with 2 ranks, under
 // mpirun (backend mpi, the default) or torchrun_style.sh (backend tcp).
-//   failure_main skip|exit|queued|unwaited|local|caught|unwound [mpi|tcp]
+//   failure_main skip|exit|queued|unwaited|local|caught|unwound|save_alone [mpi|tcp]
 //   skip: rank 1 skips the second allreduce; rank 0 must raise ember::Error within the
 //         group's 2 s timeout, and the job must end non-zero instead of hanging.
 //   exit: rank 1 dies after the first allreduce; the job must end non-zero, promptly.
@@ -18,17 +18,64 @@
 //   unwound: as caught, but the group is an object declared inside the try: it is destroyed
 //         while the exception unwinds (under MPI its destructor ends the job with MPI_Abort
 //         before the catch runs), and still the message must reach stderr.
+//   save_alone: the tutorial's guard around a collective save: rank 0 calls
+//         save_checkpoint(path, ck, group) alone while rank 1 goes on to its next allreduce.
+//         On TCP, and on MPI in debug mode (EMBER_DIST_DEBUG=1), both ranks fail at once, each
+//         naming the other's call; on MPI without it rank 0 fails at the group's timeout
+//         (10 s). Each rank prints "rank R: failed within|after 5 s (T s): MESSAGE".
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <thread>
 
+#include <ember/dist/checkpoint.h>
 #include <ember/dist/dist.h>
+#include <ember/nn/layers.h>
 #include <ember/tensor/ops.h>
 
 namespace {
+
+// save_alone: each rank reports how long its failing call took and what it said.
+int save_alone(const std::string& backend) {
+  using namespace std::chrono_literals;
+  namespace dist = ember::dist;
+  dist::InitOptions options;
+  options.device = ember::kCPU;
+  options.backend = backend;
+  options.group.timeout = 10s;
+  auto pg = dist::init_process_group(options);
+  ember::Tensor t = ember::ones({1024});
+  pg->allreduce(t)->wait();
+  auto model = std::make_shared<ember::nn::Linear>(3, 2);
+  dist::Checkpoint ck;
+  ck.model = model.get();
+  ck.generators = {{"default", &ember::default_generator()}};
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("ember_save_alone_" + std::to_string(::getpid()) + ".safetensors"))
+                               .string();
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    if (pg->rank() == 0) {
+      dist::save_checkpoint(path, ck, pg.get());  // rank 1 never calls it
+    } else {
+      pg->allreduce(t)->wait();  // allreduce #2
+    }
+    std::fprintf(stderr, "rank %d: the call unexpectedly completed\n", pg->rank());
+    return 0;
+  } catch (const ember::Error& e) {
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::fprintf(stderr, "rank %d: failed %s 5 s (%.2f s): %s\n", pg->rank(),
+                 seconds < 5 ? "within" : "after", seconds, e.what());
+    std::filesystem::remove(path);
+    return 1;
+  }
+}
 
 // caught / unwound: rank 1's barrier #1 times out inside a try, as a user writes it.
 int lost_error(const std::string& mode, const std::string& backend) {
@@ -77,6 +124,7 @@ int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "skip";
   const std::string backend = argc > 2 ? argv[2] : "mpi";
   if (mode == "caught" || mode == "unwound") return lost_error(mode, backend);
+  if (mode == "save_alone") return save_alone(backend);
   ember::dist::InitOptions options;
   options.device = ember::kCPU;
   options.backend = backend;

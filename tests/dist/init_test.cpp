@@ -154,9 +154,92 @@ TEST(LaunchEnv, BackendChoiceErrors) {
                        "backend)");
   }
   ScopedLaunchEnv env(std::map<std::string, std::string>{});
+  options.backend = "nvlink";
+  // The message says what each name means.
+  for (const char* part :
+       {"unknown backend \"nvlink\"; expected \"tcp\" or \"gloo\" (CPU tensors over TCP, under any "
+        "launcher; gloo is PyTorch's name for it)",
+        "\"mpi\" (CPU tensors over MPI, under mpirun or srun)",
+        "\"nccl\" (CUDA tensors, one GPU per process)",
+        "\"single\" (one process, no communication)", "\"auto\" (single without a launcher"})
+    EXPECT_EMBER_ERROR(init_process_group(options), part);
+}
+
+// backend = "gloo", PyTorch's name for the CPU backend, is ember's TCP backend, which runs
+// under any launcher; it keeps tensors on the CPU even where a GPU is visible.
+TEST(LaunchEnv, GlooIsTheTcpBackend) {
+  InitOptions options;  // no device: gloo's is the CPU
   options.backend = "gloo";
-  EXPECT_EMBER_ERROR(init_process_group(options),
-                     "unknown backend \"gloo\" (expected auto, mpi, nccl, tcp or single)");
+  {
+    ScopedLaunchEnv env(std::map<std::string, std::string>{});
+    testing::DefaultGroupGuard guard;
+    auto pg = init_process_group(options);
+    EXPECT_EQ(pg->backend(), "tcp");
+    EXPECT_EQ(get_backend(), "tcp");
+    EXPECT_EQ(pg->size(), 1);
+  }
+  {
+    ScopedLaunchEnv env({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "0"}});
+    EXPECT_EMBER_ERROR(init_process_group(options),
+                       "MASTER_ADDR and MASTER_PORT must be set (torchrun launch of 2 processes, "
+                       "tcp backend)");
+  }
+  {
+    // Under mpirun, as PyTorch's gloo, it meets at MASTER_ADDR:MASTER_PORT.
+    ScopedLaunchEnv env({{"OMPI_COMM_WORLD_RANK", "0"},
+                         {"OMPI_COMM_WORLD_SIZE", "2"},
+                         {"OMPI_COMM_WORLD_LOCAL_RANK", "0"}});
+    EXPECT_EMBER_ERROR(init_process_group(options),
+                       "init_process_group: the gloo backend meets at MASTER_ADDR:MASTER_PORT "
+                       "under mpirun too, and they are not set: set both (rank 0's host and a "
+                       "free port), or use backend \"mpi\" (or \"auto\"), which meets over MPI");
+  }
+  EXPECT_FALSE(is_initialized());
+}
+
+// The same in the job that launched the suite: under mpirun or srun (with MASTER_ADDR and
+// MASTER_PORT set here, as a gloo user sets them), torchrun-style or alone, gloo gives a
+// working TCP group over the launcher's ranks.
+TEST(LaunchEnv, GlooWorksUnderEveryLauncher) {
+  const LaunchEnv launch = read_launch_env();
+  std::map<std::string, std::string> master;
+  if (launch.launcher != "none" && launch.master_addr.empty()) {
+    // mpirun or srun: rank 0 picks the port; MPI tells the others.
+    auto world = testing::world();
+    Tensor port = from_vector<int64_t>({world->rank() == 0 ? testing::free_port() : 0}, {1});
+    world->broadcast(port, 0)->wait();
+    master = {{"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(port.item<int64_t>())}};
+  }
+  for (const auto& [name, value] : master) ::setenv(name.c_str(), value.c_str(), 1);
+  {
+    InitOptions options = testing::cpu_init();
+    options.backend = "gloo";
+    testing::DefaultGroupGuard guard;
+    auto pg = init_process_group(options);
+    EXPECT_EQ(pg->backend(), "tcp");
+    EXPECT_EQ(pg->rank(), launch.rank);
+    EXPECT_EQ(pg->size(), launch.world_size);
+    Tensor t = ones({5}, kI32);
+    all_reduce(t);
+    ::ember::testing::expect_close(t, full({5}, launch.world_size, kI32));
+  }
+  for (const auto& [name, value] : master) ::unsetenv(name.c_str());
+
+  // Under mpirun with init_method tcp://: the ranks meet at the URL's address.
+  if (launch.launcher == "mpirun" && launch.master_addr.empty()) {
+    auto world = testing::world();
+    Tensor port = from_vector<int64_t>({world->rank() == 0 ? testing::free_port() : 0}, {1});
+    world->broadcast(port, 0)->wait();
+    InitOptions options = testing::cpu_init();
+    options.backend = "gloo";
+    options.init_method = "tcp://127.0.0.1:" + std::to_string(port.item<int64_t>());
+    testing::DefaultGroupGuard guard;
+    auto pg = init_process_group(options);
+    EXPECT_EQ(pg->backend(), "tcp");
+    Tensor t = ones({3}, kI32);
+    all_reduce(t);
+    ::ember::testing::expect_close(t, full({3}, launch.world_size, kI32));
+  }
 }
 
 TEST(LaunchEnv, UnderMpirunInitGivesTheMpiGroup) {

@@ -40,10 +40,22 @@ foreach(mode caught unwound)
     COMMAND ${EMBER_EXPECT_FAILURE} 60 "barrier #1 on rank 1 timed out after 3000 ms"
       ${EMBER_MPIRUN} ${MPIEXEC_NUMPROC_FLAG} 2 $<TARGET_FILE:ember_dist_failure> ${mode})
 endforeach()
+# A collective save_checkpoint on rank 0 alone (the tutorial's `if rank == 0` guard) while
+# rank 1 all-reduces: with the fingerprints of debug mode both ranks name the other's call at
+# once; without them MPI cannot tell, and rank 0 fails at the group's timeout.
+add_test(NAME dist_mpi_failure_save_alone_debug
+  COMMAND ${EMBER_EXPECT_FAILURE} 60
+    "rank 0: failed within 5 s .*rank 1 issued allreduce #2 .* but rank 0 issued allgather #2"
+    --and "rank 1: failed within 5 s .*rank 1 issued allreduce #2 .* but rank 0 issued allgather #2"
+    ${EMBER_MPIRUN} -x EMBER_DIST_DEBUG=1 ${MPIEXEC_NUMPROC_FLAG} 2
+    $<TARGET_FILE:ember_dist_failure> save_alone)
+add_test(NAME dist_mpi_failure_save_alone
+  COMMAND ${EMBER_EXPECT_FAILURE} 60 "rank 0: failed after 5 s .*allgather #2 on rank 0 timed out after 10000 ms"
+    ${EMBER_MPIRUN} ${MPIEXEC_NUMPROC_FLAG} 2 $<TARGET_FILE:ember_dist_failure> save_alone)
 set_tests_properties(dist_mpi_failure_skip dist_mpi_failure_exit dist_mpi_failure_queued
   dist_mpi_failure_unwaited dist_mpi_failure_local dist_mpi_failure_caught
-  dist_mpi_failure_unwound PROPERTIES
-  TIMEOUT 120 LABELS "dist;mpi" PROCESSORS 2)
+  dist_mpi_failure_unwound dist_mpi_failure_save_alone_debug dist_mpi_failure_save_alone
+  PROPERTIES TIMEOUT 120 LABELS "dist;mpi" PROCESSORS 2)
 
 # The same suite and failures on the TCP backend, launched torchrun-style without mpirun.
 include(${CMAKE_CURRENT_LIST_DIR}/tcp_tests.cmake)

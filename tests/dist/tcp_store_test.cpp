@@ -20,26 +20,14 @@
 #include <ember/dist/tcp_store.h>
 #include <ember/tensor/ops.h>
 
-#include "test_util.h"
+#include "dist_test_util.h"
 
 namespace ember::dist {
 namespace {
 
 using namespace std::chrono_literals;
 
-// A port nothing listens on right now.
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  socklen_t length = sizeof(addr);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &length);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
+using testing::free_port;
 
 // The sockets open in this process that a child started with exec would inherit.
 std::vector<std::string> inheritable_sockets() {

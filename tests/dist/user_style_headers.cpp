@@ -20,8 +20,13 @@
 
 namespace dist = ember::dist;
 
-int user_style_headers(ember::nn::Module& model, ember::optim::Optimizer& optimizer) {
+int user_style_headers(ember::nn::Module& model, ember::optim::Optimizer& optimizer,
+                       std::shared_ptr<ember::nn::Module> net) {
   using namespace std::chrono_literals;
+  dist::init_process_group({.backend = "gloo"});
+  auto ddp = std::make_shared<dist::DistributedDataParallel>(dist::convert_sync_batchnorm(net));
+  dist::DistributedDataParallel unused(net, dist::DDPOptions{.find_unused_parameters = true});
+  dist::destroy_process_group();
   dist::InitOptions init{.backend = "tcp"};
   init.group = dist::ProcessGroupOptions{.timeout = 30s};
   dist::init_process_group(init);
@@ -29,6 +34,7 @@ int user_style_headers(ember::nn::Module& model, ember::optim::Optimizer& optimi
   dist::DistributedSampler sampler(100, dist::get_world_size(), dist::get_rank(), sampler_options);
   dist::Checkpoint checkpoint{.model = &model, .optimizer = &optimizer, .epoch = 3};
   dist::save_checkpoint("ckpt.safetensors", checkpoint, dist::get_default_group().get());
+  if (dist::get_rank() == 0) dist::save_checkpoint("snapshot.safetensors", checkpoint);
   dist::Checkpoint restore{.model = &model};
   dist::load_checkpoint("ckpt.safetensors", restore);
   const dist::LaunchEnv launch{.launcher = "torchrun", .rank = 1, .world_size = 2};
