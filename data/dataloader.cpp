@@ -14,6 +14,7 @@
 #include <ember/tensor/cuda.h>
 #include <ember/tensor/error.h>
 #include <ember/tensor/ops.h>
+#include <ember/tensor/random.h>
 
 namespace ember::data {
 
@@ -170,10 +171,13 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions
   EMBER_CHECK(!(options_.shuffle && options_.sampler), "DataLoader",
               "the sampler option is mutually exclusive with shuffle = true: the sampler decides ",
               "the order (give it a shuffling sampler, or drop the sampler to shuffle)");
+  // A 62-bit draw: randint's bounds must be exact as doubles.
+  seed_ = options_.seed ? *options_.seed
+                        : static_cast<uint64_t>(randint(0, int64_t{1} << 62, {}).item<int64_t>());
   if (options_.sampler)
     sampler_ = options_.sampler;
   else if (options_.shuffle)
-    sampler_ = std::make_shared<RandomSampler>(dataset_->size(), options_.seed);
+    sampler_ = std::make_shared<RandomSampler>(dataset_->size(), seed_);
   else
     sampler_ = std::make_shared<SequentialSampler>(dataset_->size());
   pool_ = std::make_unique<BufferPool>();
@@ -301,7 +305,7 @@ Batch DataLoader::load_batch(uint64_t epoch, const std::vector<int64_t>& order, 
                   "index is out of range for a dataset of ", dataset_->size(), " examples");
       Example example = dataset_->get(index);
       if (options_.transform) {
-        SampleRng rng(options_.seed, epoch, index);
+        SampleRng rng(seed_, epoch, index);
         example.data = options_.transform->apply(example.data, rng);
       }
       data.put(k, index, example.data, pooled);

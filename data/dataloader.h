@@ -53,8 +53,11 @@ struct Batch {
 
 struct DataLoaderOptions {
   int64_t batch_size = 1;
-  bool shuffle = false;     // a RandomSampler of `seed`; ember::Error together with `sampler`
-  uint64_t seed = 0;        // for shuffling and for the transforms' randomness
+  bool shuffle = false;  // a RandomSampler of `seed`; ember::Error together with `sampler`
+  // For shuffling and for the transforms' randomness. Unset: drawn from the default generator
+  // when the loader is made, as PyTorch's loader draws its base seed, so manual_seed() before
+  // makes the run repeatable and unseeded processes shuffle and augment differently.
+  std::optional<uint64_t> seed{};
   bool drop_last = false;   // drop a final batch smaller than batch_size
   int num_workers = 0;      // 0: load in the calling thread, on demand
   int prefetch_factor = 2;  // batches each worker may have loaded ahead of the caller
@@ -79,6 +82,8 @@ class DataLoader {
   uint64_t epoch() const;
   const Dataset& dataset() const { return *dataset_; }
   const DataLoaderOptions& options() const { return options_; }
+  // The seed in use: options().seed, or the one drawn for it.
+  uint64_t seed() const { return seed_; }
 
   class Iterator;
   // Starts loading epoch epoch() (ending any epoch still in flight, whose iterators become
@@ -97,6 +102,7 @@ class DataLoader {
   struct BufferPool;
   std::shared_ptr<const Dataset> dataset_;
   DataLoaderOptions options_;
+  uint64_t seed_;
   // options_.sampler, or a RandomSampler (shuffle) or SequentialSampler of the dataset.
   std::shared_ptr<Sampler> sampler_;
   // The sampler's epoch_selections() when the last complete pass started: equal at a later

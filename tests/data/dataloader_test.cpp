@@ -380,6 +380,26 @@ TEST(DataLoader, RandomSamplerAndShuffleDrawANewOrderEachPass) {
   EXPECT_EQ(pass_order(given), random_permutation(20, 5, 2));
 }
 
+// A loader without .seed draws its seed from the default generator when it is made, as
+// PyTorch's does: manual_seed before it repeats a run, and each unseeded loader (each process)
+// shuffles its own way.
+TEST(DataLoader, WithoutASeedShufflesFromTheDefaultGenerator) {
+  manual_seed(11);
+  DataLoader first(small_dataset(50), {.batch_size = 50, .shuffle = true});
+  DataLoader second(small_dataset(50), {.batch_size = 50, .shuffle = true});
+  manual_seed(11);
+  DataLoader replay(small_dataset(50), {.batch_size = 50, .shuffle = true});
+  EXPECT_NE(first.seed(), second.seed());
+  EXPECT_EQ(replay.seed(), first.seed());
+  const std::vector<int64_t> order = pass_order(first);
+  EXPECT_NE(pass_order(second), order);
+  EXPECT_EQ(pass_order(replay), order);
+  EXPECT_EQ(order, random_permutation(50, first.seed(), 0));
+  DataLoader seeded(small_dataset(50), {.batch_size = 50, .shuffle = true, .seed = 5});
+  EXPECT_EQ(seeded.seed(), 5u);
+  EXPECT_EQ(pass_order(seeded), random_permutation(50, 5, 0));
+}
+
 TEST(DataLoader, UsesAnySamplerAndSetsItsEpoch) {
   auto sampler = std::make_shared<OddReverseSampler>(10);
   DataLoaderOptions options;
