@@ -446,7 +446,7 @@ void Trainer::delete_old_snapshots() const {
 
 int64_t Trainer::load_snapshot(const std::string& path) {
   EMBER_CHECK(checkpoint_ != nullptr, "Trainer::load_snapshot", "attach() a checkpoint first");
-  dist::load_checkpoint(path, *checkpoint_, device_);
+  dist::load_checkpoint(path, *checkpoint_, device_, &group_);  // each rank its own random state
   step_ = checkpoint_->step;
   auto value = [this](const char* key) {
     const auto it = checkpoint_->values.find(key);
