@@ -22,6 +22,7 @@ import time
 OWN_GTEST_MAINS = {"dist/init_method_main.cpp": "ember_dist_init_method"}
 TEST_HEADER = re.compile(r"^(TEST|TEST_F|TEST_P|TYPED_TEST|TYPED_TEST_P)\(\s*(\w+)\s*,\s*(\w+)\s*\)",
                          re.M)
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
 CUDA_WORDS = re.compile(r"cuda|gpu|nccl|kCUDA", re.I)
 # The C and C++ runtime every Linux machine brings: resolved outside the bundle on purpose.
 SYSTEM_BASE = re.compile(r"^(ld-linux-x86-64\.so\.2|libc\.so\.6|libm\.so\.6|libstdc\+\+\.so\.6|"
@@ -223,7 +224,7 @@ def parse_gtest(paths):
     for path in paths:
         running, message = None, []
         for line in open(path, errors="replace"):
-            line = line.rstrip("\n")
+            line = ANSI.sub("", line.rstrip("\n"))  # mpirun's pseudo-terminal brings colours
             start = re.match(r"\[ RUN      \] (\S+)", line)
             end = re.match(r"\[ *(OK|FAILED|SKIPPED) *\] (\S+?),? .*\(\d+ ms\)$", line)
             rank_failure = re.match(r"\[rank (\d+)\] FAILED (\S+)", line)

@@ -114,7 +114,9 @@ bundle() {
     gpu_host_fetch_runtime "$staging/debs" >/dev/null || return 1
   fi
   local arch
+  # A -DCMAKE_CUDA_ARCHITECTURES given wins over ember's own option (cmake/EmberCuda.cmake).
   arch="$(sed -n 's/^CMAKE_CUDA_ARCHITECTURES:[A-Z]*=//p' "$build/CMakeCache.txt")"
+  [ -n "$arch" ] || arch="$(sed -n 's/^EMBER_CUDA_ARCHITECTURES:[A-Z]*=//p' "$build/CMakeCache.txt")"
   python3 "$helper" manifest "$staging" "$repo" "${arch:-none}" || return 1
   cp "$staging/manifest.json" "$dest/manifest.json"
   tar -C "$staging" -cf - . | XZ_OPT="${XZ_OPT:--6 -T0}" xz >"$dest/bundle.tar.xz" || return 1
@@ -282,13 +284,13 @@ stage_tests() {
         # NCCL refuses two ranks on one GPU: its tests run at one rank; MPI on CUDA at both.
         (
           ember timeout $((cap - 5)) "${mpirun[@]}" 1 "$b/tests/$binary" --gtest_filter="$filter" \
-            >"$work/gtest/${binary}_np1.log" 2>&1
+            --gtest_color=no >"$work/gtest/${binary}_np1.log" 2>&1
           ember timeout $((cap - 5 - (SECONDS - start))) "${mpirun[@]}" 2 "$b/tests/$binary" \
-            --gtest_filter="$filter-*Nccl*" >"$work/gtest/${binary}_np2.log" 2>&1
+            --gtest_filter="$filter-*Nccl*" --gtest_color=no >"$work/gtest/${binary}_np2.log" 2>&1
         ) &
         ;;
       *)
-        ember timeout $((cap - 5)) "$b/tests/$binary" --gtest_filter="$filter" \
+        ember timeout $((cap - 5)) "$b/tests/$binary" --gtest_filter="$filter" --gtest_color=no \
           >"$work/gtest/$binary.log" 2>&1 &
         ;;
     esac
