@@ -252,10 +252,12 @@ def parse_gtest(paths):
 
 
 def cmd_gtest(paths):
-    r = parse_gtest(paths)
-    print(f"{len(r['passed'])} passed, {len(r['failed']) + len(r['crashed'])} failed, "
-          f"{len(r['skipped'])} skipped")
-    return 1 if r["failed"] or r["crashed"] else 0
+    """Counts over every run (a test run at 1 and 2 ranks counts twice), as summary.json's."""
+    runs = [parse_gtest([p]) for p in paths]
+    passed = sum(len(r["passed"]) for r in runs)
+    failed = sum(len(r["failed"]) + len(r["crashed"]) for r in runs)
+    print(f"{passed} passed, {failed} failed, {sum(len(r['skipped']) for r in runs)} skipped")
+    return 1 if failed else 0
 
 
 def read_json_lines(path):

@@ -554,7 +554,7 @@ e2e() {
   local data="$root/usr/share/datasets/fashion-mnist"
   say "e2e: ember-train, ResNet-20 on Fashion-MNIST, $epochs epochs, bf16"
   local start=$SECONDS
-  timeout "${STAGE_TIMEOUT_E2E:-240}" "$b/apps/ember-train" --device "$device" --precision bf16 \
+  ember timeout "${STAGE_TIMEOUT_E2E:-240}" "$b/apps/ember-train" --device "$device" --precision bf16 \
     --epochs "$epochs" --data "$data" --workers 8 --out-dir "$work/e2e" "${extra[@]}" \
     >"$OUT/e2e-ember.log" 2>&1
   local rc=$? seconds=$((SECONDS - start)) accuracy
