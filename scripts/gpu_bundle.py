@@ -287,6 +287,21 @@ def resnet_ratios(rows):
     return ratios
 
 
+def needs_two_gpus(logs, runs):
+    """The NCCL tests, run at one rank and left out at two (NCCL refuses two ranks on one GPU),
+    and any test skipped for want of a second GPU."""
+    listed = []
+    one_rank = os.path.join(logs, "ember_dist_tests_np1.log")
+    if os.path.isfile(one_rank):
+        r = parse_gtest([one_rank])
+        ran = r["passed"] + r["failed"] + r["crashed"] + list(r["skipped"])
+        listed += [f"{t} at 2 ranks" for t in sorted(ran) if "Nccl" in t]
+    listed += sorted({t for r in runs.values() for k, v in r["skip_reasons"].items()
+                      if re.search(r"two GPUs|2 GPUs|second GPU", k)
+                      for t in (v if isinstance(v, list) else [k])})
+    return listed
+
+
 def cmd_summary(out, work):
     """summary.json: each stage's record (WORK/stages/*.json, written as the stage ends), the
     tests' results, the sanitizer's findings, the benchmark rows and every ratio to PyTorch."""
@@ -314,10 +329,10 @@ def cmd_summary(out, work):
             "passed": sum(r["passed"] for r in runs.values()),
             "failed": sum(len(r["failed"]) for r in runs.values()),
             "skipped": sum(r["skipped"] for r in runs.values()),
-            "needs_two_gpus": sorted({t for r in runs.values() for k, v in r["skip_reasons"].items()
-                                      if re.search(r"two GPUs|2 GPUs|second GPU", k)
-                                      for t in (v if isinstance(v, list) else [k])}),
+            "needs_two_gpus": needs_two_gpus(logs, runs),
             "runs": runs}
+    sanitizer = summary["stages"].get("sanitizer", {})
+    summary["sanitizer"] = {k: sanitizer[k] for k in ("memcheck", "racecheck") if k in sanitizer}
     rows = read_json_lines(os.path.join(work, "bench.jsonl"))
     summary["bench"] = {
         "rows": [r for r in rows if "cut" not in r and "not_run" not in r],

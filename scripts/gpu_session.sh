@@ -42,8 +42,10 @@
 # env.log, tests.log, sanitizer.log, bench.jsonl, bench.log.
 #
 # Environment: EMBER_PACK_BUILD_DIR (default build-pack), EMBER_BUNDLE (default .gpu),
-# EMBER_VERIFY_DIR (verify's folder, default a fresh one under /tmp), BENCH_STEPS (default 20),
-# E2E_EPOCHS (default 10), E2E_EXTRA (flags both e2e sides take).
+# EMBER_VERIFY_DIR (verify's folder, default a fresh one under /tmp), VERIFY_SECONDS (default
+# 470), BENCH_STEPS (default 20), E2E_EPOCHS (default 10), E2E_DEVICE (default cuda),
+# E2E_EXTRA (flags both e2e sides take, e.g. "--max-steps 20"), STAGE_TIMEOUT_E2E (each side,
+# default 240).
 set -uo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -54,7 +56,7 @@ helper="$here/gpu_bundle.py"
 source "$here/gpu_host.sh" ""
 
 usage() {
-  sed -n '2,43p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+  awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"
   exit 2
 }
 
