@@ -335,7 +335,8 @@ def cmd_summary(out, work):
     summary["sanitizer"] = {k: sanitizer[k] for k in ("memcheck", "racecheck") if k in sanitizer}
     rows = read_json_lines(os.path.join(work, "bench.jsonl"))
     summary["bench"] = {
-        "rows": [r for r in rows if "cut" not in r and "not_run" not in r],
+        "rows": [r for r in rows if "group" in r],
+        "failed": [r["row"] for r in rows if "error" in r],
         "ratios_to_pytorch": [r for r in rows if any("_over_torch" in k for k in r)] +
                              resnet_ratios(rows),
         "cut": [r["row"] for r in rows if "cut" in r],

@@ -335,6 +335,7 @@ stage_sanitizer() {
   if [ -z "$sanitizer" ]; then
     record sanitizer status=not_run memcheck="not run: no compute-sanitizer" \
       racecheck="not run: no compute-sanitizer" seconds=0
+    say "sanitizer: not run: no compute-sanitizer (PATH or /usr/local/cuda/bin)"
     return 0
   fi
   local filter racefilter='AttentionTensorCore.CudaSmallShapesEveryVariant:LayersParity.*'
@@ -465,9 +466,12 @@ stage_bench() {
     done
   fi
   cp "$work/bench.jsonl" "$OUT/bench.jsonl"
-  record bench status=passed seconds=$((SECONDS - start)) \
-    rows="$(grep -c '"group"' "$work/bench.jsonl")" cut="$(grep -c '"cut"' "$work/bench.jsonl")"
-  say "bench: $(grep -c '"group"' "$work/bench.jsonl") lines, $(grep -c '"cut"' "$work/bench.jsonl") rows cut, $(grep -c '"not_run"' "$work/bench.jsonl") not run"
+  local errors
+  errors="$(grep -c '"error"' "$work/bench.jsonl")"
+  record bench status="$([ "$errors" = 0 ] && echo passed || echo failed)" seconds=$((SECONDS - start))
+  say "bench: $(grep -c '"group"' "$work/bench.jsonl") lines, $errors rows failed (bench.log)," \
+    "$(grep -c '"cut"' "$work/bench.jsonl") rows cut, $(grep -c '"not_run"' "$work/bench.jsonl") not run"
+  [ "$errors" = 0 ]
 }
 
 # The dry run's proof: every object a bundle program loaded came from the bundle, the
