@@ -49,7 +49,8 @@ def tracked_files(repo):
 
 
 def cuda_tests(tests_dir):
-    """{binary: gtest filter} of the tests whose body speaks of CUDA, a GPU or NCCL."""
+    """{binary: gtest filter} of the tests whose name or body speaks of CUDA, a GPU or NCCL
+    (the layer tests' CUDA halves are LayersParity's, whose bodies say so)."""
     found = {}
     for module in sorted(os.listdir(tests_dir)):
         folder = os.path.join(tests_dir, module)
@@ -69,7 +70,8 @@ def cuda_tests(tests_dir):
                 body = text[head.end():heads[i + 1].start() if i + 1 < len(heads) else len(text)]
                 kind, suite, test = head.groups()
                 tests = found.setdefault(binary, {}).setdefault(suite, {})
-                tests[test] = (kind, bool(CUDA_WORDS.search(body) or CUDA_WORDS.search(suite)))
+                tests[test] = (kind, bool(CUDA_WORDS.search(body) or
+                                          CUDA_WORDS.search(suite + "." + test)))
     filters = {}
     for binary, suites in sorted(found.items()):
         patterns = []
