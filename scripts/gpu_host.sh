@@ -5,6 +5,9 @@
 # fetched beforehand on a machine with apt and unpacked here with dpkg -x (no root install).
 #
 #   bash scripts/gpu_host.sh fetch DIR       on a Debian machine: download the .deb files into DIR
+#   bash scripts/gpu_host.sh fetch-runtime DIR   the runtime packages alone (no headers, no
+#                                            build tools), from apt's cache where it holds
+#                                            them, else downloaded (gpu_session.sh pack)
 #   bash scripts/gpu_host.sh fetch-data DIR  on a Debian machine: the dataset-fashion-mnist .deb
 #                                            (31 MB; a call of its own, see gpu_session.sh e2e)
 #   source scripts/gpu_host.sh env DIR       on the GPU machine: unpack DIR and set the paths
@@ -14,7 +17,9 @@
 #                                            (README's H100 table), PyTorch beside them
 #
 # Environment for build: EMBER_BUILD_DIR (default build-gpu), EMBER_JOBS (default nproc),
-# EMBER_CUDA_ARCHITECTURES (default 90, the H100/H200).
+# EMBER_CUDA_ARCHITECTURES (default 90, the H100/H200). For env: EMBER_DEB_ROOT, the folder
+# the .deb files are unpacked into (default /tmp/ember-debroot).
+# Sourced with no command, this file only defines its functions and package lists.
 
 # Runtime libraries of ember, its tests and Open MPI (with what Open MPI's plugins load), then
 # the headers, CMake packages and pkg-config the build needs.
@@ -39,6 +44,20 @@ gpu_host_fetch() {
   (cd "$dir" && apt-get download "${gpu_host_runtime_packages[@]}" "${gpu_host_build_packages[@]}")
 }
 
+# The runtime packages alone: each from apt's cache (/var/cache/apt/archives, its newest
+# version there) when it is there, the others downloaded.
+gpu_host_fetch_runtime() {
+  local dir="$1" pkg cached missing=()
+  mkdir -p "$dir"
+  for pkg in "${gpu_host_runtime_packages[@]}"; do
+    cached="$(ls -v /var/cache/apt/archives/"${pkg}"_*.deb 2>/dev/null | tail -1)"
+    if [ -n "$cached" ]; then cp "$cached" "$dir/"; else missing+=("$pkg"); fi
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    (cd "$dir" && apt-get download "${missing[@]}")
+  fi
+}
+
 # The data the e2e stage of gpu_session.sh trains on, in a folder of its own.
 gpu_host_fetch_data() {
   local dir="$1"
@@ -49,7 +68,7 @@ gpu_host_fetch_data() {
 # Open MPI at it, and at the wheels' CUDA libraries.
 gpu_host_env() {
   local dir="$1"
-  export EMBER_DEB_ROOT=/tmp/ember-debroot
+  export EMBER_DEB_ROOT="${EMBER_DEB_ROOT:-/tmp/ember-debroot}"
   # Unpacked once per set of .deb files: the stamp names the folder and its files.
   local stamp
   stamp="$(cd "$dir" && pwd && printf '%s\n' *.deb)" || return 1
@@ -63,6 +82,10 @@ gpu_host_env() {
       target="$(readlink "$link")"
       if [[ "$target" == /* ]]; then ln -sfn "$EMBER_DEB_ROOT$target" "$link"; fi
     done
+    # What update-alternatives would link (PSM's library, which libfabric and Open MPI's ofi and
+    # psm plugins need), dpkg -x does not.
+    ln -sfn ../../lib/libpsm1/libpsm_infinipath.so.1.16 \
+      "$EMBER_DEB_ROOT/usr/lib/x86_64-linux-gnu/libpsm_infinipath.so.1"
     printf '%s\n' "$stamp" >"$EMBER_DEB_ROOT/.unpacked-from"
   fi
   local r="$EMBER_DEB_ROOT" multiarch=x86_64-linux-gnu
@@ -79,7 +102,17 @@ gpu_host_env() {
     export EMBER_NCCL_ROOT="$site/nvidia/nccl"
     wheel_libs="$wheel_libs$EMBER_NCCL_ROOT/lib:"
   fi
-  export LD_LIBRARY_PATH="$r/usr/lib/$multiarch:$r/lib/$multiarch:$r/usr/lib/$multiarch/openblas-pthread:$r/usr/lib/$multiarch/openmpi/lib:${wheel_libs}/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  # A wheel without headers (a runtime-only layout) still lends its library to the loader.
+  local lib folder
+  for lib in libcudnn.so.9 libnccl.so.2; do
+    [ -n "$site" ] || break
+    lib="$(find "$site/nvidia" -name "$lib" 2>/dev/null | head -1)"
+    folder="$(dirname "${lib:-.}")"
+    if [ -n "$lib" ] && [[ ":$wheel_libs" != *":$folder:"* ]]; then wheel_libs="$wheel_libs$folder:"; fi
+  done
+  # UCX's transports find each other through their absolute RUNPATH (/usr/lib/.../ucx), which
+  # the loader's path overrides.
+  export LD_LIBRARY_PATH="$r/usr/lib/$multiarch:$r/lib/$multiarch:$r/usr/lib/$multiarch/openblas-pthread:$r/usr/lib/$multiarch/openmpi/lib:$r/usr/lib/$multiarch/ucx:${wheel_libs}/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   export LIBRARY_PATH="$r/usr/lib/$multiarch:$r/lib/$multiarch"
   export CMAKE_PREFIX_PATH="$r/usr"
   export PKG_CONFIG_PATH="$r/usr/lib/$multiarch/pkgconfig:$r/usr/share/pkgconfig"
@@ -87,7 +120,9 @@ gpu_host_env() {
   # Open MPI finds its plugins, help texts and orted under OPAL_PREFIX; Debian installs it
   # under the names mpirun/mpicxx through alternatives, which dpkg -x does not set up.
   export OPAL_PREFIX="$r/usr"
-  # PMIx does not read OPAL_PREFIX: it is told where its plugins are.
+  # PMIx does not read OPAL_PREFIX: it is told where it lives and where its plugins are (the
+  # ranks' PMIx client reads the prefix alone).
+  export PMIX_INSTALL_PREFIX="$r/usr/lib/$multiarch/pmix2"
   export PMIX_MCA_mca_base_component_path="$r/usr/lib/$multiarch/pmix2/lib/pmix"
   export PATH="$r/usr/bin:$PATH"
   export OMPI_MCA_btl=self,vader OMPI_MCA_pml=ob1 PMIX_MCA_pcompress_base_silence_warning=1
@@ -142,7 +177,13 @@ gpu_host_build() (
 gpu_host_main() {
   local command="${1:-}" dir="${2:-}"
   case "$command" in
-    fetch | fetch-data | env | build | bench)
+    "")
+      # Sourced for its functions and package lists alone.
+      [ "${BASH_SOURCE[0]}" != "$0" ] && return 0
+      sed -n '2,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+      return 2
+      ;;
+    fetch | fetch-runtime | fetch-data | env | build | bench)
       if [ -z "$dir" ]; then
         echo "gpu_host.sh $command: give the folder of the .deb files" >&2
         return 2
@@ -150,7 +191,7 @@ gpu_host_main() {
       "gpu_host_${command//-/_}" "$dir"
       ;;
     *)
-      sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+      sed -n '2,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
       return 2
       ;;
   esac

@@ -2,13 +2,17 @@
 # the apps suite (schedule, trainer, metrics, and ember-train on a generated image folder),
 # and gradient accumulation under DDP at 2 ranks.
 ember_add_test_suite(apps ember_train_core)
-target_compile_definitions(
-  ember_apps_tests PRIVATE EMBER_TRAIN_BIN="$<TARGET_FILE:ember-train>"
-                           EMBER_TORCHRUN_STYLE="${CMAKE_CURRENT_LIST_DIR}/../dist/torchrun_style.sh")
+# The programs under EMBER_TEST_BIN_DIR and the launcher script under EMBER_TEST_DATA_DIR when
+# those are set (a moved copy of the tests), else where the build put them.
+ember_test_file(ember_apps_tests EMBER_TRAIN_BIN EMBER_TEST_BIN_DIR $<TARGET_FILE_DIR:ember-train>
+                $<TARGET_FILE_NAME:ember-train>)
+ember_test_file(ember_apps_tests EMBER_TORCHRUN_STYLE EMBER_TEST_DATA_DIR ${CMAKE_CURRENT_SOURCE_DIR}
+                dist/torchrun_style.sh)
 add_dependencies(ember_apps_tests ember-train)
 if(TARGET ember-run)
   # Snapshots: ember-train restarted by ember-run after a worker is killed.
-  target_compile_definitions(ember_apps_tests PRIVATE EMBER_RUN_BIN="$<TARGET_FILE:ember-run>")
+  ember_test_file(ember_apps_tests EMBER_RUN_BIN EMBER_TEST_BIN_DIR $<TARGET_FILE_DIR:ember-run>
+                  $<TARGET_FILE_NAME:ember-run>)
   add_dependencies(ember_apps_tests ember-run)
 endif()
 

@@ -12,7 +12,7 @@
 namespace ember::testing {
 
 // The parsed JSON file at `path` (a failed expectation when it cannot be opened).
-inline nlohmann::json read_golden(const char* path) {
+inline nlohmann::json read_golden(const std::string& path) {
   std::ifstream in(path);
   EXPECT_TRUE(in.good()) << "cannot open " << path;
   return nlohmann::json::parse(in);
