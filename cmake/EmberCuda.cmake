@@ -107,7 +107,14 @@ if(NOT CMAKE_CUDA20_STANDARD_COMPILE_OPTION)
 endif()
 set(CMAKE_CUDA_STANDARD 20)
 set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+# Debian 12's CMake 3.25.1 marks CUDA::nvToolsExt deprecated whenever the project asks for
+# 3.25 or later, without checking that the toolkit has it: CUDA 13 has not, and configure
+# fails ("set_property could not find TARGET CUDA::nvToolsExt"). Its finder is asked as a 3.24
+# project would ask it (nvtx3 is found the same; ember links neither).
+set(ember_minimum_required ${CMAKE_MINIMUM_REQUIRED_VERSION})
+set(CMAKE_MINIMUM_REQUIRED_VERSION 3.24)
 find_package(CUDAToolkit REQUIRED)
+set(CMAKE_MINIMUM_REQUIRED_VERSION ${ember_minimum_required})
 
 # cuDNN and NCCL: system install, the toolkit folder, or a pip wheel's folder given by
 # EMBER_CUDNN_ROOT / EMBER_NCCL_ROOT (or the CUDNN_ROOT / NCCL_ROOT environment variables).
