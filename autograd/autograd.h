@@ -12,6 +12,7 @@
 #include "function.h"
 #include "gradcheck.h"
 #include "node.h"
+#include "profiler.h"
 
 namespace ember::autograd {
 

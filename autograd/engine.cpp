@@ -19,6 +19,19 @@ struct LaterFirst {
   }
 };
 
+// A node's run recorded as an op event, and added to its module's span. A leaf's
+// AccumulateGrad counts for no module: it is made once and kept across passes, and its hooks
+// (DDP's) do communication, not the module's backward.
+std::vector<Tensor> traced_apply(Node& node, std::vector<Tensor>&& grads,
+                                 trace::BackwardSpans& spans) {
+  const int64_t start = trace::now_ns();
+  std::vector<Tensor> outputs = node.apply(std::move(grads));
+  const int64_t end = trace::now_ns();
+  trace::record(trace::Category::kOp, node.name(), start, end);
+  if (dynamic_cast<AccumulateGrad*>(&node) == nullptr) spans.add(node.trace_scope(), start, end);
+  return outputs;
+}
+
 }  // namespace
 
 void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& gradients,
@@ -27,6 +40,8 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& gradi
               gradients.size(), " gradients for ", roots.size(), " outputs");
   // A graph built by create_graph refers back to this one, so it has to stay (as in PyTorch).
   retain_graph = retain_graph || create_graph;
+  const trace::Range pass(trace::Category::kAutograd, "backward");
+  trace::BackwardSpans spans;
   GradModeGuard mode(create_graph);
   // Backward formulas run in the dtypes their forward ops ran in, as in PyTorch: a
   // backward() called inside an AutocastGuard does not recast them.
@@ -100,7 +115,11 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& gradi
     bool any = false;
     for (const Tensor& g : grads) any = any || g.defined();
     std::vector<Tensor> outputs;
-    if (any) outputs = node->apply(std::move(grads));
+    if (any && trace::enabled()) {
+      outputs = traced_apply(*node, std::move(grads), spans);
+    } else if (any) {
+      outputs = node->apply(std::move(grads));
+    }
     if (!retain_graph) node->release_saved();
     const auto& edges = node->next_edges();
     for (size_t i = 0; i < edges.size(); ++i) {
@@ -110,6 +129,7 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& gradi
       if (--dependencies[edge.node.get()] == 0) ready.push(edge.node.get());
     }
   }
+  spans.finish();
 }
 
 }  // namespace ember::autograd

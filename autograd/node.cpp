@@ -11,7 +11,10 @@ namespace {
 std::atomic<uint64_t> next_sequence_nr{0};
 }
 
-Node::Node(uint32_t num_inputs) : num_inputs_(num_inputs), sequence_nr_(next_sequence_nr++) {}
+Node::Node(uint32_t num_inputs)
+    : num_inputs_(num_inputs),
+      sequence_nr_(next_sequence_nr++),
+      trace_scope_(trace::enabled() ? trace::current_scope() : 0) {}
 
 void Node::add_pre_hook(uint32_t input_nr, std::function<Tensor(const Tensor&)> hook) {
   pre_hooks_.emplace_back(input_nr, std::move(hook));

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include <ember/tensor/tensor.h>
+#include <ember/tensor/trace.h>
 
 namespace ember::autograd {
 
@@ -40,6 +41,9 @@ class Node {
   void add_next_edge(Edge edge) { next_edges_.push_back(std::move(edge)); }
   // Creation order: later nodes run first among those that are ready.
   uint64_t sequence_nr() const { return sequence_nr_; }
+  // The module scope the node was created in while a trace recorded (0: none), so a
+  // backward pass can time each module (trace::BackwardSpans).
+  uint32_t trace_scope() const { return trace_scope_; }
 
   // Hooks that see (and may replace) the gradient arriving at input `input_nr`.
   void add_pre_hook(uint32_t input_nr, std::function<Tensor(const Tensor&)> hook);
@@ -50,6 +54,7 @@ class Node {
  private:
   uint32_t num_inputs_;
   uint64_t sequence_nr_;
+  uint32_t trace_scope_;
   std::vector<Edge> next_edges_;
   std::vector<std::pair<uint32_t, std::function<Tensor(const Tensor&)>>> pre_hooks_;
   std::vector<std::pair<uint32_t, std::function<Tensor(const Tensor&)>>> retain_grad_hooks_;

@@ -20,7 +20,7 @@ Tensor MultiheadSelfAttention::forward(const Tensor& x) {
   EMBER_CHECK(x.dim() == 3 && x.size(2) == embed_dim_, "MultiheadSelfAttention",
               "expected an input [B, L, ", embed_dim_, "], got ", shape_str(x.sizes()));
   const int64_t batch = x.size(0), length = x.size(1), head_dim = embed_dim_ / num_heads_;
-  const Tensor qkv = c_attn->forward(x);
+  const Tensor qkv = (*c_attn)(x);
   // [B, L, E] -> [B, H, L, E / H]
   const auto heads = [&](int64_t part) {
     return qkv.narrow(2, part * embed_dim_, embed_dim_)
@@ -30,7 +30,7 @@ Tensor MultiheadSelfAttention::forward(const Tensor& x) {
   const Tensor y = scaled_dot_product_attention(heads(0), heads(1), heads(2), causal_,
                                                 is_training() ? dropout_ : 0.0, std::nullopt, gen_);
   const Tensor joined = y.transpose(1, 2).reshape({batch, length, embed_dim_});
-  return resid_dropout->forward(c_proj->forward(joined));
+  return (*resid_dropout)((*c_proj)(joined));
 }
 
 }  // namespace ember::nn

@@ -21,7 +21,7 @@ class Mlp : public Module {
     c_proj_ = register_module("c_proj", std::make_shared<Linear>(4 * c.n_embd, c.n_embd, c.bias));
   }
   Tensor forward(const Tensor& x) override {
-    return dropout(c_proj_->forward(gelu(c_fc_->forward(x))), dropout_, is_training());
+    return dropout((*c_proj_)(gelu((*c_fc_)(x))), dropout_, is_training());
   }
   std::string name() const override { return "Mlp"; }
 
@@ -43,8 +43,8 @@ class Block : public Module {
     mlp_ = register_module("mlp", std::make_shared<Mlp>(c));
   }
   Tensor forward(const Tensor& x) override {
-    const Tensor y = x + attn_->forward(ln_1_->forward(x));
-    return y + mlp_->forward(ln_2_->forward(y));
+    const Tensor y = x + (*attn_)((*ln_1_)(x));
+    return y + (*mlp_)((*ln_2_)(y));
   }
   std::string name() const override { return "Block"; }
 
@@ -92,8 +92,8 @@ Tensor GPT::forward(const Tensor& idx) {
   EMBER_CHECK(t >= 1 && t <= config_.block_size, "GPT", "a sequence of ", t,
               " tokens does not fit block_size ", config_.block_size);
   const Tensor pos = arange(t, TensorOptions(kI64, idx.device()));
-  Tensor x = dropout(wte_->forward(idx) + wpe_->forward(pos), config_.dropout, is_training());
-  x = ln_f_->forward(h_->forward(x));
+  Tensor x = dropout((*wte_)(idx) + (*wpe_)(pos), config_.dropout, is_training());
+  x = (*ln_f_)((*h_)(x));
   return linear(x, wte_->weight);  // the head tied to the token embedding
 }
 

@@ -134,7 +134,7 @@ void Sequential::push_back(std::shared_ptr<Module> module) {
 
 Tensor Sequential::forward(const Tensor& input) {
   Tensor x = input;
-  for (const auto& [n, m] : named_children()) x = m->forward(x);
+  for (const auto& [n, m] : named_children()) x = (*m)(x);
   return x;
 }
 

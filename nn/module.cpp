@@ -29,6 +29,43 @@ class FallbackScope {
 };
 }  // namespace
 
+namespace {
+// The modules being called through ModuleCall on this thread, with their paths.
+thread_local std::vector<std::pair<const Module*, std::string>> calls;
+}  // namespace
+
+void ModuleCall::begin(const Module& module) {
+  std::string path = module.name();
+  if (calls.empty()) {
+    path.clear();  // the root of named_modules()
+  } else {
+    const auto& [parent, parent_path] = calls.back();
+    for (const auto& [name, child] : parent->named_children()) {
+      if (child.get() != &module) continue;
+      path = parent_path.empty() ? name : parent_path + "." + name;
+      break;
+    }
+  }
+  calls.emplace_back(&module, path);
+  scope_.emplace(std::move(path), module.name());
+}
+
+ModuleCall::~ModuleCall() {
+  if (!scope_) return;
+  scope_.reset();
+  calls.pop_back();
+}
+
+Tensor Module::operator()(const Tensor& input) {
+  const ModuleCall call(*this);
+  return forward(input);
+}
+
+TensorList Module::operator()(const TensorList& inputs) {
+  const ModuleCall call(*this);
+  return forward_list(inputs);
+}
+
 Tensor Module::forward(const Tensor& input) {
   FallbackScope scope(this);
   TensorList outputs = forward_list({input});

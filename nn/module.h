@@ -4,12 +4,14 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include <ember/autograd/autograd.h>
 #include <ember/tensor/ops.h>
+#include <ember/tensor/trace.h>
 
 namespace ember::nn {
 
@@ -35,13 +37,17 @@ class Module {
   //     TensorList forward_list(const TensorList& in) override { ... return {logits, box}; }
   //   };
   //   TensorList out = model(image, mask);   // out[0]: logits, out[1]: box
+  //
+  // Calling a module (module(x)) runs forward() as a ModuleCall: while a trace records
+  // (ember::profiler), it times the forward and names it by the module's path. As with
+  // PyTorch's hooks, calling forward() directly skips that.
   virtual Tensor forward(const Tensor& input);
   virtual TensorList forward_list(const TensorList& inputs);
-  Tensor operator()(const Tensor& input) { return forward(input); }
-  TensorList operator()(const TensorList& inputs) { return forward_list(inputs); }
+  Tensor operator()(const Tensor& input);
+  TensorList operator()(const TensorList& inputs);
   template <typename... More>
   TensorList operator()(const Tensor& first, const Tensor& second, const More&... more) {
-    return forward_list(TensorList{first, second, more...});
+    return (*this)(TensorList{first, second, more...});
   }
   // The type name used in printing and errors ("Conv2d", "ResNet", ...).
   virtual std::string name() const = 0;
@@ -100,6 +106,26 @@ class Module {
   NamedTensors buffers_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
   bool training_ = true;
+};
+
+// One call of a module, for traces: while a trace records, its forward is timed under the
+// module's path in named_modules() of the outermost module called (a child's: its parent's
+// path, a dot, its registered name; a module called by one it is no child of: its type name),
+// and the autograd nodes made inside carry it, so backward is timed per module too. Module's
+// operator() opens one; a module that runs a submodule other than through it (a fused path)
+// opens one for that submodule itself. Costs one relaxed atomic load when no trace records.
+class ModuleCall {
+ public:
+  explicit ModuleCall(const Module& module) {
+    if (trace::enabled()) begin(module);
+  }
+  ~ModuleCall();
+  ModuleCall(const ModuleCall&) = delete;
+  ModuleCall& operator=(const ModuleCall&) = delete;
+
+ private:
+  void begin(const Module& module);
+  std::optional<trace::ModuleScope> scope_;
 };
 
 // The number of elements in all parameters.

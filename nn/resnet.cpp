@@ -26,9 +26,11 @@ BatchNorm* plain_batch_norm(const std::shared_ptr<Module>& module) {
 // is a plain BatchNorm2d.
 Tensor bn_relu(const std::shared_ptr<Module>& bn, const Tensor& x, const Tensor& residual,
                bool fused) {
-  if (BatchNorm* plain = fused ? plain_batch_norm(bn) : nullptr)
+  if (BatchNorm* plain = fused ? plain_batch_norm(bn) : nullptr) {
+    const ModuleCall call(*plain);  // the BatchNorm's forward, fused with the ReLU
     return plain->forward_relu(x, residual);
-  const Tensor y = bn->forward(x);
+  }
+  const Tensor y = (*bn)(x);
   return relu(residual.defined() ? y + residual : y);
 }
 
@@ -54,8 +56,8 @@ Tensor BasicBlock::forward(const Tensor& input) {
   // Submodules are looked up by name, so convert_sync_batchnorm's replacements take effect.
   const auto& children = named_children();
   auto child = [&children](size_t i) { return children[i].second; };
-  const Tensor out = child(2)->forward(bn_relu(child(1), child(0)->forward(input), {}, fused_));
-  const Tensor shortcut = has_downsample_ ? child(4)->forward(input) : input;
+  const Tensor out = (*child(2))(bn_relu(child(1), (*child(0))(input), {}, fused_));
+  const Tensor shortcut = has_downsample_ ? (*child(4))(input) : input;
   return bn_relu(child(3), out, shortcut, fused_);
 }
 
@@ -106,7 +108,7 @@ Tensor ResNet::forward(const Tensor& input) {
       x = bn_relu(module, x, {}, fused_);
       continue;
     }
-    x = module->forward(x);
+    x = (*module)(x);
   }
   return x;
 }

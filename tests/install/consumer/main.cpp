@@ -75,6 +75,39 @@ int main() {
               into.step == 500,
           "a checkpoint restores the layer and the step");
 
+    // profiler: torch.profiler's loop. Steps 0-1 wait, 2 warms up, 3-4 are recorded; the
+    // trace names the recorded steps, the Linear's forward and backward and the user's range.
+    int windows = 0;
+    profiler::Profiler prof({.schedule = profiler::schedule(2, 1, 2, 1),
+                             .on_trace_ready = [&](profiler::Profiler&) { ++windows; }});
+    prof.start();
+    for (int step = 0; step < 6; ++step) {
+      profiler::RecordFunction range("train_step");
+      optimizer.zero_grad();
+      mse_loss(layer(inputs), targets).backward();
+      optimizer.step();
+      prof.step();
+    }
+    prof.stop();
+    const std::string trace_path = (dir / "trace.json").string();
+    std::filesystem::create_directories(dir);
+    prof.export_chrome_trace(trace_path);
+    std::string trace;
+    if (FILE* f = std::fopen(trace_path.c_str(), "rb")) {
+      char buffer[4096];
+      for (size_t n; (n = std::fread(buffer, 1, sizeof buffer, f)) > 0;) trace.append(buffer, n);
+      std::fclose(f);
+    }
+    std::filesystem::remove_all(dir);
+    const auto has = [&trace](const char* text) { return trace.find(text) != std::string::npos; };
+    check(windows == 1, "one window of active steps ends (on_trace_ready once)");
+    check(has("{\"traceEvents\":[") && has("\"ProfilerStep#3\"") && has("\"ProfilerStep#4\"") &&
+              !has("\"ProfilerStep#2\"") && !has("\"ProfilerStep#5\""),
+          "the trace holds steps 3 and 4 only");
+    check(has("\"name\":\"Linear\",\"cat\":\"forward\"") &&
+              has("\"name\":\"Linear\",\"cat\":\"backward\"") && has("\"train_step\""),
+          "the trace holds the Linear's forward and backward and the record_function range");
+
     std::printf("consumer: ember %s, loss %.3g, weight (%.4f, %.4f), bias %.4f\n",
                 std::string(version()).c_str(), loss, w[0], w[1], b);
   } catch (const Error& e) {
