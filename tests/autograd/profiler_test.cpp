@@ -137,6 +137,32 @@ TEST(Profiler, OneRecordingAtATime) {
   EXPECT_EMBER_ERROR(b.step(), "start() the profiler first");
 }
 
+// On a GPU: a range given a CUDA device also records the device-side interval between CUDA
+// events on its stream, on that stream's row, placed on the host clock.
+TEST(Profiler, DeviceIntervalsComeFromCudaEventsOnTheirStreamsRow) {
+  EMBER_REQUIRE_CUDA();
+  const Device gpu(DeviceType::kCUDA, 0);
+  const Tensor a = ones({512, 512}, TensorOptions(kF32, gpu));
+  profiler::Profiler prof;
+  prof.start();
+  const int64_t issued = trace::now_ns();
+  {
+    const trace::Range range(trace::Category::kUser, "matmuls", gpu);
+    for (int i = 0; i < 20; ++i) (void)matmul(a, a);
+  }
+  prof.stop();
+  const auto device = of(prof.events(), trace::Category::kDevice);
+  ASSERT_EQ(device.size(), 1u);
+  EXPECT_EQ(device[0].name, "matmuls");
+  EXPECT_GT(device[0].dur_ns, 0);
+  // Device work ends after the host issued it (1 ms for the clocks' alignment).
+  EXPECT_GE(device[0].start_ns + device[0].dur_ns, issued - 1000000);
+  std::string row;
+  for (const auto& [id, name] : trace::row_names())
+    if (id == device[0].row) row = name;
+  EXPECT_EQ(row.rfind("cuda:0 stream ", 0), 0u) << row;
+}
+
 TEST(TraceJson, EscapesNamesAndKeepsUtf8) {
   EXPECT_EQ(trace::json_string("plain"), "\"plain\"");
   EXPECT_EQ(trace::json_string("a\"b\\c"), "\"a\\\"b\\\\c\"");
