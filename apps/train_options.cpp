@@ -158,6 +158,14 @@ int parse_train_options(int argc, char** argv, TrainOptions& o, SampleOptions* s
                "Capture the whole training step (forward, loss, backward, clipping, fp16 loss "
                "scaling and the optimizer step) in a CUDA graph after warm-up steps and replay "
                "it (one process on CUDA; otherwise it says why and runs eagerly)");
+  app.add_option("--trace", o.trace,
+                 "Write a Chrome Trace Event JSON of the steps from --trace-start to --trace-end "
+                 "of every rank to this file (open it in ui.perfetto.dev), and print how much "
+                 "all-reduce time backward hid");
+  app.add_option("--trace-start", o.trace_start, "The first traced step (counted from 0)")
+      ->check(kNonNegative);
+  app.add_option("--trace-end", o.trace_end, "The step after the last traced one")
+      ->check(kPositive);
   app.add_option("--n-layer", o.n_layer, "--model gpt: transformer blocks")->check(kPositive);
   app.add_option("--n-head", o.n_head, "--model gpt: attention heads")->check(kPositive);
   app.add_option("--n-embd", o.n_embd, "--model gpt: width (a multiple of --n-head)")
@@ -241,6 +249,11 @@ int parse_train_options(int argc, char** argv, TrainOptions& o, SampleOptions* s
                  "ember-train: --batch-size %ld is not a multiple of --accum-steps %ld (each "
                  "batch is split into equal micro-batches)\n",
                  static_cast<long>(o.batch_size), static_cast<long>(o.accum_steps));
+    return 2;
+  }
+  if (o.trace_end <= o.trace_start) {
+    std::fprintf(stderr, "ember-train: --trace-end %ld must be after --trace-start %ld\n",
+                 static_cast<long>(o.trace_end), static_cast<long>(o.trace_start));
     return 2;
   }
   if (o.mean.empty() != o.std.empty()) {

@@ -56,6 +56,10 @@ struct TrainOptions {
   // --cuda-graphs: after warm-up steps, one training step's forward and backward are captured
   // in a CUDA graph and replayed (see Trainer); one process on CUDA only.
   bool cuda_graphs = false;
+  // --trace FILE: Chrome Trace Event JSON of steps [trace_start, trace_end) of every rank,
+  // merged by rank 0 (see README.md's "Reading a trace"); "": no trace.
+  std::string trace;
+  int64_t trace_start = 10, trace_end = 20;
   // --model gpt (apps/gpt_setup.h): the transformer's shape and its text. --data names a text
   // file, a folder of them, or "fortunes"; an epoch draws windows_per_epoch random windows
   // (0: as many as hold the training tokens once).

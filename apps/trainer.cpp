@@ -10,6 +10,8 @@
 #include <ember/dist/metrics.h>
 #include <ember/ember.h>
 
+#include "trace_report.h"
+
 namespace fs = std::filesystem;
 
 namespace ember::apps {
@@ -60,12 +62,16 @@ void Trainer::forward_backward(const Tensor& x, const Tensor& target, double sca
                                BatchResult& result) {
   Tensor logits, y, loss;
   {
+    const trace::Range traced(trace::Category::kUser, "forward", device_);
     const auto autocast = precision_ != nullptr ? precision_->autocast() : nullptr;
-    std::tie(logits, y) = per_target(trained_.forward(x), target, is_gpt(options_));
+    std::tie(logits, y) = per_target(call_model(x), target, is_gpt(options_));
     loss = cross_entropy(logits, y, {.label_smoothing = options_.label_smoothing});
   }
   const Tensor mean_part = scale == 1.0 ? loss : loss * scale;
-  (precision_ != nullptr ? precision_->scale(mean_part) : mean_part).backward();
+  {
+    const trace::Range traced(trace::Category::kUser, "backward", device_);
+    (precision_ != nullptr ? precision_->scale(mean_part) : mean_part).backward();
+  }
   NoGradGuard no_grad;
   result.loss = result.loss + loss.to(kF64) * scale;
   result.correct = result.correct + sum(eq(argmax(logits, 1), y)).to(kF64);
@@ -91,7 +97,12 @@ Tensor Trainer::to_device(const Tensor& t) {
   return out;
 }
 
+Tensor Trainer::call_model(const Tensor& x) {
+  return &trained_ == &model_ ? model_(x) : trained_.forward(x);
+}
+
 void Trainer::update_parameters() {
+  const trace::Range traced(trace::Category::kOptimizer, "optimizer step", device_);
   if (options_.grad_clip > 0) {
     if (precision_ != nullptr) precision_->unscale_(optimizer_);  // clip the true gradients
     optim::clip_grad_norm_(model_.parameters(), options_.grad_clip);
@@ -336,7 +347,10 @@ bool Trainer::run_epoch(int64_t epoch) {
   window_ = {};
   bool more = true;
   trained_.train();
+  int64_t waited_from = trace::now_ns();
   for (const data::Batch& batch : *train_loader_) {
+    if (trace::enabled())
+      trace::record(trace::Category::kData, "data wait", waited_from, trace::now_ns());
     const double lr = current_lr();  // the lr this step runs with
     const BatchResult r = run_batch(batch);
     ++sums_.batches;
@@ -349,6 +363,8 @@ bool Trainer::run_epoch(int64_t epoch) {
     if (snapshots() && options_.save_every_steps > 0 && step_ % options_.save_every_steps == 0 &&
         !last)
       save_snapshot(epoch);  // the epoch's end (or the run's) saves its own
+    if (profiler_) profiler_->step();
+    waited_from = trace::now_ns();
     if (stop) {
       more = false;
       break;
@@ -504,6 +520,7 @@ EvalResult Trainer::train(int64_t first_epoch) {
   // is left to train, so the run only evaluates.
   if (first_epoch >= options_.epochs || (options_.max_steps > 0 && step_ >= options_.max_steps))
     return last_eval_ = evaluate();
+  if (!options_.trace.empty()) start_trace();
   for (int64_t epoch = first_epoch; epoch < options_.epochs; ++epoch) {
     const bool more = run_epoch(epoch);
     const bool due = (epoch + 1) % options_.checkpoint_interval == 0 ||
@@ -512,7 +529,46 @@ EvalResult Trainer::train(int64_t first_epoch) {
     if (snapshots() && due) save_snapshot(epoch);
     if (!more) break;
   }
+  if (profiler_) {
+    profiler_->stop();  // a window the run cut short is written now
+    profiler_.reset();
+    if (!trace_written_ && group_.rank() == 0)
+      std::fprintf(stderr,
+                   "ember-train: --trace: the run ended at step %ld, before step %ld where the "
+                   "traced window starts; no trace written\n",
+                   static_cast<long>(step_), static_cast<long>(options_.trace_start));
+  }
   return last_eval_;
+}
+
+void Trainer::start_trace() {
+  const int64_t from = std::max(options_.trace_start, step_);
+  if (options_.trace_end <= from) {
+    if (group_.rank() == 0)
+      std::fprintf(stderr,
+                   "ember-train: --trace: the run resumes at step %ld, after the traced window "
+                   "(steps %ld to %ld); no trace written\n",
+                   static_cast<long>(step_), static_cast<long>(options_.trace_start),
+                   static_cast<long>(options_.trace_end));
+    return;
+  }
+  trace::set_thread_row_name("main");
+  profiler_ = std::make_unique<profiler::Profiler>(profiler::ProfilerOptions{
+      .schedule = profiler::schedule(from - step_, 0, options_.trace_end - from, 1),
+      .on_trace_ready = [this](profiler::Profiler& p) { write_trace(p); }});
+  profiler_->start();
+}
+
+void Trainer::write_trace(const profiler::Profiler& profiler) {
+  const auto figures = write_merged_trace(group_, device_, profiler.events(), options_.trace);
+  trace_written_ = true;
+  if (group_.rank() != 0) return;
+  std::printf(
+      "ember-train: trace of %ld step(s) on %d rank(s) written to %s (open it in "
+      "https://ui.perfetto.dev or chrome://tracing)\n%s",
+      static_cast<long>(figures[0].steps), group_.size(), options_.trace.c_str(),
+      overlap_report(figures).c_str());
+  std::fflush(stdout);
 }
 
 }  // namespace ember::apps

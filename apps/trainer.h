@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include <ember/autograd/profiler.h>
 #include <ember/data/dataloader.h>
 #include <ember/dist/checkpoint.h>
 #include <ember/dist/process_group.h>
@@ -139,6 +140,9 @@ class Trainer {
   // Epochs first_epoch .. options.epochs - 1 (or until max_steps), snapshots as asked:
   // every checkpoint_interval epochs and at the end, and every save_every_steps steps.
   // Returns the last evaluation (one is made when no epoch is left to run).
+  // With options.trace: steps trace_start .. trace_end - 1 are traced (ember::profiler) on
+  // every rank, and when they end (or the run does) rank 0 writes the merged trace to
+  // options.trace and prints the overlap figures (apps/trace_report.h).
   EvalResult train(int64_t first_epoch);
 
   // Mixed precision for run_batch and evaluate (not owned; null: plain f32 with the global
@@ -191,6 +195,12 @@ class Trainer {
   void read_back();
   // The epoch's end: evaluation, the epoch record and its line.
   void finish_epoch(int64_t epoch, double images_per_s, double epoch_seconds);
+  // The model's forward: through DDP's (which calls the model as a trace's root module) or
+  // the model called as a module.
+  Tensor call_model(const Tensor& x);
+  // --trace: the profiler over the window's steps, and the merged trace at its end.
+  void start_trace();
+  void write_trace(const profiler::Profiler& profiler);
 
   const TrainOptions& options_;
   nn::Module& model_;
@@ -228,6 +238,8 @@ class Trainer {
   enum class Graphs { kUndecided, kOff, kOn } graphs_ = Graphs::kUndecided;
   int64_t graph_warmup_ = 0;  // eager steps run since graphs were allowed
   EvalResult last_eval_;
+  std::unique_ptr<profiler::Profiler> profiler_;  // --trace
+  bool trace_written_ = false;
   std::chrono::steady_clock::time_point run_start_ = std::chrono::steady_clock::now();
 };
 

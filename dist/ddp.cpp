@@ -1,11 +1,16 @@
 #include "ddp.h"
 
 #include <algorithm>
+#include <condition_variable>
+#include <deque>
 #include <map>
+#include <mutex>
+#include <thread>
 #include <unordered_set>
 
 #include <ember/autograd/node.h>
 #include <ember/tensor/grad_mode.h>
+#include <ember/tensor/trace.h>
 
 #include "detail/default_group.h"
 #include "join.h"
@@ -115,6 +120,90 @@ void broadcast_coalesced(ProcessGroup& group, const std::vector<Tensor>& tensors
   }
 }
 
+// While a trace records: times each bucket's all-reduce on a thread of its own (the trace's
+// "DDP all-reduce" row), which waits for it: on MPI and TCP that thread is the waiter that runs
+// the collective when its turn comes; on NCCL, which orders streams instead of holding the
+// host, it polls the Work. Collectives run in issue order, so one starts when it was issued or
+// when the one before it ended, whichever is later. drain() returns once every issued bucket
+// is recorded, so a step's buckets are in its trace before the step ends.
+class BucketTimer {
+ public:
+  ~BucketTimer() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+  void watch(size_t bucket, int64_t bytes, WorkHandle work, bool host_waits) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      queue_.push_back({bucket, bytes, trace::now_ns(), std::move(work), host_waits});
+      if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
+    }
+    cv_.notify_all();
+  }
+  void drain() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    cv_.wait(lock, [this] { return queue_.empty() && !busy_; });
+  }
+
+ private:
+  struct Entry {
+    size_t bucket;
+    int64_t bytes, issued_ns;
+    WorkHandle work;
+    bool host_waits;
+  };
+  // Until `e` completes; false when the timer is being destroyed first.
+  bool wait_for(const Entry& e) {
+    if (e.host_waits) {
+      try {
+        e.work->wait();
+      } catch (const std::exception&) {
+        // The failure is the training thread's to report, from its own wait.
+      }
+      return true;
+    }
+    while (!e.work->is_completed()) {
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (stop_) return false;
+    }
+    return true;
+  }
+  void run() {
+    trace::set_thread_row_name("DDP all-reduce");
+    int64_t last_end = 0;
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (true) {
+      cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      Entry e = std::move(queue_.front());
+      queue_.pop_front();
+      busy_ = true;
+      lock.unlock();
+      const bool done = wait_for(e);
+      const int64_t end = trace::now_ns();
+      if (done)
+        trace::record(trace::Category::kComm,
+                      "DDP bucket " + std::to_string(e.bucket) + " all_reduce",
+                      std::max(e.issued_ns, last_end), end, e.bytes);
+      last_end = end;
+      e.work.reset();
+      lock.lock();
+      busy_ = false;
+      cv_.notify_all();
+    }
+  }
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<Entry> queue_;
+  bool busy_ = false, stop_ = false;
+  std::thread thread_;
+};
+
 }  // namespace
 
 struct DistributedDataParallel::Reducer {
@@ -143,6 +232,7 @@ struct DistributedDataParallel::Reducer {
   bool rebuilt = false;
   bool order_complete = false;  // the first synced iteration's gradient order is known
   std::vector<size_t> ready_order;
+  BucketTimer timer;  // used while a trace records
 
   Tensor view_of(size_t i) const {
     const Bucket& b = buckets[bucket_of[i]];
@@ -321,21 +411,28 @@ struct DistributedDataParallel::Reducer {
       }
       if (announce) join->announce(detail::JoinChannel::Op::kAllreduce, sent, 0, op);
       b.work = group->allreduce(sent, op);
+      if (trace::enabled())
+        timer.watch(next_bucket - 1, static_cast<int64_t>(sent.nbytes()), b.work,
+                    group->backend() != "nccl");
     }
     if (next_bucket == buckets.size()) finish();
   }
 
   void finish() {
-    NoGradGuard no_grad;
-    for (Bucket& b : buckets) {
-      if (!b.work) continue;
-      b.work->wait();
-      b.work.reset();
-      if (b.wire.defined()) {
-        b.flat.copy_(b.wire);
-        b.wire = Tensor();
+    {
+      const trace::Range waiting(trace::Category::kWait, "DDP wait for all-reduce");
+      NoGradGuard no_grad;
+      for (Bucket& b : buckets) {
+        if (!b.work) continue;
+        b.work->wait();
+        b.work.reset();
+        if (b.wire.defined()) {
+          b.flat.copy_(b.wire);
+          b.wire = Tensor();
+        }
       }
     }
+    if (trace::enabled()) timer.drain();  // this step's buckets in its trace
     armed = false;
     if (!ready_order.empty()) order_complete = true;
   }
@@ -466,14 +563,14 @@ void DistributedDataParallel::mark_unreached_parameters(const nn::TensorList& ou
 
 Tensor DistributedDataParallel::forward(const Tensor& input) {
   const bool sync = prepare_forward();
-  Tensor output = module_->forward(input);
+  Tensor output = (*module_)(input);
   if (sync && options_.find_unused_parameters) mark_unreached_parameters({output});
   return output;
 }
 
 nn::TensorList DistributedDataParallel::forward_list(const nn::TensorList& inputs) {
   const bool sync = prepare_forward();
-  nn::TensorList outputs = module_->forward_list(inputs);
+  nn::TensorList outputs = (*module_)(inputs);
   if (sync && options_.find_unused_parameters) mark_unreached_parameters(outputs);
   return outputs;
 }

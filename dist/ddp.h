@@ -21,6 +21,10 @@
 // iteration the buckets are rebuilt once, from the order gradients actually became ready
 // (rank 0's order, broadcast).
 //
+// While a trace records (ember::profiler, ember-train --trace), each bucket's all-reduce is
+// timed with its bytes on the trace's "DDP all-reduce" row, and the wait for the last buckets
+// as "DDP wait for all-reduce".
+//
 // Uneven inputs (ranks with different numbers of batches): train inside a dist::Join
 // (join.h), which makes ranks that ran out shadow the others' collectives.
 #pragma once
