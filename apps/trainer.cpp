@@ -560,7 +560,12 @@ void Trainer::start_trace() {
 }
 
 void Trainer::write_trace(const profiler::Profiler& profiler) {
-  const auto figures = write_merged_trace(group_, device_, profiler.events(), options_.trace);
+  // A window the run's end cut short leaves out the step that never ran a batch (the epoch's
+  // end, its evaluation).
+  std::vector<trace::Event> events;
+  for (const trace::Event& e : profiler.events())
+    if (e.step < profiler.step_num()) events.push_back(e);
+  const auto figures = write_merged_trace(group_, device_, events, options_.trace);
   trace_written_ = true;
   if (group_.rank() != 0) return;
   std::printf(

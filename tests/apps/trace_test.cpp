@@ -131,6 +131,41 @@ TEST(TraceTrain, TwoRanksTraceEveryModuleBucketAndOptimizerStep) {
   fs::remove_all(root);
 }
 
+// One process: a window the run ends inside holds the steps that ran; one after the run's
+// end writes nothing and says so.
+TEST(TraceTrain, WindowCutShortByTheRunsEndAndWindowNeverReached) {
+  const fs::path root = fs::temp_directory_path() / ("ember-trace1-" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  ASSERT_TRUE(testing::make_image_folder(root / "data", 8, 2));
+  const std::string command = std::string(EMBER_TRAIN_BIN) + " --dataset folder --data " +
+                              (root / "data").string() +
+                              " --image-size 16 --mean 0.5 0.5 0.5 --std 0.25 0.25 0.25"
+                              " --batch-size 4 --epochs 1 --max-steps 3 --workers 0 --threads 1"
+                              " --device cpu --out-dir " +
+                              (root / "out").string() + " --trace " + (root / "t.json").string();
+  const Result cut = testing::run(command + " --trace-start 2 --trace-end 10");
+  ASSERT_EQ(cut.code, 0) << cut.output;
+  EXPECT_NE(cut.output.find("trace of 1 step(s) on 1 rank(s)"), std::string::npos) << cut.output;
+  EXPECT_NE(cut.output.find("overlap: rank 0: no all-reduce traced"), std::string::npos)
+      << cut.output;
+  std::ifstream in(root / "t.json");
+  const json trace = json::parse(in);
+  std::set<int64_t> steps;
+  for (const json& e : trace.at("traceEvents"))
+    if (e.at("ph") == "X") steps.insert(e.at("args").at("step").get<int64_t>());
+  EXPECT_EQ(steps, std::set<int64_t>{2});
+  fs::remove(root / "t.json");
+
+  const Result never = testing::run(command);  // steps 10 to 20 of a 3-step run
+  ASSERT_EQ(never.code, 0) << never.output;
+  EXPECT_NE(never.output.find("ember-train: --trace: the run ended at step 3, before step 10 "
+                              "where the traced window starts; no trace written"),
+            std::string::npos)
+      << never.output;
+  EXPECT_FALSE(fs::exists(root / "t.json"));
+  fs::remove_all(root);
+}
+
 TEST(TraceTrain, TraceWindowMustEndAfterItStarts) {
   TrainOptions o;
   EXPECT_EQ(testing::parse_args({"--trace", "t.json", "--trace-start", "5", "--trace-end", "5"}, o),
