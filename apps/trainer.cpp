@@ -26,6 +26,18 @@ std::pair<Tensor, Tensor> per_target(const Tensor& logits, const Tensor& y, bool
   return {logits.reshape({-1, logits.size(-1)}), y.reshape({-1})};
 }
 
+// Sets a flag for its scope (the Trainer's capturing_ while a step is captured).
+class FlagScope {
+ public:
+  explicit FlagScope(bool& flag) : flag_(flag) { flag_ = true; }
+  ~FlagScope() { flag_ = false; }
+  FlagScope(const FlagScope&) = delete;
+  FlagScope& operator=(const FlagScope&) = delete;
+
+ private:
+  bool& flag_;
+};
+
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
@@ -62,14 +74,14 @@ void Trainer::forward_backward(const Tensor& x, const Tensor& target, double sca
                                BatchResult& result) {
   Tensor logits, y, loss;
   {
-    const trace::Range traced(trace::Category::kUser, "forward", device_);
+    const trace::Range traced(trace::Category::kUser, "forward", traced_device());
     const auto autocast = precision_ != nullptr ? precision_->autocast() : nullptr;
     std::tie(logits, y) = per_target(call_model(x), target, is_gpt(options_));
     loss = cross_entropy(logits, y, {.label_smoothing = options_.label_smoothing});
   }
   const Tensor mean_part = scale == 1.0 ? loss : loss * scale;
   {
-    const trace::Range traced(trace::Category::kUser, "backward", device_);
+    const trace::Range traced(trace::Category::kUser, "backward", traced_device());
     (precision_ != nullptr ? precision_->scale(mean_part) : mean_part).backward();
   }
   NoGradGuard no_grad;
@@ -102,7 +114,7 @@ Tensor Trainer::call_model(const Tensor& x) {
 }
 
 void Trainer::update_parameters() {
-  const trace::Range traced(trace::Category::kOptimizer, "optimizer step", device_);
+  const trace::Range traced(trace::Category::kOptimizer, "optimizer step", traced_device());
   if (options_.grad_clip > 0) {
     if (precision_ != nullptr) precision_->unscale_(optimizer_);  // clip the true gradients
     optim::clip_grad_norm_(model_.parameters(), options_.grad_clip);
@@ -175,6 +187,7 @@ bool Trainer::capture_step(const data::Batch& batch) {
   optimizer_.prepare_capturable();
   try {
     cuda::capture(step->graph, [&] {
+      const FlagScope capturing(capturing_);
       BatchResult r;
       r.loss = zeros({}, TensorOptions(kF64, device_));
       r.correct = zeros({}, TensorOptions(kF64, device_));
@@ -204,7 +217,10 @@ BatchResult Trainer::run_batch(const data::Batch& batch) {
     captured_->x.copy_(to_device(batch.data), true);
     captured_->y.copy_(to_device(batch.target), true);
     optimizer_.prepare_capturable();  // this step's lr, for the replay to read
-    captured_->graph.replay();
+    {
+      const trace::Range traced(trace::Category::kUser, "CUDA graph replay", traced_device());
+      captured_->graph.replay();
+    }
     advance();
     result.loss = captured_->loss.clone();  // the next replay rewrites the graph's own
     result.correct = captured_->correct.clone();

@@ -198,6 +198,9 @@ class Trainer {
   // The model's forward: through DDP's (which calls the model as a trace's root module) or
   // the model called as a module.
   Tensor call_model(const Tensor& x);
+  // Where a trace times the step's regions: the training device, but no device while a CUDA
+  // graph captures (its events would be captured too, and their host clock cannot be read).
+  Device traced_device() const { return capturing_ ? Device() : device_; }
   // --trace: the profiler over the window's steps, and the merged trace at its end.
   void start_trace();
   void write_trace(const profiler::Profiler& profiler);
@@ -237,6 +240,7 @@ class Trainer {
   std::unique_ptr<CapturedStep> captured_;
   enum class Graphs { kUndecided, kOff, kOn } graphs_ = Graphs::kUndecided;
   int64_t graph_warmup_ = 0;  // eager steps run since graphs were allowed
+  bool capturing_ = false;    // a step is being captured
   EvalResult last_eval_;
   std::unique_ptr<profiler::Profiler> profiler_;  // --trace
   bool trace_written_ = false;
