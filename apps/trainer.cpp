@@ -570,9 +570,10 @@ void Trainer::start_trace() {
   }
   trace::set_thread_row_name("main");
   profiler_ = std::make_unique<profiler::Profiler>(profiler::ProfilerOptions{
-      .schedule = profiler::schedule(from - step_, 0, options_.trace_end - from, 1),
+      .schedule =
+          profiler::schedule(options_.trace_start, 0, options_.trace_end - options_.trace_start, 1),
       .on_trace_ready = [this](profiler::Profiler& p) { write_trace(p); }});
-  profiler_->start();
+  profiler_->start(step_);  // the run's own step count, a resumed run's too
 }
 
 void Trainer::write_trace(const profiler::Profiler& profiler) {

@@ -45,11 +45,12 @@ ProfilerAction Profiler::action(int64_t step) const {
   return options_.schedule ? (*options_.schedule)(step) : ProfilerAction::kRecord;
 }
 
-void Profiler::start() {
+void Profiler::start(int64_t first_step) {
   EMBER_CHECK(!running_, "Profiler::start", "the profiler is running already");
-  step_ = 0;
+  EMBER_CHECK(first_step >= 0, "Profiler::start", "first_step must be >= 0, got ", first_step);
+  step_ = first_step;
   events_.clear();
-  if (action(0) != ProfilerAction::kNone) {
+  if (action(step_) != ProfilerAction::kNone) {
     trace::start();
     recording_ = true;
   }

@@ -46,10 +46,10 @@ class Profiler;
 
 struct ProfilerOptions {
   // None: every step from start() to stop() is recorded.
-  std::optional<Schedule> schedule;
+  std::optional<Schedule> schedule{};
   // Called when a window of active steps ends (and at stop() during one), as torch's
   // on_trace_ready; the window's events are then in events().
-  std::function<void(Profiler&)> on_trace_ready;
+  std::function<void(Profiler&)> on_trace_ready{};
 };
 
 class Profiler {
@@ -59,8 +59,10 @@ class Profiler {
   Profiler(const Profiler&) = delete;
   Profiler& operator=(const Profiler&) = delete;
 
-  // Begins at step 0 (ember::Error if another profiler records).
-  void start();
+  // Begins at step `first_step` (torch's step_num: a loop resumed at step S passes S, so the
+  // schedule and ProfilerStep#N count the loop's own steps); ember::Error if another profiler
+  // records.
+  void start(int64_t first_step = 0);
   // Ends the current step and begins the next, following the schedule.
   void step();
   // Ends profiling; a window being recorded is finished (on_trace_ready called).

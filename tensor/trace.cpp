@@ -4,7 +4,6 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <ostream>
 #include <unordered_map>
 
@@ -65,7 +64,6 @@ Recorder& recorder() {
 std::atomic<uint32_t> next_scope{1};
 thread_local int32_t thread_row = -1;
 thread_local uint32_t scope_now = 0;
-thread_local std::string pending_thread_name;
 
 int32_t add_row(Recorder& r, std::string name) {
   r.rows.push_back(std::move(name));
@@ -74,9 +72,7 @@ int32_t add_row(Recorder& r, std::string name) {
 
 // The calling thread's row (r.mutex held).
 int32_t this_thread_row(Recorder& r) {
-  if (thread_row < 0)
-    thread_row = add_row(r, pending_thread_name.empty() ? "thread " + std::to_string(r.rows.size())
-                                                        : pending_thread_name);
+  if (thread_row < 0) thread_row = add_row(r, "thread " + std::to_string(r.rows.size()));
   return thread_row;
 }
 

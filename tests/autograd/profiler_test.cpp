@@ -78,6 +78,22 @@ TEST(Profiler, RecordsOnlyTheActiveStepsOfEachWindow) {
   EXPECT_FALSE(trace::enabled());
 }
 
+TEST(Profiler, AResumedLoopCountsItsOwnSteps) {
+  TwoLayers net;
+  profiler::Profiler prof({.schedule = profiler::schedule(6, 0, 2, 1)});
+  prof.start(5);  // a loop resumed at step 5: steps 6 and 7 are recorded
+  for (int i = 0; i < 4; ++i) {
+    net.step();
+    prof.step();
+  }
+  prof.stop();
+  std::vector<std::string> steps;
+  for (const auto& e : of(prof.events(), trace::Category::kStep)) steps.push_back(e.name);
+  EXPECT_EQ(steps, (std::vector<std::string>{"ProfilerStep#6", "ProfilerStep#7"}));
+  EXPECT_EQ(prof.step_num(), 9);
+  EXPECT_EMBER_ERROR(profiler::Profiler().start(-1), "first_step must be >= 0, got -1");
+}
+
 TEST(Profiler, TimesForwardAndBackwardOfEveryModuleOncePerStep) {
   TwoLayers net;
   profiler::Profiler prof;
