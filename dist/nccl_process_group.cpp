@@ -419,8 +419,7 @@ class Issue {
     s_.host_wait(copied, name_ + " (debug check)", s_.options.timeout);
     std::vector<Fingerprint> all(static_cast<size_t>(s_.size));
     std::memcpy(all.data(), all_host.data_ptr(), all.size() * sizeof(Fingerprint));
-    const std::string mismatch = detail::compare_fingerprints(all, s_.rank);
-    if (!mismatch.empty()) throw detail::FingerprintMismatch(name_ + ": " + mismatch);
+    detail::check_fingerprints(name_, all, s_.rank);
   }
 
   State& s_;
