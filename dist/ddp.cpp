@@ -5,6 +5,7 @@
 #include <unordered_set>
 
 #include <ember/autograd/node.h>
+#include <ember/dist/flight_recorder.h>
 #include <ember/tensor/grad_mode.h>
 
 #include "detail/default_group.h"
@@ -320,6 +321,7 @@ struct DistributedDataParallel::Reducer {
         op = ReduceOp::kSum;
       }
       if (announce) join->announce(detail::JoinChannel::Op::kAllreduce, sent, 0, op);
+      const CollectiveTag tag("DDP bucket " + std::to_string(next_bucket - 1));
       b.work = group->allreduce(sent, op);
     }
     if (next_bucket == buckets.size()) finish();

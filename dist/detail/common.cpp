@@ -7,7 +7,10 @@
 #include <sstream>
 #include <type_traits>
 
+#include <ember/dist/flight_recorder.h>
 #include <ember/tensor/detail/dispatch.h>
+
+#include "flight.h"
 
 namespace ember::dist::detail {
 
@@ -213,6 +216,8 @@ void check_fingerprints(const std::string& op, const std::vector<Fingerprint>& a
   }
   out << ". Every rank must issue the same collectives, in the same order, with the same "
          "shapes and dtypes; every rank skipped this one and the group can still be used";
+  // The group stays usable, so no break dumps the records: this does, on every rank.
+  if (flight_recorder_enabled()) dump_flight_records(out.str());
   throw FingerprintMismatch(out.str());
 }
 

@@ -89,5 +89,18 @@ foreach(np 2 3)
     ${EMBER_MPIRUN} ${MPIEXEC_NUMPROC_FLAG} ${np} $<TARGET_FILE:ember_dist_failure>)
 endforeach()
 
+# The dumps of an mpirun job whose last rank left while the others wait in save_checkpoint,
+# read by ember-flight: the waiting ranks' records say where they are (the leaver's group is
+# gone with its records, and the error names it).
+add_test(NAME dist_mpi_flight_leave
+  COMMAND ${EMBER_EXPECT_FAILURE} 60
+    "every rank that dumped completed allreduce #1"
+    --and "rank 0 waits in allgather #2 .save_checkpoint, i64 x 2, 16 B. since"
+    --and "rank 2 left no dump"
+    bash ${CMAKE_CURRENT_LIST_DIR}/flight_job.sh ${CMAKE_CURRENT_BINARY_DIR}/flight_leave
+    $<TARGET_FILE:ember-flight>
+    ${EMBER_MPIRUN} ${MPIEXEC_NUMPROC_FLAG} 3 $<TARGET_FILE:ember_dist_failure> leave)
+set_tests_properties(dist_mpi_flight_leave PROPERTIES TIMEOUT 120 LABELS "dist;mpi" PROCESSORS 3)
+
 # The same suite and failures on the TCP backend, launched torchrun-style without mpirun.
 include(${CMAKE_CURRENT_LIST_DIR}/tcp_tests.cmake)
