@@ -52,7 +52,7 @@ constexpr auto kSpin = std::chrono::microseconds(30);  // transfer() polls witho
 // How often the send/recv thread looks for peers' requests for flight records, and how long a
 // rank whose group broke waits for the peers' answers.
 constexpr auto kDumpCheck = std::chrono::milliseconds(250);
-constexpr auto kDumpWait = std::chrono::milliseconds(1500);
+constexpr auto kDumpWait = std::chrono::milliseconds(600);
 // A connection to a mesh listener must finish its handshake and greeting within this.
 constexpr auto kGreetingLimit = std::chrono::seconds(5);
 constexpr const char* kMeshContext = "ember tcp mesh";

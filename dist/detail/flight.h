@@ -1,8 +1,8 @@
 // The flight recorder's ring (see flight_recorder.h): one per process group, written by the
 // collective engine (detail::Scheduler) as each collective is issued, starts and ends, read
-// by the dumps. Recording is a handful of relaxed atomic stores and a clock read, without a
-// lock, so it stays on for every collective; a dump reads the ring while it is written and
-// keeps only entries whose number did not change under it.
+// by the dumps. Recording is a handful of relaxed atomic stores and a coarse clock read,
+// without a lock, so it stays on for every collective; a dump reads the ring while it is written
+// and keeps only entries whose number did not change under it.
 #pragma once
 
 #include <atomic>
@@ -75,6 +75,7 @@ class FlightRecorder {
   // This group's records as a JSON object (text), oldest first.
   std::string to_json() const;
 
+  // The recorder's clock: CLOCK_MONOTONIC_COARSE, in nanoseconds.
   static int64_t now_ns();
 
  private:
