@@ -182,10 +182,20 @@ class Launcher {
   // stopped, and the dumps' analysis is printed.
   void stop_after_failure(Supervisor& workers) {
     if (ember::dist::flight_recorder_enabled()) {
+      const auto asked = std::filesystem::file_time_type::clock::now();
       workers.signal_all(SIGUSR1);
+      // Until every worker still running wrote a dump since (a second at most).
+      auto fresh = [&] {
+        size_t count = 0;
+        for (const auto& dump : flight_dumps()) {
+          std::error_code ec;
+          if (std::filesystem::last_write_time(dump, ec) >= asked && !ec) ++count;
+        }
+        return count;
+      };
       const auto deadline = Clock::now() + std::chrono::seconds(1);
       while (workers.running() > 0 && Clock::now() < deadline &&
-             flight_dumps().size() < static_cast<size_t>(o_.nproc_per_node)) {
+             fresh() < static_cast<size_t>(workers.running())) {
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
       }
     }
