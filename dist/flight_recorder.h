@@ -1,4 +1,4 @@
-// The flight recorder: every MPI and TCP process group keeps, on each rank, a bounded ring of
+// The flight recorder: every MPI, TCP and NCCL process group keeps, on each rank, a ring of
 // its last collectives (number, op, dtype, element count, root, reduce op, state: enqueued,
 // started, completed or failed, times, and the caller's tag), recorded by the collective
 // engine at a cost of nanoseconds, on unless EMBER_FLIGHT_RECORDER=0. Each process writes all

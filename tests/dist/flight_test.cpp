@@ -102,6 +102,39 @@ TEST(FlightRecorder, Sigusr1Dumps) {
   EXPECT_TRUE(contains(text, "\"reason\": \"SIGUSR1\"")) << text;
 }
 
+#if EMBER_WITH_CUDA
+// NCCL at world size 1 (a GPU; skipped without one): its collectives are recorded as issued
+// and started at once, and completed when the watchdog sees their event; with debug mode the
+// fingerprint check (one rank: nothing to disagree with) runs through the same function.
+TEST(FlightRecorder, NcclRecordsAWorldOfOne) {
+  EMBER_REQUIRE_CUDA();
+  ProcessGroupOptions options;
+  options.debug = true;
+  NcclProcessGroup pg(0, 1, 0, 0, NcclProcessGroup::create_unique_id(), options);
+  ScratchDir dir;
+  set_flight_recorder_dir(dir.path.string());
+  Tensor t = ones({256}, cuda_device(0));
+  {
+    const CollectiveTag tag("nccl step");
+    pg.allreduce(t)->wait(std::chrono::seconds(30));
+  }
+  pg.barrier()->wait();
+  std::string report;
+  for (int i = 0; i < 100; ++i) {  // the watchdog looks every 20 ms
+    dump_flight_recorder("asked by the test");
+    report = analyze_flight_dumps(dir.path.string());
+    if (contains(report, "nccl group of ranks [0]: every rank that dumped completed barrier #2")) {
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_TRUE(
+      contains(report, "nccl group of ranks [0]: every rank that dumped completed barrier #2"))
+      << report;
+  ::ember::testing::expect_close(t.cpu(), ones({256}));
+}
+#endif
+
 // One dump by hand: rank `rank` of a tcp group of ranks 0..2, with `entries` (JSON objects).
 std::string dump_of(int rank, const std::string& entries, int64_t now_ns = 10'000'000'000) {
   return R"({"ember_flight_recorder": 1, "rank": )" + std::to_string(rank) +
