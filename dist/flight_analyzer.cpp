@@ -31,7 +31,7 @@ constexpr size_t kMaxText = 4096;
 // One collective as a rank recorded it.
 struct Entry {
   int64_t seq = 0;
-  std::string op, dtype, reduce, state, tag;
+  std::string op, dtype, reduce, state, tag, call_site;
   int64_t numel = 0, bytes = 0, root = -1;
   int64_t enqueued_ns = 0, started_ns = 0, ended_ns = 0;
   // What the ranks must agree on.
@@ -110,6 +110,7 @@ Entry read_entry(const Checker& c, const Json& j) {
   e.started_ns = c.integer(j, "started_ns", 0, kMaxI64);
   e.ended_ns = c.integer(j, "ended_ns", 0, kMaxI64);
   e.tag = c.text(j, "tag", 256);
+  e.call_site = c.text(j, "call_site", 512);
   return e;
 }
 
@@ -186,7 +187,11 @@ std::string seconds_str(int64_t ns) {
 // "allreduce #8 (DDP bucket 0, f32, 2.1 MiB)"
 std::string call_str(const Entry& e) {
   std::string s = e.op + " #" + std::to_string(e.seq) + " (";
-  if (!e.tag.empty()) s += e.tag + ", ";
+  if (!e.tag.empty()) {
+    s += e.tag + ", ";
+  } else if (!e.call_site.empty()) {
+    s += "at " + e.call_site + ", ";
+  }
   if (!e.dtype.empty()) {
     s += e.dtype + " x " + std::to_string(e.numel) + ", " + size_str(e.bytes);
   } else {

@@ -1,9 +1,10 @@
 // The flight recorder: every MPI, TCP and NCCL process group keeps, on each rank, a ring of
 // its last collectives (number, op, dtype, element count, root, reduce op, state: enqueued,
-// started, completed or failed, times, and the caller's tag), recorded by the collective
-// engine at a cost of nanoseconds, on unless EMBER_FLIGHT_RECORDER=0. Each process writes all
-// its groups' rings as JSON to <dir>/rank<R>.json when a collective times out or its group
-// breaks, on SIGUSR1 (unless the program handles SIGUSR1 itself), and on request
+// started, completed or failed, times, and the caller's tag, else, for dist::all_reduce and
+// the other free functions of api.h, the file and line they were called from), recorded by the
+// collective engine at a cost of nanoseconds, on unless EMBER_FLIGHT_RECORDER=0. Each process
+// writes all its groups' rings as JSON to <dir>/rank<R>.json when a collective times out or its
+// group breaks, on SIGUSR1 (unless the program handles SIGUSR1 itself), and on request
 // (dump_flight_recorder). analyze_flight_dumps() reads a folder of such dumps and says, in
 // one paragraph, where the ranks disagree and who never arrived; ember-run runs it after a
 // failed job, and the ember-flight command on a folder from an mpirun or srun job.

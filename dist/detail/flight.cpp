@@ -25,6 +25,7 @@ namespace ember::dist {
 namespace {
 
 thread_local const char* t_tag = nullptr;
+thread_local detail::CallSite t_site;
 
 // Tags live for the process: a recorded pointer stays valid whatever the thread does.
 const char* intern_tag(std::string_view tag) {
@@ -85,6 +86,13 @@ std::string dump_flight_recorder(const std::string& reason) {
 namespace detail {
 
 const char* current_collective_tag() { return t_tag; }
+
+CallSite current_call_site() { return t_site; }
+
+CallSiteScope::CallSiteScope(const std::source_location& where) : previous_(t_site) {
+  t_site = {where.file_name(), static_cast<int32_t>(where.line())};
+}
+CallSiteScope::~CallSiteScope() { t_site = previous_; }
 
 const char* flight_state_name(FlightState state) {
   switch (state) {
@@ -230,6 +238,10 @@ std::string FlightRecorder::to_json() const {
     j["ended_ns"] = e.ended_ns.load(std::memory_order_relaxed);
     const char* tag = e.tag.load(std::memory_order_relaxed);
     j["tag"] = tag != nullptr ? tag : "";
+    const char* file = e.file.load(std::memory_order_relaxed);
+    j["call_site"] = file != nullptr ? std::filesystem::path(file).filename().string() + ":" +
+                                           std::to_string(e.line.load(std::memory_order_relaxed))
+                                     : "";
     // Rewritten meanwhile: a newer collective took the slot; it is left out.
     if (e.seq.load(std::memory_order_acquire) != seq) continue;
     found.push_back(std::move(j));

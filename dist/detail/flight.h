@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <source_location>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,24 @@ const char* flight_state_name(FlightState state);
 
 // The calling thread's tag (CollectiveTag), or null.
 const char* current_collective_tag();
+
+// Where the collective the calling thread issues now was called from (dist::all_reduce and
+// the other free functions set it for the call): what the recorder shows without a tag.
+struct CallSite {
+  const char* file = nullptr;  // source_location's: static storage
+  int32_t line = 0;
+};
+CallSite current_call_site();
+class CallSiteScope {
+ public:
+  explicit CallSiteScope(const std::source_location& where);
+  ~CallSiteScope();
+  CallSiteScope(const CallSiteScope&) = delete;
+  CallSiteScope& operator=(const CallSiteScope&) = delete;
+
+ private:
+  CallSite previous_;
+};
 
 class FlightRecorder {
  public:
@@ -50,6 +69,9 @@ class FlightRecorder {
     e.started_ns.store(0, std::memory_order_relaxed);
     e.ended_ns.store(0, std::memory_order_relaxed);
     e.tag.store(current_collective_tag(), std::memory_order_relaxed);
+    const CallSite site = current_call_site();
+    e.file.store(site.file, std::memory_order_relaxed);
+    e.line.store(site.line, std::memory_order_relaxed);
     e.seq.store(f.seq, std::memory_order_release);
   }
   void started(int64_t seq) {
@@ -84,6 +106,8 @@ class FlightRecorder {
     std::atomic<int32_t> kind{0}, dtype{-1}, root{-1}, reduce{-1}, state{0};
     std::atomic<int64_t> numel{0}, enqueued_ns{0}, started_ns{0}, ended_ns{0};
     std::atomic<const char*> tag{nullptr};
+    std::atomic<const char*> file{nullptr};
+    std::atomic<int32_t> line{0};
   };
   Entry& slot(int64_t seq) { return ring_[static_cast<size_t>(seq % kCapacity)]; }
 

@@ -62,6 +62,23 @@ TEST(FlightRecorder, RecordsTaggedCollectivesAndDumpsOnRequest) {
     pg->broadcast(t, 0)->wait();
   }
   pg->barrier()->wait();
+  // Without a tag, a free function's collective records its call site (on the default group).
+  {
+    testing::DefaultGroupGuard guard;
+    init_process_group(testing::cpu_init());
+    Tensor u = ones({4});
+    all_reduce(u);  // the line below names this one
+    const int line = __LINE__ - 1;
+    ScratchDir other;
+    set_flight_recorder_dir(other.path.string());
+    const std::string report = analyze_flight_dumps(fs::path(dump_flight_recorder()).parent_path());
+    if (get_backend() != "single") {  // one process without a launcher records nothing
+      EXPECT_TRUE(
+          contains(report, "allreduce #1 (at flight_test.cpp:" + std::to_string(line) + ","))
+          << report;
+    }
+    set_flight_recorder_dir(dir.path.string());
+  }
   const std::string path = dump_flight_recorder("asked by the test");
   EXPECT_EQ(fs::path(path).filename().string(),
             "rank" + std::to_string(pg->global_rank()) + ".json");
@@ -151,7 +168,8 @@ std::string entry(int64_t seq, const std::string& op, int64_t numel, const std::
          R"("numel": )" + std::to_string(numel) + R"(, "bytes": )" + std::to_string(numel * 4) +
          R"(, "root": -1, "reduce": "sum", "state": ")" + state +
          R"(", "enqueued_ns": 1, "started_ns": )" + std::to_string(started_ns) +
-         R"(, "ended_ns": )" + std::to_string(ended_ns) + R"(, "tag": ")" + tag + R"("})";
+         R"(, "ended_ns": )" + std::to_string(ended_ns) + R"(, "tag": ")" + tag +
+         R"(", "call_site": ""})";
 }
 
 TEST(FlightAnalyzer, NamesTheFirstDisagreementAndWhoNeverCame) {
