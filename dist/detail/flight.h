@@ -45,8 +45,8 @@ class FlightRecorder {
  public:
   static constexpr int64_t kCapacity = 2048;  // collectives kept per group
 
-  // For a group of `size` whose member `rank` this process is; `global_ranks` are the job's
-  // ranks of its members. Registered for the process's dumps while it lives.
+  // For member `rank` of a group whose members are the job's `global_ranks`, this process
+  // being the job's `global_rank`. Registered for the process's dumps while it lives.
   FlightRecorder(const char* backend, int rank, std::vector<int> global_ranks, int global_rank);
   ~FlightRecorder();
   FlightRecorder(const FlightRecorder&) = delete;
