@@ -29,7 +29,9 @@
 //         (other_count), skips to the barrier (skip_next), or leaves the group, as the DDP
 //         tutorial's last epoch does where rank 0 alone saves a checkpoint (leave: the others
 //         call save_checkpoint(path, ck, group) while the last rank calls
-//         destroy_process_group() and lives on for 3 s). Every rank that waits fails at once,
+//         destroy_process_group() and lives on for 3 s; leave_exit: it returns from main and
+//         the default group goes at exit; leave_unwind: its group's last owner is destroyed
+//         while the program's own exception unwinds). Every rank that waits fails at once,
 //         naming the ranks, the numbers and the calls, and prints as save_alone does.
 #include <unistd.h>
 
@@ -38,6 +40,7 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <thread>
 
@@ -107,7 +110,22 @@ int odd_one_out(const std::string& mode, const std::string& backend) {
   pg->allreduce(t)->wait();
   const int rank = pg->rank();
   const bool odd = rank == pg->size() - 1;
-  if (mode == "leave") {
+  if (mode.starts_with("leave")) {
+    if (odd && mode == "leave_exit") {
+      std::fprintf(stderr, "rank %d: returns from main\n", rank);
+      return 0;  // the default group goes at exit
+    }
+    if (odd && mode == "leave_unwind") {
+      try {
+        const auto last = std::move(pg);  // the group's last owner, inside the try
+        dist::destroy_process_group();
+        throw std::runtime_error("the user's own error");
+      } catch (const std::runtime_error& e) {  // the group was destroyed while it unwound
+        std::fprintf(stderr, "rank %d: caught %s\n", rank, e.what());
+      }
+      std::this_thread::sleep_for(3s);
+      return 0;
+    }
     if (odd) {
       pg.reset();
       dist::destroy_process_group();
@@ -187,7 +205,8 @@ int main(int argc, char** argv) {
   const std::string backend = argc > 2 ? argv[2] : "mpi";
   if (mode == "caught" || mode == "unwound") return lost_error(mode, backend);
   if (mode == "save_alone") return save_alone(backend);
-  if (mode == "other_op" || mode == "other_count" || mode == "skip_next" || mode == "leave") {
+  if (mode == "other_op" || mode == "other_count" || mode == "skip_next" ||
+      mode.starts_with("leave")) {
     return odd_one_out(mode, backend);
   }
   ember::dist::InitOptions options;

@@ -54,7 +54,7 @@ set_tests_properties(dist_mpi_failure_skip dist_mpi_failure_exit dist_mpi_failur
   PROPERTIES TIMEOUT 120 LABELS "dist;mpi" PROCESSORS 2)
 
 # The last of NP ranks differs at collective #2 (failure_main.cpp's other_op, other_count,
-# skip_next and leave) on BACKEND, launched by LAUNCH...: every rank that waits fails within 5 s with the
+# skip_next, and leave, leave_exit and leave_unwind) on BACKEND, launched by LAUNCH...: every rank that waits fails within 5 s with the
 # same message, naming the ranks, the numbers and the calls; the groups' timeout is 60 s.
 function(ember_add_odd_one_out prefix np backend)
   math(EXPR last "${np} - 1")
@@ -68,9 +68,11 @@ function(ember_add_odd_one_out prefix np backend)
   set(expect_other_count "${differ} allreduce #2 on f32 .512. .sum.")
   set(expect_skip_next "${differ} barrier #2")
   set(expect_leave "rank ${last} left the group after allreduce #1 .destroy_process_group.*while ${others} waited in allgather #2")
-  foreach(mode other_op other_count skip_next leave)
+  set(expect_leave_exit "${expect_leave}")
+  set(expect_leave_unwind "${expect_leave}")
+  foreach(mode other_op other_count skip_next leave leave_exit leave_unwind)
     set(waiting ${np})
-    if(mode STREQUAL "leave")
+    if(mode MATCHES "^leave")
       set(waiting ${last})
     endif()
     set(ands)
