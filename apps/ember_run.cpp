@@ -12,6 +12,13 @@
 // node are started again instead, up to K times (a new rendezvous round, the same world size):
 // the program resumes from its own snapshot. SIGINT and SIGTERM are forwarded to the workers.
 //
+// Flight records: the workers write their flight-recorder dumps (see
+// <ember/dist/flight_recorder.h>) to EMBER_FLIGHT_DIR, which ember-run sets to the absolute
+// path of its own (default ./ember-flight), clearing the rank<R>.json dumps left there by an
+// earlier round or job. When a worker fails, the others get SIGUSR1 first, and a second to
+// write theirs, before they are stopped; ember-run then prints the analysis of the dumps
+// (analyze_flight_dumps: who waits where, who never arrived).
+//
 // Threads: unless OMP_NUM_THREADS is set, each worker gets it as its share of the CPUs
 // ember-run may use (cpu_share: their count over --nproc-per-node, at least 1; torchrun sets
 // 1), which ember's thread count and OpenMP's follow.
@@ -31,8 +38,10 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <optional>
+#include <regex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -40,6 +49,7 @@
 #include <ember/dist/detail/auth.h>
 #include <ember/dist/detail/rendezvous.h>
 #include <ember/dist/detail/supervisor.h>
+#include <ember/dist/flight_recorder.h>
 #include <ember/tensor/error.h>
 #include <ember/tensor/parallel.h>
 #include <ember/tensor/version.h>
@@ -129,6 +139,7 @@ class Launcher {
                {"OMPI_COMM_WORLD_SIZE", std::nullopt},
                {"OMPI_COMM_WORLD_LOCAL_RANK", std::nullopt}};
       if (secret_file_) l.env["EMBER_JOB_SECRET_FILE"] = *secret_file_;
+      l.env["EMBER_FLIGHT_DIR"] = flight_dir_.string();
       if (o_.worker_threads > 0) l.env["OMP_NUM_THREADS"] = std::to_string(o_.worker_threads);
     }
     return out;
@@ -156,8 +167,54 @@ class Launcher {
     return rendezvous_->failed(round);
   }
 
+  // The flight-recorder dumps in flight_dir_ (rank<R>.json).
+  std::vector<std::filesystem::path> flight_dumps() const {
+    static const std::regex name("rank[0-9]{1,7}\\.json");
+    std::vector<std::filesystem::path> found;
+    std::error_code ec;
+    for (const auto& item : std::filesystem::directory_iterator(flight_dir_, ec)) {
+      if (std::regex_match(item.path().filename().string(), name)) found.push_back(item.path());
+    }
+    return found;
+  }
+
+  // A worker failed: the others write their flight records (SIGUSR1, a second at most), are
+  // stopped, and the dumps' analysis is printed.
+  void stop_after_failure(Supervisor& workers) {
+    if (ember::dist::flight_recorder_enabled()) {
+      const auto asked = std::filesystem::file_time_type::clock::now();
+      workers.signal_all(SIGUSR1);
+      // Until every worker still running wrote a dump since (a second at most).
+      auto fresh = [&] {
+        size_t count = 0;
+        for (const auto& dump : flight_dumps()) {
+          std::error_code ec;
+          if (std::filesystem::last_write_time(dump, ec) >= asked && !ec) ++count;
+        }
+        return count;
+      };
+      const auto deadline = Clock::now() + std::chrono::seconds(1);
+      while (workers.running() > 0 && Clock::now() < deadline &&
+             fresh() < static_cast<size_t>(workers.running())) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+    }
+    workers.stop();
+    if (flight_dumps().empty()) return;
+    try {
+      say("flight records of the failed job (" + flight_dir_.string() + "):\n" +
+          ember::dist::analyze_flight_dumps(flight_dir_.string()));
+    } catch (const std::exception& e) {
+      say(std::string("could not read the flight records: ") + e.what());
+    }
+  }
+
   Outcome run_round(int round, int port) {
     const int first = o_.node_rank * o_.nproc_per_node;
+    for (const auto& stale : flight_dumps()) {  // an earlier round's or job's
+      std::error_code ec;
+      std::filesystem::remove(stale, ec);
+    }
     Supervisor workers(std::chrono::milliseconds(static_cast<int64_t>(o_.grace_s * 1000)));
     workers.start(launches(round, port));
     say("node " + std::to_string(o_.node_rank) + ", round " + std::to_string(round) +
@@ -179,7 +236,7 @@ class Launcher {
             std::to_string(event.worker) + " on node " + std::to_string(o_.node_rank) + ", pid " +
             std::to_string(workers.pid(event.worker)) + ") " + describe_exit(event.wait_status);
         say(what + "; stopping the other workers");
-        workers.stop();
+        stop_after_failure(workers);
         if (rendezvous_) rendezvous_->report_failure(round, seen, what);
         return settle(round, {Outcome::kFailed, exit_code_of(event.wait_status), what});
       }
@@ -242,6 +299,8 @@ class Launcher {
   RunOptions o_;
   std::optional<std::string> secret_file_;
   std::unique_ptr<LauncherRendezvous> rendezvous_;
+  const std::filesystem::path flight_dir_ =
+      std::filesystem::absolute(ember::dist::flight_recorder_dir());
 };
 
 int parse(int argc, char** argv, RunOptions& o) {

@@ -4,6 +4,7 @@
 
 #include "detail/default_group.h"
 #include "detail/engine.h"
+#include "detail/flight.h"
 
 namespace ember::dist {
 
@@ -65,29 +66,38 @@ std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks,
   return default_group_for("new_group")->new_group(ranks, std::move(options));
 }
 
-WorkHandle all_reduce(const Tensor& tensor, ReduceOp op, bool async_op) {
+WorkHandle all_reduce(const Tensor& tensor, ReduceOp op, bool async_op,
+                      std::source_location where) {
+  const detail::CallSiteScope site(where);
   return finish(default_group_for("all_reduce")->allreduce(tensor, op), async_op);
 }
 
-WorkHandle reduce(const Tensor& tensor, int dst, ReduceOp op, bool async_op) {
+WorkHandle reduce(const Tensor& tensor, int dst, ReduceOp op, bool async_op,
+                  std::source_location where) {
+  const detail::CallSiteScope site(where);
   return finish(default_group_for("reduce")->reduce(tensor, dst, op), async_op);
 }
 
-WorkHandle broadcast(const Tensor& tensor, int src, bool async_op) {
+WorkHandle broadcast(const Tensor& tensor, int src, bool async_op, std::source_location where) {
+  const detail::CallSiteScope site(where);
   return finish(default_group_for("broadcast")->broadcast(tensor, src), async_op);
 }
 
-WorkHandle all_gather(const std::vector<Tensor>& tensor_list, const Tensor& tensor, bool async_op) {
+WorkHandle all_gather(const std::vector<Tensor>& tensor_list, const Tensor& tensor, bool async_op,
+                      std::source_location where) {
+  const detail::CallSiteScope site(where);
   return finish(default_group_for("all_gather")->allgather(tensor_list, tensor), async_op);
 }
 
 WorkHandle reduce_scatter(const Tensor& output, const std::vector<Tensor>& input_list, ReduceOp op,
-                          bool async_op) {
+                          bool async_op, std::source_location where) {
+  const detail::CallSiteScope site(where);
   return finish(default_group_for("reduce_scatter")->reduce_scatter(output, input_list, op),
                 async_op);
 }
 
-WorkHandle barrier(bool async_op) {
+WorkHandle barrier(bool async_op, std::source_location where) {
+  const detail::CallSiteScope site(where);
   return finish(default_group_for("barrier")->barrier(), async_op);
 }
 
@@ -108,34 +118,44 @@ WorkHandle irecv(const Tensor& tensor, int src, int tag) {
 }
 
 WorkHandle all_reduce(const Tensor& tensor, ReduceOp op, const std::shared_ptr<ProcessGroup>& group,
-                      bool async_op) {
+                      bool async_op, std::source_location where) {
+  const detail::CallSiteScope site(where);
   return finish(group_or_default(group, "all_reduce")->allreduce(tensor, op), async_op);
 }
 
 WorkHandle reduce(const Tensor& tensor, int dst, ReduceOp op,
-                  const std::shared_ptr<ProcessGroup>& group, bool async_op) {
+                  const std::shared_ptr<ProcessGroup>& group, bool async_op,
+                  std::source_location where) {
+  const detail::CallSiteScope site(where);
   const auto g = group_or_default(group, "reduce");
   return finish(g->reduce(tensor, group_rank_of(*g, dst, "reduce", "dst"), op), async_op);
 }
 
 WorkHandle broadcast(const Tensor& tensor, int src, const std::shared_ptr<ProcessGroup>& group,
-                     bool async_op) {
+                     bool async_op, std::source_location where) {
+  const detail::CallSiteScope site(where);
   const auto g = group_or_default(group, "broadcast");
   return finish(g->broadcast(tensor, group_rank_of(*g, src, "broadcast", "src")), async_op);
 }
 
 WorkHandle all_gather(const std::vector<Tensor>& tensor_list, const Tensor& tensor,
-                      const std::shared_ptr<ProcessGroup>& group, bool async_op) {
+                      const std::shared_ptr<ProcessGroup>& group, bool async_op,
+                      std::source_location where) {
+  const detail::CallSiteScope site(where);
   return finish(group_or_default(group, "all_gather")->allgather(tensor_list, tensor), async_op);
 }
 
 WorkHandle reduce_scatter(const Tensor& output, const std::vector<Tensor>& input_list, ReduceOp op,
-                          const std::shared_ptr<ProcessGroup>& group, bool async_op) {
+                          const std::shared_ptr<ProcessGroup>& group, bool async_op,
+                          std::source_location where) {
+  const detail::CallSiteScope site(where);
   return finish(group_or_default(group, "reduce_scatter")->reduce_scatter(output, input_list, op),
                 async_op);
 }
 
-WorkHandle barrier(const std::shared_ptr<ProcessGroup>& group, bool async_op) {
+WorkHandle barrier(const std::shared_ptr<ProcessGroup>& group, bool async_op,
+                   std::source_location where) {
+  const detail::CallSiteScope site(where);
   return finish(group_or_default(group, "barrier")->barrier(), async_op);
 }
 

@@ -30,6 +30,7 @@
 
 #include <memory>
 #include <optional>
+#include <source_location>
 #include <string>
 #include <vector>
 
@@ -58,21 +59,30 @@ int get_local_rank();
 // "mpi", "nccl", "tcp" or "single" (a group made with backend "gloo" reports "tcp").
 std::string get_backend();
 
+// Each collective below records where it was called from (`where`, left to its default) in
+// the flight recorder, unless a CollectiveTag names it (flight_recorder.h).
+
 // `tensor` becomes the reduction of every rank's `tensor`.
-WorkHandle all_reduce(const Tensor& tensor, ReduceOp op = ReduceOp::kSum, bool async_op = false);
+WorkHandle all_reduce(const Tensor& tensor, ReduceOp op = ReduceOp::kSum, bool async_op = false,
+                      std::source_location where = std::source_location::current());
 // The reduction lands in `tensor` on rank `dst`; the others' tensors are left unspecified.
 WorkHandle reduce(const Tensor& tensor, int dst, ReduceOp op = ReduceOp::kSum,
-                  bool async_op = false);
+                  bool async_op = false,
+                  std::source_location where = std::source_location::current());
 // Every rank's `tensor` becomes rank `src`'s.
-WorkHandle broadcast(const Tensor& tensor, int src, bool async_op = false);
+WorkHandle broadcast(const Tensor& tensor, int src, bool async_op = false,
+                     std::source_location where = std::source_location::current());
 // tensor_list[r] receives rank r's `tensor`; it holds get_world_size() tensors shaped like it.
 WorkHandle all_gather(const std::vector<Tensor>& tensor_list, const Tensor& tensor,
-                      bool async_op = false);
+                      bool async_op = false,
+                      std::source_location where = std::source_location::current());
 // `output` receives the reduction of every rank's input_list[get_rank()].
 WorkHandle reduce_scatter(const Tensor& output, const std::vector<Tensor>& input_list,
-                          ReduceOp op = ReduceOp::kSum, bool async_op = false);
+                          ReduceOp op = ReduceOp::kSum, bool async_op = false,
+                          std::source_location where = std::source_location::current());
 // Returns once every rank has called it (with async_op: a Work that completes then).
-WorkHandle barrier(bool async_op = false);
+WorkHandle barrier(bool async_op = false,
+                   std::source_location where = std::source_location::current());
 
 // Point to point, as PyTorch's send/recv (blocking) and isend/irecv (returning the Work).
 void send(const Tensor& tensor, int dst, int tag = 0);
@@ -83,16 +93,22 @@ WorkHandle irecv(const Tensor& tensor, int src, int tag = 0);
 // The same on `group` (null: the default group), as PyTorch's group= argument; `dst` and
 // `src` are global ranks, as in torch.distributed (ember::Error when not in `group`).
 WorkHandle all_reduce(const Tensor& tensor, ReduceOp op, const std::shared_ptr<ProcessGroup>& group,
-                      bool async_op = false);
+                      bool async_op = false,
+                      std::source_location where = std::source_location::current());
 WorkHandle reduce(const Tensor& tensor, int dst, ReduceOp op,
-                  const std::shared_ptr<ProcessGroup>& group, bool async_op = false);
+                  const std::shared_ptr<ProcessGroup>& group, bool async_op = false,
+                  std::source_location where = std::source_location::current());
 WorkHandle broadcast(const Tensor& tensor, int src, const std::shared_ptr<ProcessGroup>& group,
-                     bool async_op = false);
+                     bool async_op = false,
+                     std::source_location where = std::source_location::current());
 WorkHandle all_gather(const std::vector<Tensor>& tensor_list, const Tensor& tensor,
-                      const std::shared_ptr<ProcessGroup>& group, bool async_op = false);
+                      const std::shared_ptr<ProcessGroup>& group, bool async_op = false,
+                      std::source_location where = std::source_location::current());
 WorkHandle reduce_scatter(const Tensor& output, const std::vector<Tensor>& input_list, ReduceOp op,
-                          const std::shared_ptr<ProcessGroup>& group, bool async_op = false);
-WorkHandle barrier(const std::shared_ptr<ProcessGroup>& group, bool async_op = false);
+                          const std::shared_ptr<ProcessGroup>& group, bool async_op = false,
+                          std::source_location where = std::source_location::current());
+WorkHandle barrier(const std::shared_ptr<ProcessGroup>& group, bool async_op = false,
+                   std::source_location where = std::source_location::current());
 void send(const Tensor& tensor, int dst, const std::shared_ptr<ProcessGroup>& group, int tag = 0);
 void recv(const Tensor& tensor, int src, const std::shared_ptr<ProcessGroup>& group, int tag = 0);
 WorkHandle isend(const Tensor& tensor, int dst, const std::shared_ptr<ProcessGroup>& group,

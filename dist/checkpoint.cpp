@@ -17,6 +17,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <ember/dist/flight_recorder.h>
+
 #include "detail/default_group.h"
 #include "init.h"
 
@@ -361,6 +363,7 @@ void save_checkpoint(const std::string& path, const Checkpoint& c, ProcessGroup*
   EMBER_CHECK(group == nullptr || group->is_member(), "save_checkpoint",
               "this rank is not a member of the group");
   if (group == nullptr || group->size() == 1) return write_checkpoint(path, c, {own_rng_states(c)});
+  const CollectiveTag tag("save_checkpoint");  // what the flight recorder calls its collectives
   const std::vector<std::vector<int64_t>> rng = gather_rng_states(c, *group);
   std::string failure;  // rank 0's, told to the others
   if (group->rank() == 0) {

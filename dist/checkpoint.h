@@ -21,10 +21,11 @@
 //                                     writes, and every rank returns once the file is written
 //                                     (or fails with rank 0's failure). Not for
 //                                     `if (rank == 0)`: called on some ranks only, it fails
-//                                     on every rank when the others issue their next
-//                                     collective, each naming the other's call, on the TCP
-//                                     backend always and on MPI and NCCL in debug mode
-//                                     (EMBER_DIST_DEBUG=1); otherwise at the group's timeout.
+//                                     at once on every rank when the others issue their next
+//                                     collective, each naming the other's call, or when they
+//                                     leave the group (destroy_process_group, exit), naming
+//                                     who left after which collective (MPI and TCP; NCCL in
+//                                     debug mode, EMBER_DIST_DEBUG=1, else at the timeout).
 // Rank 0 writes to a temporary file NAME.tmp.PID in the same folder, locked while it is
 // written, then fsync, rename, fsync of the folder: a crash leaves the previous checkpoint
 // whole. Temporary files in that folder that no writer holds any more (left by one that died

@@ -9,6 +9,7 @@
 #include <unordered_set>
 
 #include <ember/autograd/node.h>
+#include <ember/dist/flight_recorder.h>
 #include <ember/tensor/grad_mode.h>
 #include <ember/tensor/trace.h>
 
@@ -410,6 +411,7 @@ struct DistributedDataParallel::Reducer {
         op = ReduceOp::kSum;
       }
       if (announce) join->announce(detail::JoinChannel::Op::kAllreduce, sent, 0, op);
+      const CollectiveTag tag("DDP bucket " + std::to_string(next_bucket - 1));
       b.work = group->allreduce(sent, op);
       if (trace::enabled())
         timer.watch(next_bucket - 1, static_cast<int64_t>(sent.nbytes()), b.work,

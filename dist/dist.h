@@ -9,6 +9,7 @@
 #include <ember/dist/checkpoint.h>
 #include <ember/dist/ddp.h>
 #include <ember/dist/distributed_sampler.h>
+#include <ember/dist/flight_recorder.h>
 #include <ember/dist/init.h>
 #include <ember/dist/join.h>
 #include <ember/dist/metrics.h>

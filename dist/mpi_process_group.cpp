@@ -35,7 +35,6 @@ struct MpiProcessGroup::State final : detail::Transport {
   std::vector<int> global_ranks;  // the job's ranks of the members
   int global_rank = 0;
   ProcessGroupOptions options;
-  bool debug = false;
   const detail::MpiTypeTable mpi_types;  // made after MPI is initialised (make_state)
   std::unique_ptr<detail::Scheduler> sched;
 
@@ -277,6 +276,18 @@ void start_main(State& s, Op& op) {
   check_op(s, op, rc);
 }
 
+// Starts the exchange of the ranks' fingerprints that precedes every collective (its first
+// stage); advance() checks them once gathered. Non-blocking on every path, so a rank's
+// exchange meets a peer's goodbye (post_goodbye), which is non-blocking too.
+void post_fingerprints(State& s, Op& op) {
+  op.stage = Op::Stage::kFingerprint;
+  op.gathered.resize(static_cast<size_t>(s.size));
+  MpiLock lock;
+  check_op(s, op,
+           MPI_Iallgather(&op.fingerprint, sizeof(Fingerprint), MPI_BYTE, op.gathered.data(),
+                          sizeof(Fingerprint), MPI_BYTE, s.comm, &op.request));
+}
+
 void start(State& s, Op& op) {
   switch (op.kind) {
     case OpKind::kAllreduce:
@@ -301,13 +312,8 @@ void start(State& s, Op& op) {
     case OpKind::kBarrier:
       break;
   }
-  if (s.debug && detail::is_collective(op.kind)) {
-    op.stage = Op::Stage::kFingerprint;
-    op.gathered.resize(static_cast<size_t>(s.size));
-    MpiLock lock;
-    check_mpi(MPI_Iallgather(&op.fingerprint, sizeof(Fingerprint), MPI_BYTE, op.gathered.data(),
-                             sizeof(Fingerprint), MPI_BYTE, s.comm, &op.request),
-              op.name() + " (debug check) on rank " + std::to_string(s.rank));
+  if (detail::is_collective(op.kind) && s.size > 1) {
+    post_fingerprints(s, op);
     return;
   }
   start_main(s, op);
@@ -351,16 +357,13 @@ bool advance(State& s, Op& op) {
   }
   if (!flag) return false;
   if (op.stage == Op::Stage::kFingerprint) {
-    const std::string mismatch = detail::compare_fingerprints(op.gathered, s.rank);
-    if (!mismatch.empty()) throw detail::FingerprintMismatch(op.name() + ": " + mismatch);
+    detail::check_fingerprints(op.name(), op.gathered, s.rank);
     start_main(s, op);
-    return false;
+    if (op.request != MPI_REQUEST_NULL) return false;  // non-blocking: polled on
   }
   finish(s, op);
   return true;
 }
-
-// A waiter runs its collective itself when every earlier one has finished and the collective
 
 }  // namespace
 
@@ -391,19 +394,19 @@ bool MpiProcessGroup::State::still_in_use(const ScheduledOp& op) const {
 
 void MpiProcessGroup::State::run_blocking(ScheduledOp& base, std::chrono::milliseconds limit) {
   Op& op = static_cast<Op&>(base);
-  if (op.kind == OpKind::kAllreduce && !debug && op.tensor.is_cpu()) {
-    // The commonest collective, kept short (a waiter's small all-reduce is all overhead): in
-    // place in the caller's tensor, with neither staging nor polling. Its hang is the
-    // scheduler's watchdog's.
-    void* data = op.tensor.data_ptr();
-    {
+  if (op.kind == OpKind::kAllreduce && op.tensor.is_cpu()) {
+    // The commonest collective, kept short (a waiter's small all-reduce is all overhead): the
+    // fingerprints are waited for in MPI_Wait rather than polled, then the all-reduce runs in
+    // place in the caller's tensor (advance). As the blocking all-reduce's, a hang there is
+    // the scheduler's watchdog's.
+    op.started = std::chrono::steady_clock::now();
+    dist::start(*this, op);
+    if (op.stage == Op::Stage::kFingerprint) {
       MpiLock lock;
-      check_op(*this, op,
-               allreduce_in_pieces(*this, op, data, mpi_types(op.tensor.dtype(), op.reduce)));
+      check_op(*this, op, MPI_Wait(&op.request, MPI_STATUS_IGNORE));
     }
-    if (op.reduce == ReduceOp::kAvg) {
-      detail::divide_in_place(data, op.tensor.numel(), op.tensor.dtype(), size);
-    }
+    const bool finished = advance(*this, op);
+    EMBER_ASSERT(finished, "run_blocking: ", op.name(), " did not finish");
     return;
   }
   // Staging copies are not part of any graph; a CPU tensor needs none.
@@ -418,6 +421,8 @@ void MpiProcessGroup::State::abort_hung(const std::string& message) {
   sched->mark_broken_quietly(message);
   detail::mark_mpi_job_broken();
   std::fprintf(stderr, "ember::Error: %s\n", message.c_str());
+  detail::dump_flight_records("the watchdog ended the mpi job on rank " + std::to_string(rank) +
+                              ": " + message);
   detail::abort_mpi_job();
 }
 
@@ -429,7 +434,6 @@ std::shared_ptr<State> make_state_over(MPI_Comm comm, const ProcessGroupOptions&
   s->comm = comm;
   s->options = options;
   s->options.timeout = detail::checked_timeout("MpiProcessGroup", options.timeout);
-  s->debug = options.debug || detail::debug_from_env();
   // Errors come back as codes (turned into ember::Error) instead of aborting the job.
   check_mpi(MPI_Comm_set_errhandler(s->comm, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
   check_mpi(MPI_Comm_rank(s->comm, &s->rank), "MPI_Comm_rank");
@@ -495,9 +499,18 @@ MpiProcessGroup::MpiProcessGroup(std::shared_ptr<State> state)
     : BackendGroup(state->rank, state->local_rank, state->global_ranks, state->global_rank),
       state_(std::move(state)) {
   State& s = *state_;
-  s.sched = std::make_unique<detail::Scheduler>(s, "mpi", s.rank, s.size, s.options, s.debug);
+  s.sched = std::make_unique<detail::Scheduler>(s, "mpi", s.rank, s.global_ranks, s.global_rank,
+                                                s.options);
   s.sched->start_threads(std::shared_ptr<detail::Scheduler>(state_, s.sched.get()));
 }
+
+namespace {
+
+// How long a goodbye still pending at exit (a peer that never leaves nor collects) may hold
+// up MPI_Finalize.
+constexpr auto kGoodbyeLinger = std::chrono::seconds(2);
+
+}  // namespace
 
 MpiProcessGroup::~MpiProcessGroup() {
   int finalized = 0;
@@ -514,6 +527,10 @@ MpiProcessGroup::~MpiProcessGroup() {
   sched.join();
   if (finalized) return;
   MpiLock lock;
+  if (state_->size > 1) {  // the group is healthy here: tell the peers this rank left
+    const Fingerprint bye = sched.goodbye();
+    detail::post_goodbye(state_->comm, &bye, sizeof(bye), state_->size, kGoodbyeLinger);
+  }
   MPI_Comm_free(&state_->comm);  // a failure here cannot be reported from a destructor
 }
 

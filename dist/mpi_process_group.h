@@ -33,7 +33,7 @@
 // finalises: see detail::mark_mpi_job_broken). Any other failure of an issued operation on
 // one rank breaks that rank's group the same way: one that fails before MPI (a staging copy)
 // leaves its peers inside the operation, so a later one here would pair with theirs, and
-// after an MPI error MPI's state is undefined. Only a debug-mode mismatch, which every rank
+// after an MPI error MPI's state is undefined. Only a fingerprint mismatch, which every rank
 // sees, leaves the group in step. When the group breaks, the reason is written to stderr
 // ("ember::dist: the mpi process group broke on rank 1: ..."), once: a group destroyed while
 // the error unwinds (declared inside the try that catches it) ends the job before the catch

@@ -22,6 +22,7 @@
 
 #include "detail/common.h"
 #include "detail/engine.h"
+#include "detail/flight.h"
 
 namespace ember::dist {
 
@@ -96,11 +97,15 @@ struct NcclProcessGroup::State {
   std::atomic<bool> broken{false};
   std::mutex broken_mutex;  // guards comm (every call on it: see with_comm) and broken_message
   std::string broken_message;
+  // The group's last collectives (flight_recorder.h): issued and started at once (the stream
+  // has them), ended when the watchdog sees their event.
+  std::unique_ptr<detail::FlightRecorder> recorder;
 
   // An operation as the watchdog sees it: issued, and not yet seen done.
   struct Tracked {
     cuda::Event done;
     std::string name;
+    int64_t seq = 0;  // a collective's number (the recorder's), 0 for a send or recv
     Clock::time_point deadline;
     std::atomic<bool> host_waited{false};  // a blocking wait enforces its own limit
   };
@@ -134,6 +139,7 @@ struct NcclProcessGroup::State {
           return false;
         }
         if (status == cudaErrorCudartUnloading) unloading = true;  // the process is ending
+        if (op->seq > 0) recorder->ended(op->seq, status != cudaSuccess);
         if (status != cudaSuccess && failure.empty()) {
           failure = op->name + " on rank " + std::to_string(rank) + " failed: CUDA reported " +
                     cudaGetErrorString(status);
@@ -155,6 +161,10 @@ struct NcclProcessGroup::State {
         broken_message = failure;
       }
       std::fprintf(stderr, "ember: %s; the NCCL watchdog ends the process\n", failure.c_str());
+      if (recorder->on()) {
+        recorder->set_broken(failure);
+        detail::dump_flight_records("the NCCL watchdog ends the process: " + failure);
+      }
       std::fflush(nullptr);  // the ranks' own output too
       std::_Exit(1);
     }
@@ -211,6 +221,11 @@ struct NcclProcessGroup::State {
       aborted = std::exchange(comm, nullptr);
     }
     detail::report_broken_group("nccl", rank, message);
+    if (recorder->on()) {
+      recorder->set_broken(message);
+      detail::dump_flight_records("the nccl group broke on rank " + std::to_string(rank) + ": " +
+                                  message);
+    }
     if (aborted != nullptr) ncclCommAbort(aborted);  // nothing more to report if this fails too
   }
 
@@ -288,13 +303,14 @@ using State = NcclProcessGroup::State;
 // explicit timeout, and a barrier, block the host until the operation is done.
 class NcclWork final : public Work {
  public:
-  NcclWork(std::shared_ptr<State> state, const std::string& name, std::vector<Tensor> keep,
-           bool blocking)
+  NcclWork(std::shared_ptr<State> state, const std::string& name, int64_t seq,
+           std::vector<Tensor> keep, bool blocking)
       : state_(std::move(state)),
         keep_(std::move(keep)),
         op_(std::make_shared<State::Tracked>()),
         blocking_(blocking) {
     op_->name = name;
+    op_->seq = seq;
     op_->deadline = Clock::now() + state_->options.timeout;
     op_->done.record(state_->stream);
     state_->watch(op_);
@@ -337,6 +353,7 @@ class Issue {
     const bool collective = detail::is_collective(kind);
     const int64_t seq = collective ? ++s.collectives : ++s.p2p;
     name_ = std::string(detail::op_kind_name(kind)) + " #" + std::to_string(seq);
+    if (collective) seq_ = seq;
     if (s.broken.load()) {
       std::lock_guard<std::mutex> lock(s.broken_mutex);
       throw Error(
@@ -348,7 +365,12 @@ class Issue {
       // A stream waits for an event's record at the time of the call: re-recording is safe.
       s.ready.record(cuda::current_stream(s.device));
       s.ready.wait(s.stream);
-      if (s.debug && collective) check_fingerprints(Fingerprint::of(kind, seq, t, root, reduce));
+      if (collective) {
+        const Fingerprint mine = Fingerprint::of(kind, seq, t, root, reduce);
+        s.recorder->enqueued(mine);
+        s.recorder->started(seq);  // on the stream from here on
+        if (s.debug) check_fingerprints(mine);
+      }
     } catch (const detail::FingerprintMismatch&) {
       throw;
     } catch (const std::exception& e) {
@@ -386,7 +408,8 @@ class Issue {
     // Blocks of the caching allocator are not reused before the NCCL stream is done with them;
     // memory the caller owns (from_blob) is the caller's to keep until the wait.
     for (const Tensor& t : keep) cuda::record_stream(t.storage().data(), s->stream);
-    WorkHandle work = std::make_shared<NcclWork>(std::move(s), name_, std::move(keep), blocking);
+    WorkHandle work =
+        std::make_shared<NcclWork>(std::move(s), name_, seq_, std::move(keep), blocking);
     finished_ = true;
     return work;
   }
@@ -419,8 +442,7 @@ class Issue {
     s_.host_wait(copied, name_ + " (debug check)", s_.options.timeout);
     std::vector<Fingerprint> all(static_cast<size_t>(s_.size));
     std::memcpy(all.data(), all_host.data_ptr(), all.size() * sizeof(Fingerprint));
-    const std::string mismatch = detail::compare_fingerprints(all, s_.rank);
-    if (!mismatch.empty()) throw detail::FingerprintMismatch(name_ + ": " + mismatch);
+    detail::check_fingerprints(name_, all, s_.rank);
   }
 
   State& s_;
@@ -429,6 +451,7 @@ class Issue {
   std::optional<cuda::DeviceGuard> device_;  // the caller's device comes back
   const int uncaught_ = std::uncaught_exceptions();
   bool finished_ = false;
+  int64_t seq_ = 0;  // a collective's number; 0 for a send or recv
 };
 
 // A [size * numel] scratch tensor on the NCCL stream's pool.
@@ -519,6 +542,8 @@ NcclProcessGroup::NcclProcessGroup(int rank, int size, int local_rank, int devic
 NcclProcessGroup::NcclProcessGroup(std::shared_ptr<State> state, int local_rank)
     : BackendGroup(state->rank, local_rank, state->global_ranks, state->global_rank),
       state_(std::move(state)) {
+  state_->recorder = std::make_unique<detail::FlightRecorder>(
+      "nccl", state_->rank, state_->global_ranks, state_->global_rank);
   state_->watchdog = std::thread([state = state_.get()] { state->run_watchdog(); });
 }
 

@@ -37,8 +37,10 @@ struct ProcessGroupOptions {
   // Every wait's limit; must be positive. Values beyond 30 days count as 30 days, so
   // std::chrono::milliseconds::max() means "as good as never".
   std::chrono::milliseconds timeout = std::chrono::minutes(10);
-  // Checks that every rank issues the same collective with the same shapes and dtypes, and
-  // names the first rank that differs (also switched on by EMBER_DIST_DEBUG=1).
+  // The MPI and TCP groups always check, before each collective, that every rank issued the
+  // same one with the same shapes and dtypes, naming each rank's call when not, and that no
+  // rank left the group (a rank that leaves says goodbye). NCCL checks that only with this
+  // set (also switched on by EMBER_DIST_DEBUG=1): it costs each NCCL call a host wait.
   bool debug = false;
   // NCCL: every wait holds the host until its collective is done and raises ember::Error on
   // a timeout or an NCCL error, instead of ordering the stream under the watchdog (PyTorch's

@@ -15,6 +15,7 @@
 #include <cerrno>
 #include <cmath>
 #include <condition_variable>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <list>
@@ -23,11 +24,13 @@
 #include <thread>
 #include <type_traits>
 
+#include <ember/dist/flight_recorder.h>
 #include <ember/tensor/detail/dispatch.h>
 
 #include "detail/auth.h"
 #include "detail/common.h"
 #include "detail/engine.h"
+#include "detail/flight.h"
 #include "detail/scheduler.h"
 #include "detail/shared_store.h"
 #include "detail/socket.h"
@@ -41,11 +44,15 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-constexpr uint32_t kMagic = 0x454d4252;  // "EMBR"
-constexpr int32_t kDebugKind = 100;      // the fingerprint exchange of debug mode
+constexpr uint32_t kMagic = 0x454d4252;    // "EMBR"
+constexpr int32_t kFingerprintKind = 100;  // the exchange that precedes every collective
 constexpr int64_t kChunkBytes = int64_t{1} << 20;
 constexpr auto kPollSlice = std::chrono::milliseconds(200);
 constexpr auto kSpin = std::chrono::microseconds(30);  // transfer() polls without sleeping
+// How often the send/recv thread looks for peers' requests for flight records, and how long a
+// rank whose group broke waits for the peers' answers.
+constexpr auto kDumpCheck = std::chrono::milliseconds(250);
+constexpr auto kDumpWait = std::chrono::milliseconds(600);
 // A connection to a mesh listener must finish its handshake and greeting within this.
 constexpr auto kGreetingLimit = std::chrono::seconds(5);
 constexpr const char* kMeshContext = "ember tcp mesh";
@@ -71,7 +78,7 @@ struct Hello {
 };
 
 std::string kind_name(int32_t kind) {
-  if (kind == kDebugKind) return "debug check";
+  if (kind == kFingerprintKind) return "fingerprint exchange";
   if (kind < 0 || kind > static_cast<int32_t>(OpKind::kRecv)) return "kind " + std::to_string(kind);
   return detail::op_kind_name(static_cast<OpKind>(kind));
 }
@@ -220,13 +227,15 @@ struct TcpProcessGroup::State final : detail::Transport {
   std::shared_ptr<TcpStore> store;
   std::string prefix;
   int32_t group_id = 0;
-  bool debug = false;
   std::vector<int> coll_fd, p2p_fd;  // by peer; -1 for this rank
   int wake_fd = -1;                  // eventfd: wakes the point-to-point thread
   std::unique_ptr<P2p> p2p;          // the point-to-point connections' state
   std::unique_ptr<detail::Scheduler> sched;
 
   ~State() override;
+  // Writes `bye` to every peer's collective connection as the fingerprint of the collective it
+  // would issue next, then ends its side of them: a rank waiting on this one reads it at once.
+  void say_goodbye(const Fingerprint& bye);
 
   void wake() const {
     const uint64_t one = 1;
@@ -252,6 +261,12 @@ struct TcpProcessGroup::State final : detail::Transport {
   bool p2p_polls_when_idle() const override { return true; }
   void wake_p2p() override { wake(); }
   void p2p_abandon() override;
+  void request_peer_dumps() override;
+  // On the send/recv thread, every kDumpCheck: dumps this process's flight records when a
+  // peer asked (request_peer_dumps), and says so in the store.
+  void answer_dump_requests();
+  std::atomic<int64_t> dump_requests_seen{0};
+  Clock::time_point next_dump_check{};
   // Shuts the connections down, so peers blocked on this rank fail at once.
   void on_broken() override {
     for (const int fd : coll_fd)
@@ -283,7 +298,7 @@ std::string peer_failure(const std::string& op, int rank, int peer, int error) {
 struct Ctx {
   State& s;
   const Op& op;
-  int32_t kind;  // in the headers: the op's kind, or kDebugKind
+  int32_t kind;  // in the headers: the op's kind, or kFingerprintKind
   Clock::time_point deadline;
   std::chrono::milliseconds limit;  // what the timeout message names
 
@@ -355,13 +370,15 @@ ssize_t read_some(int fd, char* data, size_t n, int& error) {
   }
 }
 
+// A fingerprint's number may differ (a goodbye's): check_fingerprints names that.
 void check_header(const Ctx& c, int peer, const Header& got, const Header& expect) {
-  EMBER_CHECK(got.magic == expect.magic && got.kind == expect.kind && got.seq == expect.seq &&
+  EMBER_CHECK(got.magic == expect.magic && got.kind == expect.kind &&
+                  (got.seq == expect.seq || expect.kind == kFingerprintKind) &&
                   got.step == expect.step && got.dtype == expect.dtype && got.bytes == expect.bytes,
               c.op.name(), "rank ", c.s.rank, " expected ", describe(expect), " from rank ", peer,
               " but received ", describe(got),
               "; every rank must issue the same collectives, in the same order, with the same "
-              "shapes and dtypes (EMBER_DIST_DEBUG=1 names the rank that differs)");
+              "shapes and dtypes");
 }
 
 // Moves `out` and `in` (either may be null) at once, polling until both are done.
@@ -373,7 +390,12 @@ void transfer(const Ctx& c, Out* out, In* in) {
     if (out != nullptr && !out->finished()) {
       write_some(s.coll_fd[static_cast<size_t>(out->peer)], out->header, out->data, out->done,
                  error);
-      if (error >= 0) throw Error(peer_failure(c.op.name(), s.rank, out->peer, error));
+      if (error >= 0 && c.kind == kFingerprintKind) {
+        // A peer that left may have said goodbye first: reading from it tells.
+        out->done = sizeof(Header) + static_cast<size_t>(out->header.bytes);
+      } else if (error >= 0) {
+        throw Error(peer_failure(c.op.name(), s.rank, out->peer, error));
+      }
     }
     while (in != nullptr && !in->finished()) {
       const int fd = s.coll_fd[static_cast<size_t>(in->peer)];
@@ -494,18 +516,40 @@ void ring_allreduce(const Ctx& c, char* data, int64_t numel, DType dtype, Reduce
 
 Region whole(const Tensor& t) { return {static_cast<char*>(t.data_ptr()), t.numel()}; }
 
+// The header of the fingerprint a rank sends `to` ahead of a collective, or as its goodbye.
+Header fingerprint_header(const State& s, int to, int64_t seq) {
+  Header h;
+  h.kind = kFingerprintKind;
+  h.seq = seq;
+  h.step = ring_index(to - s.rank, s.size);
+  h.dtype = static_cast<int32_t>(kU8);
+  h.bytes = sizeof(Fingerprint);
+  return h;
+}
+
+// Every rank sends its fingerprint straight to every other (step d: to rank + d, from
+// rank - d), so a peer that left and said goodbye is heard by every rank, then checks them.
+void exchange_fingerprints(const Ctx& c) {
+  State& s = c.s;
+  std::vector<Fingerprint> all(static_cast<size_t>(s.size));
+  all[static_cast<size_t>(s.rank)] = c.op.fingerprint;
+  for (int d = 1; d < s.size; ++d) {
+    Out o;
+    o.peer = ring_index(s.rank + d, s.size);
+    o.header = fingerprint_header(s, o.peer, c.op.seq);
+    o.data = reinterpret_cast<const char*>(&c.op.fingerprint);
+    In i;
+    i.peer = ring_index(s.rank - d, s.size);
+    i.expect = o.header;
+    i.data = reinterpret_cast<char*>(&all[static_cast<size_t>(i.peer)]);
+    transfer(c, &o, &i);
+  }
+  detail::check_fingerprints(c.op.name(), all, s.rank);
+}
+
 void run_collective(State& s, Op& op, std::chrono::milliseconds limit) {
   const auto deadline = op.started + limit;
-  if (s.debug) {
-    const Ctx debug{s, op, kDebugKind, deadline, limit};
-    std::vector<Fingerprint> all(static_cast<size_t>(s.size));
-    all[static_cast<size_t>(s.rank)] = op.fingerprint;
-    std::vector<Region> regions;
-    for (auto& f : all) regions.push_back({reinterpret_cast<char*>(&f), sizeof(Fingerprint)});
-    ring_allgather(debug, regions, kU8, 0);
-    const std::string mismatch = detail::compare_fingerprints(all, s.rank);
-    if (!mismatch.empty()) throw detail::FingerprintMismatch(op.name() + ": " + mismatch);
-  }
+  if (s.size > 1) exchange_fingerprints({s, op, kFingerprintKind, deadline, limit});
   const Ctx c{s, op, static_cast<int32_t>(op.kind), deadline, limit};
   const DType dtype = op.tensor.defined() ? op.tensor.dtype() : kI32;
   const bool avg = op.reduce == ReduceOp::kAvg;
@@ -817,11 +861,67 @@ TcpProcessGroup::State::~State() {
   if (wake_fd >= 0) ::close(wake_fd);
 }
 
+void TcpProcessGroup::State::say_goodbye(const Fingerprint& bye) {
+  for (int peer = 0; peer < size; ++peer) {
+    const int fd = coll_fd[static_cast<size_t>(peer)];
+    if (fd < 0) continue;
+    const Header h = fingerprint_header(*this, peer, bye.seq);
+    size_t done = 0;
+    int error = -1;
+    // Best effort, without waiting: 128 bytes fit any socket's buffer between collectives.
+    write_some(fd, h, reinterpret_cast<const char*>(&bye), done, error);
+    ::shutdown(fd, SHUT_WR);
+    // Unread bytes make close() reset the connection, which may discard the goodbye unread.
+    char sink[4096];
+    while (::recv(fd, sink, sizeof(sink), MSG_DONTWAIT) > 0) {
+    }
+  }
+}
+
 void TcpProcessGroup::State::p2p_start(detail::ScheduledOp& op) {
   p2p->start(std::static_pointer_cast<Op>(op.shared_from_this()));
 }
 
-void TcpProcessGroup::State::p2p_poll(bool /*idle*/) { p2p->poll(); }
+void TcpProcessGroup::State::p2p_poll(bool /*idle*/) {
+  p2p->poll();
+  if (store != nullptr && flight_recorder_enabled() && Clock::now() >= next_dump_check) {
+    next_dump_check = Clock::now() + kDumpCheck;
+    answer_dump_requests();
+  }
+}
+
+void TcpProcessGroup::State::request_peer_dumps() {
+  if (store == nullptr || size < 2) return;
+  try {
+    dump_requests_seen.fetch_add(1);  // before the count grows: not this rank's to answer
+    const int64_t acks = store->add(prefix + "flight/acks", 0);
+    store->add(prefix + "flight/requests", 1);
+    // Bounded: a peer that left or died never answers.
+    const auto until = Clock::now() + kDumpWait;
+    while (Clock::now() < until && store->add(prefix + "flight/acks", 0) < acks + size - 1) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr,
+                 "ember::dist: rank %d could not ask its peers for their flight records: %s\n",
+                 rank, e.what());
+  }
+}
+
+void TcpProcessGroup::State::answer_dump_requests() {
+  try {
+    const int64_t requests = store->add(prefix + "flight/requests", 0);
+    const int64_t fresh = requests - dump_requests_seen.load();
+    if (fresh <= 0) return;
+    dump_requests_seen.fetch_add(fresh);
+    detail::dump_flight_records("a peer of the tcp group on rank " + std::to_string(rank) +
+                                " asked, its group having broken");
+    store->add(prefix + "flight/acks", fresh);
+  } catch (const std::exception&) {
+    // The store is gone (rank 0 ended): nobody waits for the answer.
+    next_dump_check = Clock::now() + std::chrono::hours(24 * 365);
+  }
+}
 
 bool TcpProcessGroup::State::p2p_done(detail::ScheduledOp& op) {
   return static_cast<Op&>(op).transferred;
@@ -953,7 +1053,6 @@ std::shared_ptr<State> make_state(int rank, int size, int local_rank,
   s->local_rank = local_rank;
   s->options = options;
   s->options.timeout = detail::checked_timeout("TcpProcessGroup", options.timeout);
-  s->debug = options.debug || detail::debug_from_env();
   return s;
 }
 
@@ -981,7 +1080,8 @@ TcpProcessGroup::TcpProcessGroup(std::shared_ptr<State> state)
   s.p2p = std::make_unique<P2p>(P2p{s, std::vector<Peer>(static_cast<size_t>(s.size))});
   for (int p = 0; p < s.size; ++p)
     s.p2p->peers[static_cast<size_t>(p)].fd = s.p2p_fd[static_cast<size_t>(p)];
-  s.sched = std::make_unique<detail::Scheduler>(s, "tcp", s.rank, s.size, s.options, s.debug);
+  s.sched = std::make_unique<detail::Scheduler>(s, "tcp", s.rank, s.global_ranks, s.global_rank,
+                                                s.options);
   s.sched->start_threads(std::shared_ptr<detail::Scheduler>(state_, s.sched.get()));
 }
 
@@ -999,6 +1099,7 @@ std::shared_ptr<ProcessGroup> TcpProcessGroup::make_subgroup(const SubgroupSpec&
 TcpProcessGroup::~TcpProcessGroup() {
   state_->sched->stop_and_wait();
   state_->sched->join();
+  if (!state_->health().broken()) state_->say_goodbye(state_->sched->goodbye());
 }
 
 namespace {

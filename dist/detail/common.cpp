@@ -1,12 +1,16 @@
 #include "common.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
 #include <type_traits>
 
+#include <ember/dist/flight_recorder.h>
 #include <ember/tensor/detail/dispatch.h>
+
+#include "flight.h"
 
 namespace ember::dist::detail {
 
@@ -110,18 +114,64 @@ Fingerprint Fingerprint::of(OpKind kind, int64_t seq, const Tensor* t, int root,
   return f;
 }
 
+Fingerprint Fingerprint::goodbye(int64_t issued, int32_t last_kind) {
+  Fingerprint f;
+  f.kind = kGoodbye;
+  f.seq = issued + 1;
+  f.last_kind = issued > 0 ? last_kind : -1;
+  return f;
+}
+
 bool Fingerprint::operator==(const Fingerprint& o) const {
   return kind == o.kind && reduce == o.reduce && root == o.root && dtype == o.dtype &&
          seq == o.seq && numel == o.numel && ndim == o.ndim && dims == o.dims &&
-         shape_hash == o.shape_hash;
+         shape_hash == o.shape_hash && last_kind == o.last_kind;
 }
+
+namespace {
+
+// An OpKind read from another rank: named when valid.
+std::string kind_str(int32_t kind) {
+  if (kind < 0 || kind > static_cast<int32_t>(OpKind::kRecv)) return "kind " + std::to_string(kind);
+  return op_kind_name(static_cast<OpKind>(kind));
+}
+
+// "rank 2" or "ranks 0, 1".
+std::string ranks_named(const std::vector<size_t>& ranks) {
+  std::ostringstream out;
+  out << (ranks.size() == 1 ? "rank " : "ranks ");
+  for (size_t i = 0; i < ranks.size(); ++i) out << (i > 0 ? ", " : "") << ranks[i];
+  return out.str();
+}
+
+// The ranks of `all` grouped by equal fingerprint, in order of their first rank.
+std::vector<std::vector<size_t>> classes_of(const std::vector<Fingerprint>& all) {
+  std::vector<std::vector<size_t>> classes;
+  for (size_t r = 0; r < all.size(); ++r) {
+    auto same = std::find_if(classes.begin(), classes.end(),
+                             [&](const std::vector<size_t>& c) { return all[c[0]] == all[r]; });
+    if (same == classes.end()) {
+      classes.push_back({r});
+    } else {
+      same->push_back(r);
+    }
+  }
+  return classes;
+}
+
+}  // namespace
 
 std::string Fingerprint::str() const {
   std::ostringstream out;
-  out << op_kind_name(static_cast<OpKind>(kind)) << " #" << seq;
-  if (dtype >= 0) {
+  if (is_goodbye()) {
+    if (last_kind < 0) return "left the group before any collective";
+    out << "left the group after " << kind_str(last_kind) << " #" << seq - 1;
+    return out.str();
+  }
+  out << kind_str(kind) << " #" << seq;
+  if (dtype >= 0 && dtype < kNumDTypes) {
     out << " on " << static_cast<DType>(dtype) << " [";
-    for (int d = 0; d < ndim; ++d) {
+    for (int d = 0; d < std::min(ndim, kMaxDims + 1); ++d) {
       if (d > 0) out << ", ";
       if (d == kMaxDims) {
         out << "...";
@@ -136,17 +186,39 @@ std::string Fingerprint::str() const {
   return out.str();
 }
 
-std::string compare_fingerprints(const std::vector<Fingerprint>& all, int rank) {
-  for (size_t r = 1; r < all.size(); ++r) {
-    if (all[r] == all[0]) continue;
-    std::ostringstream out;
-    out << "debug check failed on rank " << rank << ": rank " << r << " issued " << all[r].str()
-        << " but rank 0 issued " << all[0].str()
-        << "; every rank must issue the same collectives, in the same order, with the same "
-           "shapes and dtypes";
-    return out.str();
+void check_fingerprints(const std::string& op, const std::vector<Fingerprint>& all, int rank) {
+  const std::vector<std::vector<size_t>> classes = classes_of(all);
+  if (classes.size() <= 1) return;
+  std::vector<size_t> left;
+  for (size_t r = 0; r < all.size(); ++r)
+    if (all[r].is_goodbye()) left.push_back(r);
+  std::ostringstream out;
+  out << op << " on rank " << rank << ": ";
+  if (!left.empty()) {
+    for (const auto& c : classes) {
+      if (!all[c[0]].is_goodbye()) continue;
+      out << ranks_named(c) << " " << all[c[0]].str() << " (destroy_process_group, the group's "
+          << "destruction or the process's exit), ";
+    }
+    out << "while ";
+    bool first = true;
+    for (const auto& c : classes) {
+      if (all[c[0]].is_goodbye()) continue;
+      out << (first ? "" : " and ") << ranks_named(c) << " waited in " << all[c[0]].str();
+      first = false;
+    }
+    out << "; the group cannot be used any more";
+    throw Error(out.str());
   }
-  return "";
+  out << "the ranks issued different collectives: ";
+  for (size_t i = 0; i < classes.size(); ++i) {
+    out << (i > 0 ? "; " : "") << ranks_named(classes[i]) << " issued " << all[classes[i][0]].str();
+  }
+  out << ". Every rank must issue the same collectives, in the same order, with the same "
+         "shapes and dtypes; every rank skipped this one and the group can still be used";
+  // The group stays usable, so no break dumps the records: this does, on every rank.
+  if (flight_recorder_enabled()) dump_flight_records(out.str());
+  throw FingerprintMismatch(out.str());
 }
 
 std::chrono::milliseconds checked_timeout(const char* group, std::chrono::milliseconds timeout) {
@@ -167,8 +239,8 @@ std::string timeout_message(const std::string& what, int rank, std::chrono::mill
   out << what << " on rank " << rank << " timed out after " << limit.count() << " ms (" << backend
       << " group of " << size << " ranks): "
       << (point_to_point ? "the peer died or never issued the matching send or recv"
-                         : "another rank died, skipped this collective or issued a different one "
-                           "(EMBER_DIST_DEBUG=1 checks)")
+                         : "another rank died, hangs outside any collective or never issued this "
+                           "one")
       << "; the group cannot be used any more";
   return out.str();
 }

@@ -1,5 +1,5 @@
 // Shared by the process groups: argument checks, names for error messages, and the
-// fingerprint that debug mode exchanges before each collective. (The completion and
+// fingerprint every rank exchanges before each collective. (The completion and
 // numbering of the operations the MPI and TCP backends queue are the scheduler's:
 // detail/scheduler.h.)
 #pragma once
@@ -56,27 +56,38 @@ inline void check_reduce_op(const char* op, const Tensor& t, ReduceOp reduce) {
 void check_list(const char* op, const char* what, const std::vector<Tensor>& list,
                 const Tensor& like, int size);
 
-// What debug mode compares across ranks: the collective, its sequence number, and the
-// dtype, shape (first kMaxDims dims, plus a hash of all), root and reduce op.
+// What the ranks compare before each collective: the collective, its sequence number, and
+// the dtype, shape (first kMaxDims dims, plus a hash of all), root and reduce op. A rank that
+// leaves the group sends a goodbye instead (kind kGoodbye), naming the last collective it
+// issued, so a rank still waiting on it learns at once who left and when.
 struct Fingerprint {
   static constexpr int kMaxDims = 6;
+  static constexpr int32_t kGoodbye = 100;
   int32_t kind = 0;
   int32_t reduce = -1;
   int32_t root = -1;
   int32_t dtype = -1;
-  int64_t seq = 0;
+  int64_t seq = 0;  // a goodbye's: the number its next collective would have had
   int64_t numel = 0;
   int32_t ndim = 0;
-  int32_t padding = 0;
+  int32_t last_kind = -1;  // a goodbye's: the OpKind of collective seq - 1 (-1: none)
   std::array<int64_t, kMaxDims> dims{};
   uint64_t shape_hash = 0;
 
   static Fingerprint of(OpKind kind, int64_t seq, const Tensor* t, int root, int reduce);
+  // What a rank that issued `issued` collectives, the last a `last`, sends when it leaves.
+  static Fingerprint goodbye(int64_t issued, int32_t last_kind);
+  bool is_goodbye() const { return kind == kGoodbye; }
   bool operator==(const Fingerprint& other) const;
-  std::string str() const;  // "allreduce #3 on f32 [4, 4] (sum)"
+  // "allreduce #3 on f32 [4, 4] (sum)"; a goodbye: "left the group after allreduce #7".
+  std::string str() const;
 };
-// The error debug mode reports on every rank when fingerprints differ, or "" when they agree.
-std::string compare_fingerprints(const std::vector<Fingerprint>& all, int rank);
+// The check every backend makes before every collective, once it gathered each rank's
+// fingerprint (`all`, by rank) for its collective `op` ("barrier #8") on `rank`. When a rank
+// said goodbye it throws ember::Error naming who left after which collective and where the
+// others are (the group is unusable); when the collectives differ, FingerprintMismatch naming
+// every rank's call. Either way every rank that waits sees the same and fails at once.
+void check_fingerprints(const std::string& op, const std::vector<Fingerprint>& all, int rank);
 // Thrown for such a mismatch: every rank sees it and skips the collective, so, unlike any
 // other failure of an issued operation, it leaves the group in step and usable.
 struct FingerprintMismatch : Error {

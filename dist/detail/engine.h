@@ -22,7 +22,7 @@ struct CollectiveRequest {
   ReduceOp reduce = ReduceOp::kSum;
   int peer = -1;  // root, destination or source
   int tag = 0;
-  // Whether the reduce op takes part (debug mode's fingerprints compare it too).
+  // Whether the reduce op takes part (the fingerprints compare it too).
   bool uses_reduce() const {
     return kind == OpKind::kAllreduce || kind == OpKind::kReduce || kind == OpKind::kReduceScatter;
   }

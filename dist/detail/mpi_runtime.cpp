@@ -4,7 +4,9 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <thread>
+#include <vector>
 
 namespace ember::dist::detail {
 
@@ -13,6 +15,35 @@ namespace {
 std::atomic<int> g_thread_level{-1};
 std::atomic<bool> g_job_broken{false};
 std::mutex g_serialized_mutex;
+
+// The goodbyes still in flight (post_goodbye), with the buffers MPI writes to.
+struct Goodbye {
+  std::vector<char> mine, all;
+  MPI_Request request = MPI_REQUEST_NULL;
+  std::chrono::steady_clock::time_point until;  // given up at exit after this
+};
+std::mutex g_goodbye_mutex;
+std::vector<std::unique_ptr<Goodbye>>& goodbyes() {
+  static auto* pending = new std::vector<std::unique_ptr<Goodbye>>;
+  return *pending;
+}
+
+// Drops the goodbyes that finished; with `at_exit`, first waits for the others until their
+// time is up (a rank that never leaves or collects again). Under MpiLock.
+void settle_goodbyes(bool at_exit) {
+  std::lock_guard<std::mutex> lock(g_goodbye_mutex);
+  auto& pending = goodbyes();
+  for (;;) {
+    const auto now = std::chrono::steady_clock::now();
+    std::erase_if(pending, [&](const std::unique_ptr<Goodbye>& g) {
+      int done = 0;
+      if (MPI_Test(&g->request, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) return true;
+      return done != 0 || (at_exit && now >= g->until);
+    });
+    if (!at_exit || pending.empty()) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
 
 // Finalises MPI at exit when ember initialised it (or aborts the job when a group broke).
 struct MpiFinalizer {
@@ -24,6 +55,7 @@ struct MpiFinalizer {
     if (g_job_broken.load()) {
       abort_mpi_job();
     } else {
+      settle_goodbyes(/*at_exit=*/true);
       MPI_Finalize();
     }
   }
@@ -116,6 +148,21 @@ void ensure_mpi_initialized() {
               "MPI with MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...) or let ember do it)");
   g_mpi_call_mutex.store(provided >= MPI_THREAD_MULTIPLE ? nullptr : &g_serialized_mutex);
   g_thread_level.store(provided);
+}
+
+void post_goodbye(MPI_Comm comm, const void* bytes, int count, int size,
+                  std::chrono::milliseconds linger) {
+  settle_goodbyes(/*at_exit=*/false);
+  auto g = std::make_unique<Goodbye>();
+  g->mine.assign(static_cast<const char*>(bytes), static_cast<const char*>(bytes) + count);
+  g->all.resize(static_cast<size_t>(count) * static_cast<size_t>(size));
+  g->until = std::chrono::steady_clock::now() + linger;
+  if (MPI_Iallgather(g->mine.data(), count, MPI_BYTE, g->all.data(), count, MPI_BYTE, comm,
+                     &g->request) != MPI_SUCCESS) {
+    return;  // nobody to tell: the peers' own waits time out as before
+  }
+  std::lock_guard<std::mutex> lock(g_goodbye_mutex);
+  goodbyes().push_back(std::move(g));
 }
 
 void mark_mpi_job_broken() { g_job_broken.store(true); }

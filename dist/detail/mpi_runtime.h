@@ -5,6 +5,7 @@
 #include <mpi.h>
 
 #include <atomic>
+#include <chrono>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -50,6 +51,14 @@ class MpiLock {
 // Marks the job as holding a collective that can never finish (a timed-out group): at exit
 // ember then calls MPI_Abort instead of MPI_Finalize, which would wait for it forever.
 void mark_mpi_job_broken();
+
+// A group's goodbye: the MPI_Iallgather of `bytes` (its goodbye fingerprint) over `comm`,
+// posted when the group is destroyed and left to finish, so ranks still waiting in a
+// collective of the group learn at once who left. It must not wait: the other ranks may
+// never issue another collective. Those still pending are given, at most, `linger` at exit
+// before MPI is finalised. Under MpiLock.
+void post_goodbye(MPI_Comm comm, const void* bytes, int count, int size,
+                  std::chrono::milliseconds linger);
 
 struct MpiTypeOp {
   MPI_Datatype type;

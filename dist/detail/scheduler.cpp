@@ -87,7 +87,6 @@ void ScheduledOp::recycle(OpKind k) {
   tag = 0;
   offered = false;
   claimed.store(false, std::memory_order_relaxed);
-  if (sched->debug_) fingerprint = Fingerprint{};
   release_tensors();
   after = 0;
   started = {};
@@ -131,10 +130,12 @@ void ScheduledOp::run_inline(std::chrono::milliseconds limit) {
   try {
     // A break between the claim's check and its win (fail_queued left the op to it).
     if (s.health_.broken()) throw Error(s.health_.reason());
+    s.recorder_.started(seq);
     s.transport_.run_blocking(*this, limit);
   } catch (const std::exception& e) {
     fail_inline_run(e);
   }
+  s.recorder_.ended(seq, /*failed=*/false);
   // A success leaves nothing pending: its buffers go at once.
   release_tensors();
   s.collective_finished();  // this completes it (completed_elsewhere)
@@ -146,6 +147,7 @@ void ScheduledOp::run_inline(std::chrono::milliseconds limit) {
 void ScheduledOp::fail_inline_run(const std::exception& e) {
   Scheduler& s = *sched;
   const std::string failure = s.failure_of(e);
+  s.recorder_.ended(seq, /*failed=*/true);
   s.release_buffers(*this, true);
   complete(failure);
   s.collective_finished();
@@ -160,10 +162,15 @@ void ScheduledOp::wait_for_completion(std::chrono::milliseconds limit) {
 
 // --- the scheduler ---------------------------------------------------------------------------
 
-Scheduler::Scheduler(Transport& transport, const char* backend, int rank, int size,
-                     const ProcessGroupOptions& options, bool debug)
-    : transport_(transport), rank_(rank), size_(size), options_(options), debug_(debug) {
-  health_.init(backend, rank, size);
+Scheduler::Scheduler(Transport& transport, const char* backend, int rank,
+                     const std::vector<int>& global_ranks, int global_rank,
+                     const ProcessGroupOptions& options)
+    : transport_(transport),
+      rank_(rank),
+      size_(static_cast<int>(global_ranks.size())),
+      options_(options),
+      recorder_(backend, rank, global_ranks, global_rank) {
+  health_.init(backend, rank, size_);
   transport_.scheduler = this;
 }
 
@@ -174,15 +181,23 @@ void Scheduler::start_threads(const std::shared_ptr<Scheduler>& self) {
 }
 
 void Scheduler::break_group(const std::string& message) {
+  bool broke = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (health_.mark_broken(message)) {
+      broke = true;
       transport_.on_broken();
       fail_queued();  // now, even while the collective thread is stuck in the transport
     }
   }
   cv_.notify_all();
   wake_p2p();
+  if (broke && recorder_.on()) {
+    recorder_.set_broken(message);
+    dump_flight_records(std::string("the ") + health_.backend() + " group broke on rank " +
+                        std::to_string(rank_) + ": " + message);
+    transport_.request_peer_dumps();
+  }
 }
 
 void Scheduler::wake_p2p() {
@@ -217,6 +232,7 @@ void Scheduler::fail_queued() {
   for (auto& op : queue_) {
     int unclaimed = ScheduledOp::kUnclaimed;
     if (op->runner.compare_exchange_strong(unclaimed, ScheduledOp::kThread)) {
+      recorder_.ended(op->seq, /*failed=*/true);
       op->complete(health_.reason());
     } else if (op->seq > finished) {
       running.push_back(op);
@@ -276,13 +292,14 @@ WorkHandle Scheduler::enqueue(const Request& r) {
       if (r.list != nullptr || (op->tensor.defined() && !op->tensor.is_cpu())) {
         attach_rare_args(*op, r);
       }
-      stamp_op(*op, counters_, rank_, health_.broken(), health_.reason(), debug_, r.uses_reduce());
+      stamp_op(*op, counters_, rank_, health_.broken(), health_.reason(), r.uses_reduce());
     } catch (...) {
       op->release_tensors();  // refused: the spare keeps no tensor of the caller's
       op->seq = 0;            // left in the queue, it counts as finished
       throw;
     }
     if (collective) {
+      recorder_.enqueued(op->fingerprint);
       if (!queued) queue_.push_back(spare_);
       collectives_issued_.store(counters_.collectives, std::memory_order_release);
       // NOTE: sent after the unlock, so a woken thread does not block on the mutex at once.
@@ -458,6 +475,7 @@ void Scheduler::run_on_thread(const OpPtr& op) {
     // A break since it was taken (fail_queued found it taken): the transport is not used.
     if (health_.broken()) throw Error(health_.reason());
     op->started = Clock::now();
+    recorder_.started(op->seq);
     transport_.on_thread_start(*op);
     transport_.start(*op);  // a blocking collective runs in here
     while (!transport_.progress(*op)) {
@@ -476,6 +494,7 @@ void Scheduler::run_on_thread(const OpPtr& op) {
     failure = failure_of(e);
   }
   release_buffers(*op, !failure.empty());
+  recorder_.ended(op->seq, !failure.empty());
   op->complete(failure);
   collective_finished();
 }
@@ -611,6 +630,12 @@ void Scheduler::stop_and_wait() {
     // Progress does not notify threads_cv_: look again now and then.
     threads_cv_.wait_for(lock, std::chrono::milliseconds(100));
   }
+}
+
+Fingerprint Scheduler::goodbye() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return Fingerprint::goodbye(counters_.collectives,
+                              static_cast<int32_t>(counters_.last_collective));
 }
 
 void Scheduler::join() {

@@ -25,6 +25,7 @@
 
 #include "common.h"
 #include "engine.h"
+#include "flight.h"
 
 namespace ember::dist::detail {
 
@@ -118,7 +119,7 @@ struct QueuedOp : CompletionWork {
   int tag = 0;
   Tensor tensor;             // the one tensor (allgather: input; reduce_scatter: output)
   std::vector<Tensor> list;  // allgather outputs, reduce_scatter inputs
-  Fingerprint fingerprint;   // debug mode only
+  Fingerprint fingerprint;   // collectives: what the ranks compare before running it
 
   // A waiter may run a lone collective itself (detail::Scheduler's inline fast path): the
   // collective thread offers it once, and the waiter that takes it marks it claimed.
@@ -138,20 +139,23 @@ void offer_to_waiter(std::unique_lock<std::mutex>& lock, QueuedOp& op);
 // The group's op counters; every rank numbers its ops alike, so the numbers name them.
 struct OpCounters {
   int64_t collectives = 0, p2p = 0;
+  OpKind last_collective = OpKind::kBarrier;  // the kind of collective #collectives
 };
 
-// Under the group's lock, before `op` is queued: numbers it (which names it), refuses it
-// (ember::Error) when the group broke earlier (`broken_message`), and in debug mode fills its
-// fingerprint (with the reduce op when `uses_reduce`).
+// Under the group's lock, before `op` is queued: refuses it (ember::Error) when the group
+// broke earlier (`broken_message`), and fills a collective's fingerprint (with the reduce op
+// when `uses_reduce`), which every rank compares before it runs it.
 void refuse_or_fingerprint(QueuedOp& op, int rank, bool broken, const std::string& broken_message,
                            bool uses_reduce);
 inline void stamp_op(QueuedOp& op, OpCounters& counters, int rank, bool broken,
-                     const std::string& broken_message, bool debug, bool uses_reduce) {
-  op.seq = is_collective(op.kind) ? ++counters.collectives : ++counters.p2p;
-  if (broken || debug) refuse_or_fingerprint(op, rank, broken, broken_message, uses_reduce);
+                     const std::string& broken_message, bool uses_reduce) {
+  const bool collective = is_collective(op.kind);
+  op.seq = collective ? ++counters.collectives : ++counters.p2p;
+  if (collective) counters.last_collective = op.kind;
+  if (broken || collective) refuse_or_fingerprint(op, rank, broken, broken_message, uses_reduce);
 }
 
-// Whether a group can still be used. Any failure of an issued operation but a debug-mode
+// Whether a group can still be used. Any failure of an issued operation but a fingerprint
 // mismatch (which every rank sees) breaks it for good: the reason is recorded, written to
 // stderr once (report_broken_group), and every later operation is refused with it.
 class GroupHealth {
@@ -188,7 +192,7 @@ class GroupHealth {
   }
 
   // The failure `e` of an issued operation as its waiter gets it. Unless every rank skips the
-  // operation (a debug-mode mismatch), it breaks the group first, through `break_group`.
+  // operation (a fingerprint mismatch), it breaks the group first, through `break_group`.
   template <typename BreakGroup>
   static std::string failure_of(const std::exception& e, BreakGroup&& break_group) {
     if (dynamic_cast<const FingerprintMismatch*>(&e) == nullptr) break_group(e.what());
@@ -287,14 +291,20 @@ class Transport {
   // A blocking call that outlived its limit plus a grace and cannot be interrupted: `message`
   // says which. The default breaks the group, which a transport that stops on a break ends.
   virtual void abort_hung(const std::string& message);
+  // The group broke and this rank dumped its flight records: ask the peers to dump theirs
+  // too, the hung one included (TCP: through the store). Outside the scheduler's lock.
+  virtual void request_peer_dumps() {}
 
   Scheduler* scheduler = nullptr;  // set by the scheduler
 };
 
 class Scheduler {
  public:
-  Scheduler(Transport& transport, const char* backend, int rank, int size,
-            const ProcessGroupOptions& options, bool debug);
+  // For member `rank` of a group whose members are the job's `global_ranks`, this process
+  // being the job's `global_rank`.
+  Scheduler(Transport& transport, const char* backend, int rank,
+            const std::vector<int>& global_ranks, int global_rank,
+            const ProcessGroupOptions& options);
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
 
@@ -316,11 +326,12 @@ class Scheduler {
   const GroupHealth& health() const { return health_; }
   int rank() const { return rank_; }
   int size() const { return size_; }
-  bool debug() const { return debug_; }
   std::chrono::milliseconds timeout() const { return options_.timeout; }
   const ProcessGroupOptions& options() const { return options_; }
   // Collectives finished so far (in issue order).
   int64_t collectives_finished() const { return collectives_finished_.load(); }
+  // What this rank sends its peers when it leaves the group (see Fingerprint::goodbye).
+  Fingerprint goodbye();
 
  private:
   friend struct ScheduledOp;
@@ -351,8 +362,8 @@ class Scheduler {
   Transport& transport_;
   const int rank_, size_;
   ProcessGroupOptions options_;
-  const bool debug_;
   GroupHealth health_;
+  FlightRecorder recorder_;  // this group's last collectives, for the dumps
 
   std::mutex mutex_;
   std::condition_variable cv_;      // wakes the collective thread

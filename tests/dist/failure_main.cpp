@@ -1,6 +1,7 @@
 // Not a gtest: a job that is meant to fail, run by expect_failure.sh with 2 ranks, under
 // mpirun (backend mpi, the default) or torchrun_style.sh (backend tcp).
-//   failure_main skip|exit|queued|unwaited|local|caught|unwound|save_alone [mpi|tcp]
+//   failure_main skip|exit|queued|unwaited|local|caught|unwound|save_alone|other_op|
+//                other_count|skip_next|leave [mpi|tcp]
 //   skip: rank 1 skips the second allreduce; rank 0 must raise ember::Error within the
 //         group's 2 s timeout, and the job must end non-zero instead of hanging.
 //   exit: rank 1 dies after the first allreduce; the job must end non-zero, promptly.
@@ -20,9 +21,18 @@
 //         before the catch runs), and still the message must reach stderr.
 //   save_alone: the tutorial's guard around a collective save: rank 0 calls
 //         save_checkpoint(path, ck, group) alone while rank 1 goes on to its next allreduce.
-//         On TCP, and on MPI in debug mode (EMBER_DIST_DEBUG=1), both ranks fail at once, each
-//         naming the other's call; on MPI without it rank 0 fails at the group's timeout
-//         (10 s). Each rank prints "rank R: failed within|after 5 s (T s): MESSAGE".
+//         Both ranks fail at once, each naming both calls. Each rank prints
+//         "rank R: failed within|after 5 s (T s): MESSAGE".
+//   other_op, other_count, skip_next, leave: at 2 or 3 ranks, after allreduce #1 the last
+//         rank differs from the others, who all-reduce 1024 floats as allreduce #2, then
+//         issue a barrier: it broadcasts instead (other_op), all-reduces 512 floats
+//         (other_count), skips to the barrier (skip_next), or leaves the group, as the DDP
+//         tutorial's last epoch does where rank 0 alone saves a checkpoint (leave: the others
+//         call save_checkpoint(path, ck, group) while the last rank calls
+//         destroy_process_group() and lives on for 3 s; leave_exit: it returns from main and
+//         the default group goes at exit; leave_unwind: its group's last owner is destroyed
+//         while the program's own exception unwinds). Every rank that waits fails at once,
+//         naming the ranks, the numbers and the calls, and prints as save_alone does.
 #include <unistd.h>
 
 #include <chrono>
@@ -30,6 +40,7 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <thread>
 
@@ -39,6 +50,23 @@
 #include <ember/tensor/ops.h>
 
 namespace {
+
+// Runs `call`, which must throw ember::Error, and prints how long it took and what it said.
+template <typename F>
+int expect_error(int rank, F&& call) {
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    call();
+    std::fprintf(stderr, "rank %d: the call unexpectedly completed\n", rank);
+    return 0;
+  } catch (const ember::Error& e) {
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::fprintf(stderr, "rank %d: failed %s 5 s (%.2f s): %s\n", rank,
+                 seconds < 5 ? "within" : "after", seconds, e.what());
+    return 1;
+  }
+}
 
 // save_alone: each rank reports how long its failing call took and what it said.
 int save_alone(const std::string& backend) {
@@ -58,23 +86,75 @@ int save_alone(const std::string& backend) {
   const std::string path = (std::filesystem::temp_directory_path() /
                             ("ember_save_alone_" + std::to_string(::getpid()) + ".safetensors"))
                                .string();
-  const auto start = std::chrono::steady_clock::now();
-  try {
+  const int status = expect_error(pg->rank(), [&] {
     if (pg->rank() == 0) {
       dist::save_checkpoint(path, ck, pg.get());  // rank 1 never calls it
     } else {
       pg->allreduce(t)->wait();  // allreduce #2
     }
-    std::fprintf(stderr, "rank %d: the call unexpectedly completed\n", pg->rank());
-    return 0;
-  } catch (const ember::Error& e) {
-    const double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    std::fprintf(stderr, "rank %d: failed %s 5 s (%.2f s): %s\n", pg->rank(),
-                 seconds < 5 ? "within" : "after", seconds, e.what());
+  });
+  std::filesystem::remove(path);
+  return status;
+}
+
+// other_op, other_count, skip_next, leave: the last rank differs at collective #2.
+int odd_one_out(const std::string& mode, const std::string& backend) {
+  using namespace std::chrono_literals;
+  namespace dist = ember::dist;
+  dist::InitOptions options;
+  options.device = ember::kCPU;
+  options.backend = backend;
+  options.group.timeout = 60s;  // a failure that waits for it shows as "after 5 s"
+  auto pg = dist::init_process_group(options);
+  ember::Tensor t = ember::ones({1024});
+  pg->allreduce(t)->wait();
+  const int rank = pg->rank();
+  const bool odd = rank == pg->size() - 1;
+  if (mode.starts_with("leave")) {
+    if (odd && mode == "leave_exit") {
+      std::fprintf(stderr, "rank %d: returns from main\n", rank);
+      return 0;  // the default group goes at exit
+    }
+    if (odd && mode == "leave_unwind") {
+      try {
+        const auto last = std::move(pg);  // the group's last owner, inside the try
+        dist::destroy_process_group();
+        throw std::runtime_error("the user's own error");
+      } catch (const std::runtime_error& e) {  // the group was destroyed while it unwound
+        std::fprintf(stderr, "rank %d: caught %s\n", rank, e.what());
+      }
+      std::this_thread::sleep_for(3s);
+      return 0;
+    }
+    if (odd) {
+      pg.reset();
+      dist::destroy_process_group();
+      std::fprintf(stderr, "rank %d: left the group\n", rank);
+      std::this_thread::sleep_for(3s);  // lives on, writing its logs
+      return 0;
+    }
+    auto model = std::make_shared<ember::nn::Linear>(3, 2);
+    dist::Checkpoint ck;
+    ck.model = model.get();
+    const std::string path = (std::filesystem::temp_directory_path() /
+                              ("ember_leave_" + std::to_string(::getpid()) + ".safetensors"))
+                                 .string();
+    const int status = expect_error(rank, [&] { dist::save_checkpoint(path, ck, pg.get()); });
     std::filesystem::remove(path);
-    return 1;
+    return status;
   }
+  return expect_error(rank, [&] {
+    if (!odd) {
+      pg->allreduce(t)->wait();
+      pg->barrier()->wait();
+    } else if (mode == "other_op") {
+      pg->broadcast(t, 0)->wait();
+    } else if (mode == "skip_next") {
+      pg->barrier()->wait();
+    } else {
+      pg->allreduce(ember::ones({512}))->wait();
+    }
+  });
 }
 
 // caught / unwound: rank 1's barrier #1 times out inside a try, as a user writes it.
@@ -125,6 +205,10 @@ int main(int argc, char** argv) {
   const std::string backend = argc > 2 ? argv[2] : "mpi";
   if (mode == "caught" || mode == "unwound") return lost_error(mode, backend);
   if (mode == "save_alone") return save_alone(backend);
+  if (mode == "other_op" || mode == "other_count" || mode == "skip_next" ||
+      mode.starts_with("leave")) {
+    return odd_one_out(mode, backend);
+  }
   ember::dist::InitOptions options;
   options.device = ember::kCPU;
   options.backend = backend;

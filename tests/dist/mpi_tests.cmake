@@ -41,21 +41,68 @@ foreach(mode caught unwound)
       ${EMBER_MPIRUN} ${MPIEXEC_NUMPROC_FLAG} 2 $<TARGET_FILE:ember_dist_failure> ${mode})
 endforeach()
 # A collective save_checkpoint on rank 0 alone (the tutorial's `if rank == 0` guard) while
-# rank 1 all-reduces: with the fingerprints of debug mode both ranks name the other's call at
-# once; without them MPI cannot tell, and rank 0 fails at the group's timeout.
-add_test(NAME dist_mpi_failure_save_alone_debug
-  COMMAND ${EMBER_EXPECT_FAILURE} 60
-    "rank 0: failed within 5 s .*rank 1 issued allreduce #2 .* but rank 0 issued allgather #2"
-    --and "rank 1: failed within 5 s .*rank 1 issued allreduce #2 .* but rank 0 issued allgather #2"
-    ${EMBER_MPIRUN} -x EMBER_DIST_DEBUG=1 ${MPIEXEC_NUMPROC_FLAG} 2
-    $<TARGET_FILE:ember_dist_failure> save_alone)
+# rank 1 all-reduces: both ranks name both calls at once (the fingerprints every rank
+# exchanges before each collective). The group's timeout is 10 s: a regression shows.
 add_test(NAME dist_mpi_failure_save_alone
-  COMMAND ${EMBER_EXPECT_FAILURE} 60 "rank 0: failed after 5 s .*allgather #2 on rank 0 timed out after 10000 ms"
+  COMMAND ${EMBER_EXPECT_FAILURE} 30
+    "rank 0: failed within 5 s .*rank 0 issued allgather #2 .*; rank 1 issued allreduce #2"
+    --and "rank 1: failed within 5 s .*rank 0 issued allgather #2 .*; rank 1 issued allreduce #2"
     ${EMBER_MPIRUN} ${MPIEXEC_NUMPROC_FLAG} 2 $<TARGET_FILE:ember_dist_failure> save_alone)
 set_tests_properties(dist_mpi_failure_skip dist_mpi_failure_exit dist_mpi_failure_queued
   dist_mpi_failure_unwaited dist_mpi_failure_local dist_mpi_failure_caught
-  dist_mpi_failure_unwound dist_mpi_failure_save_alone_debug dist_mpi_failure_save_alone
+  dist_mpi_failure_unwound dist_mpi_failure_save_alone
   PROPERTIES TIMEOUT 120 LABELS "dist;mpi" PROCESSORS 2)
+
+# The last of NP ranks differs at collective #2 (failure_main.cpp's other_op, other_count,
+# skip_next, and leave, leave_exit and leave_unwind) on BACKEND, launched by LAUNCH...: every rank that waits fails within 5 s with the
+# same message, naming the ranks, the numbers and the calls; the groups' timeout is 60 s.
+function(ember_add_odd_one_out prefix np backend)
+  math(EXPR last "${np} - 1")
+  if(np EQUAL 2)
+    set(others "rank 0")
+  else()
+    set(others "ranks 0, 1")
+  endif()
+  set(differ "the ranks issued different collectives: ${others} issued allreduce #2 on f32 .1024. .sum.. rank ${last} issued")
+  set(expect_other_op "${differ} broadcast #2 on f32 .1024. .root 0.")
+  set(expect_other_count "${differ} allreduce #2 on f32 .512. .sum.")
+  set(expect_skip_next "${differ} barrier #2")
+  set(expect_leave "rank ${last} left the group after allreduce #1 .destroy_process_group.*while ${others} waited in allgather #2")
+  set(expect_leave_exit "${expect_leave}")
+  set(expect_leave_unwind "${expect_leave}")
+  foreach(mode other_op other_count skip_next leave leave_exit leave_unwind)
+    set(waiting ${np})
+    if(mode MATCHES "^leave")
+      set(waiting ${last})
+    endif()
+    set(ands)
+    math(EXPR top "${waiting} - 1")
+    foreach(r RANGE ${top})
+      list(APPEND ands --and "rank ${r}: failed within 5 s .*${expect_${mode}}")
+    endforeach()
+    add_test(NAME ${prefix}_${mode}_np${np}
+      COMMAND ${EMBER_EXPECT_FAILURE} 30 "rank 0: failed within 5 s" ${ands} ${ARGN} ${mode} ${backend})
+    set_tests_properties(${prefix}_${mode}_np${np} PROPERTIES TIMEOUT 120 PROCESSORS ${np}
+                                                             LABELS "dist")
+  endforeach()
+endfunction()
+foreach(np 2 3)
+  ember_add_odd_one_out(dist_mpi_failure ${np} mpi
+    ${EMBER_MPIRUN} ${MPIEXEC_NUMPROC_FLAG} ${np} $<TARGET_FILE:ember_dist_failure>)
+endforeach()
+
+# The dumps of an mpirun job whose last rank left while the others wait in save_checkpoint,
+# read by ember-flight: the waiting ranks' records say where they are (the leaver's group is
+# gone with its records, and the error names it).
+add_test(NAME dist_mpi_flight_leave
+  COMMAND ${EMBER_EXPECT_FAILURE} 60
+    "every rank that dumped completed allreduce #1"
+    --and "rank 0 waits in allgather #2 .save_checkpoint, i64 x 2, 16 B. since"
+    --and "rank 2 left no dump"
+    bash ${CMAKE_CURRENT_LIST_DIR}/flight_job.sh ${CMAKE_CURRENT_BINARY_DIR}/flight_leave
+    $<TARGET_FILE:ember-flight>
+    ${EMBER_MPIRUN} ${MPIEXEC_NUMPROC_FLAG} 3 $<TARGET_FILE:ember_dist_failure> leave)
+set_tests_properties(dist_mpi_flight_leave PROPERTIES TIMEOUT 120 LABELS "dist;mpi" PROCESSORS 3)
 
 # The same suite and failures on the TCP backend, launched torchrun-style without mpirun.
 include(${CMAKE_CURRENT_LIST_DIR}/tcp_tests.cmake)

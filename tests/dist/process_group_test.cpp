@@ -376,15 +376,19 @@ TEST(WorldGroup, WaitedCollectivesBesideSendsAndRecvsInFlight) {
   }
 }
 
-TEST(WorldGroup, DebugModeNamesTheRankThatDiffers) {
-  auto group = make_group(test_options(/*debug=*/true));
+// Without debug mode: the fingerprints every rank exchanges before each collective.
+TEST(WorldGroup, MismatchesNameEveryRanksCall) {
+  auto group = make_group(test_options());
   ProcessGroup& pg = *group;
   if (pg.size() < 2) GTEST_SKIP() << "needs 2 ranks";
   // Same collective, different shape on every rank but 0.
   Tensor t = ones({pg.rank() == 0 ? 4 : 5});
+  const std::string others = pg.size() == 2 ? "rank 1" : "ranks 1, 2";
   EXPECT_EMBER_ERROR(pg.allreduce(t)->wait(),
-                     "rank 1 issued allreduce #1 on f32 [5] (sum) but rank 0 issued allreduce "
-                     "#1 on f32 [4] (sum)");
+                     "allreduce #1 on rank " + std::to_string(pg.rank()) +
+                         ": the ranks issued different collectives: rank 0 issued allreduce #1 "
+                         "on f32 [4] (sum); " +
+                         others + " issued allreduce #1 on f32 [5] (sum)");
   // A different collective on the last rank.
   Tensor u = ones({3});
   WorkHandle w = pg.rank() == pg.size() - 1 ? pg.broadcast(u, 0) : pg.allreduce(u);
@@ -558,22 +562,13 @@ TEST(TcpGroup, DifferentShapesAreReportedNotMixedUp) {
   if (test_backend() != "tcp") GTEST_SKIP() << "runs on the tcp backend";
   auto group = make_group(test_options());
   ProcessGroup& pg = *group;
-  // Without debug mode, the message headers catch it: the rank that sees the mismatch names
-  // both collectives and breaks the group, and its neighbours see their connections close.
+  // The fingerprints catch it before any data moves: every rank names both shapes and skips
+  // the collective, and the group goes on working.
   Tensor t = ones({pg.rank() == 0 ? 4 : 5});
-  try {
-    pg.allreduce(t)->wait();
-    ADD_FAILURE() << "allreduce of [4] against [5] completed";
-  } catch (const Error& e) {
-    const std::string message = e.what();
-    EXPECT_TRUE(message.find("allreduce #1 on rank") != std::string::npos ||
-                message.find("allreduce #1: rank") != std::string::npos)
-        << message;
-    EXPECT_TRUE(message.find("but received allreduce #1") != std::string::npos ||
-                message.find("closed its connection") != std::string::npos)
-        << message;
-  }
-  EXPECT_EMBER_ERROR(pg.barrier(), "cannot be used after an earlier failure");
+  EXPECT_EMBER_ERROR(pg.allreduce(t)->wait(), "rank 0 issued allreduce #1 on f32 [4] (sum); rank");
+  Tensor u = ones({3});
+  pg.allreduce(u)->wait();
+  expect_close(u, full({3}, static_cast<float>(pg.size())));
 }
 
 TEST(TcpGroup, RecvOfTheWrongSizeIsAnError) {
@@ -824,9 +819,40 @@ TEST(Fingerprint, DescribesAndComparesCollectives) {
   Tensor u = ones({1, 2, 3, 4, 5, 6, 7});
   const auto b = detail::Fingerprint::of(detail::OpKind::kBroadcast, 4, &u, 1, -1);
   EXPECT_EQ(b.str(), "broadcast #4 on f32 [1, 2, 3, 4, 5, 6, ...] (root 1)");
-  EXPECT_EQ(detail::compare_fingerprints({a, a, a}, 2), "");
-  EXPECT_NE(detail::compare_fingerprints({a, a, b}, 0).find("rank 2 issued broadcast #4"),
-            std::string::npos);
+  EXPECT_NO_THROW(detail::check_fingerprints("allreduce #4", {a, a, a}, 2));
+  // A mismatch names every rank's call, grouped, and leaves the group usable.
+  try {
+    detail::check_fingerprints("allreduce #4", {a, b, a}, 0);
+    ADD_FAILURE() << "no mismatch reported";
+  } catch (const detail::FingerprintMismatch& e) {
+    EXPECT_NE(std::string(e.what()).find("allreduce #4 on rank 0: the ranks issued different "
+                                         "collectives: ranks 0, 2 issued allreduce #4 on bf16 "
+                                         "[2, 3] (avg); rank 1 issued broadcast #4"),
+              std::string::npos)
+        << e.what();
+  }
+  // A goodbye names who left after which collective, and where the others wait; the group
+  // breaks (a plain ember::Error).
+  const auto bye = detail::Fingerprint::goodbye(3, static_cast<int32_t>(detail::OpKind::kBarrier));
+  EXPECT_EQ(bye.str(), "left the group after barrier #3");
+  EXPECT_EQ(detail::Fingerprint::goodbye(0, 0).str(), "left the group before any collective");
+  bool broke = false;
+  try {
+    detail::check_fingerprints("allreduce #4", {a, bye, a}, 2);
+  } catch (const detail::FingerprintMismatch&) {
+    ADD_FAILURE() << "a goodbye must break the group";
+  } catch (const Error& e) {
+    broke = true;
+    EXPECT_NE(std::string(e.what()).find(
+                  "allreduce #4 on rank 2: rank 1 left the group after barrier #3 "
+                  "(destroy_process_group, the group's destruction or the process's exit), "
+                  "while ranks 0, 2 waited in allreduce #4"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_TRUE(broke);
+  // Every rank leaving together is no failure.
+  EXPECT_NO_THROW(detail::check_fingerprints("allreduce #4", {bye, bye}, 0));
   // Shapes that differ only past the dims kept are still told apart by the hash.
   Tensor v = ones({1, 2, 3, 4, 5, 6, 8});
   EXPECT_FALSE(b == detail::Fingerprint::of(detail::OpKind::kBroadcast, 4, &v, 1, -1));
