@@ -16,7 +16,7 @@
 #include "block_sum.cuh"
 #include "multi_tensor_apply.cuh"
 
-namespace ember::detail {
+EMBER_KERNELS_BEGIN
 namespace {
 
 constexpr int kSGDMaxTensors = 64;    // 3 lists
@@ -282,4 +282,4 @@ void cuda_multi_tensor_adam(std::span<const Tensor> params, std::span<const Tens
       std::span<const NoExtra>(none), StepIncrementOp{reads});
 }
 
-}  // namespace ember::detail
+EMBER_KERNELS_END  // namespace ember::detail

@@ -245,6 +245,16 @@ T __shfl_up_sync(unsigned mask, T value, unsigned delta, int width = warpSize) {
   return ::ember::cuda_emu::shuffle("__shfl_up_sync", mask, value, src < base ? lane : src);
 }
 
+// CUDA's global min/max overloads (floating: fminf/fmaxf, a NaN loses).
+inline float max(float a, float b) { return fmaxf(a, b); }
+inline double max(double a, double b) { return fmax(a, b); }
+inline float min(float a, float b) { return fminf(a, b); }
+inline double min(double a, double b) { return fmin(a, b); }
+inline int max(int a, int b) { return a > b ? a : b; }
+inline int min(int a, int b) { return a < b ? a : b; }
+inline long long max(long long a, long long b) { return a > b ? a : b; }
+inline long long min(long long a, long long b) { return a < b ? a : b; }
+
 // Atomics: plain read-modify-writes (one fiber runs at a time).
 template <typename T>
 T atomicAdd(T* address, T value) {

@@ -90,7 +90,7 @@ inline double tolerance(DType dtype) {
 
 // The outputs of one run of an op through a kernel table.
 using Outputs = std::vector<Tensor>;
-using Run = std::function<Outputs(const KernelTable&)>;
+using KernelRun = std::function<Outputs(const KernelTable&)>;
 
 // run() with the emulated blocks' threads starting forward, then again starting in reverse.
 inline std::vector<Outputs> in_both_orders(const std::function<Outputs()>& run) {
@@ -106,7 +106,7 @@ inline std::vector<Outputs> in_both_orders(const std::function<Outputs()>& run) 
 }
 
 // run(emulated), in both thread orders, against run(cpu_table()), output by output.
-inline void expect_parity(const KernelTable& emulated, const Run& run, double rtol = 0.0,
+inline void expect_parity(const KernelTable& emulated, const KernelRun& run, double rtol = 0.0,
                           double atol = 0.0) {
   const Outputs want = run(cpu_table());
   for (const Outputs& got : in_both_orders([&] { return run(emulated); })) {
@@ -120,7 +120,7 @@ inline void expect_parity(const KernelTable& emulated, const Run& run, double rt
 
 // Whether run(emulated) with `bug` planted fails (in either thread order): throws, or differs
 // from the CPU kernels. The bug must have been hit.
-inline void expect_planted_bug_fails(const KernelTable& emulated, const Run& run, cuda_emu::Bug bug,
+inline void expect_planted_bug_fails(const KernelTable& emulated, const KernelRun& run, cuda_emu::Bug bug,
                                      int which = 0, double rtol = 0.0, double atol = 0.0) {
   const Outputs want = run(cpu_table());
   bool failed = false;

@@ -23,8 +23,8 @@ struct Rows {
 // a row of 1, and long rows (one block of 512 each) with a tail.
 const Rows kRows[] = {{1, 1}, {30, 33}, {5, 1024}, {3, 1500}, {0, 4}};
 
-testing::Run reduce_run(ReduceOp op, const Tensor& in, int64_t outer, int64_t r, double p = 2.0,
-                        int64_t correction = 1) {
+testing::KernelRun reduce_run(ReduceOp op, const Tensor& in, int64_t outer, int64_t r,
+                              double p = 2.0, int64_t correction = 1) {
   return [=](const detail::KernelTable& k) {
     const Tensor out = poisoned({outer}, in.dtype());
     k.reduce(op, out, in, outer, r, p, correction);
