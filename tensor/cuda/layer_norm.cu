@@ -119,8 +119,8 @@ __global__ void layer_norm_param_partial_kernel(compute_t<T>* partial, const T* 
                                                 const stat_t<T>* mean, const stat_t<T>* rstd,
                                                 int64_t rows, int64_t n, int64_t chunk_rows) {
   using A = compute_t<T>;
-  __shared__ A shared_w[kRowsPerBlock][kWarp];
-  __shared__ A shared_b[kRowsPerBlock][kWarp];
+  EMBER_SHARED(A, shared_w, [kRowsPerBlock][kWarp]);
+  EMBER_SHARED(A, shared_b, [kRowsPerBlock][kWarp]);
   const int64_t col = static_cast<int64_t>(blockIdx.x) * kWarp + threadIdx.x;
   const int64_t chunk = blockIdx.y;
   const int64_t end = std::min(rows, (chunk + 1) * chunk_rows);

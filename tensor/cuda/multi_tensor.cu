@@ -121,7 +121,7 @@ struct NormOp {
 
   __device__ void operator()(const TensorListMeta<1, NormExtra, kSGDMaxTensors>& meta, int tensor,
                              int64_t begin, int64_t end) const {
-    __shared__ A shared[kMultiTensorBlockSize];
+    EMBER_SHARED(A, shared, [kMultiTensorBlockSize]);
     const T* x = list_ptr<T>(meta, 0, tensor);
     A acc = A(0);
     for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {

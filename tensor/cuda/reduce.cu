@@ -144,8 +144,8 @@ __global__ void reduce_rows_kernel(ReduceOp op, T* out, const T* in, int64_t out
                                    double p, int64_t correction) {
   using A = sum_t<T>;
   using R = real_t<T>;
-  __shared__ A shared_a[Group == kWarp ? 1 : Group / kWarp];
-  __shared__ R shared_r[Group == kWarp ? 1 : Group / kWarp];
+  EMBER_SHARED(A, shared_a, [Group == kWarp ? 1 : Group / kWarp]);
+  EMBER_SHARED(R, shared_r, [Group == kWarp ? 1 : Group / kWarp]);
   const RowGroup<Group> g;
   for (int64_t row = g.first_row; row < outer; row += g.row_step) {
     const T* x = in + row * r;
@@ -271,8 +271,8 @@ template <int Group, typename T>
 __global__ void arg_reduce_kernel(bool is_max, T* values, int64_t* indices, const T* in,
                                   int64_t outer, int64_t r) {
   using A = compute_t<T>;
-  __shared__ A shared_value[Group == kWarp ? 1 : Group / kWarp];
-  __shared__ int64_t shared_index[Group == kWarp ? 1 : Group / kWarp];
+  EMBER_SHARED(A, shared_value, [Group == kWarp ? 1 : Group / kWarp]);
+  EMBER_SHARED(int64_t, shared_index, [Group == kWarp ? 1 : Group / kWarp]);
   const RowGroup<Group> g;
   for (int64_t row = g.first_row; row < outer; row += g.row_step) {
     const T* x = in + row * r;
@@ -346,7 +346,7 @@ void arg_reduce(bool is_max, const Tensor& values, const Tensor& indices, const 
 template <int Group, typename T>
 __global__ void softmax_rows_kernel(T* out, const T* in, int64_t rows, int64_t n, bool log_output) {
   using A = compute_t<T>;
-  __shared__ A shared[Group == kWarp ? 1 : Group / kWarp];
+  EMBER_SHARED(A, shared, [Group == kWarp ? 1 : Group / kWarp]);
   const RowGroup<Group> g;
   for (int64_t row = g.first_row; row < rows; row += g.row_step) {
     const T* x = in + row * n;

@@ -6,8 +6,13 @@
 #include <ucontext.h>
 #include <unistd.h>
 
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/common_interface_defs.h>
+#endif
+
 #include <deque>
 #include <exception>
+#include <map>
 #include <mutex>
 #include <sstream>
 #include <string>
@@ -82,6 +87,7 @@ struct Launch {
   ucontext_t scheduler;
   std::vector<uint64_t> dynamic;  // 16-byte aligned by allocation of pairs
   unsigned char* dynamic_bytes = nullptr;
+  std::map<const void*, std::vector<uint64_t>> statics;  // EMBER_SHARED, by declaration
 };
 
 std::mutex g_mutex;  // one emulated launch at a time (the shared section is global)
@@ -122,8 +128,26 @@ void land_all(Fiber& f) {
   land(f.open);
 }
 
+// AddressSanitizer follows the switches between the scheduler's stack and the fibers'
+// (without it, a switch looks like a stack overflow); nothing in other builds.
+#if defined(__SANITIZE_ADDRESS__)
+const void* g_scheduler_stack = nullptr;
+size_t g_scheduler_stack_size = 0;
+void switching_to(void** fake_stack, const void* bottom, size_t size) {
+  __sanitizer_start_switch_fiber(fake_stack, bottom, size);
+}
+void switched(void* fake_stack, bool from_scheduler) {
+  __sanitizer_finish_switch_fiber(fake_stack, from_scheduler ? &g_scheduler_stack : nullptr,
+                                  from_scheduler ? &g_scheduler_stack_size : nullptr);
+}
+#else
+void switching_to(void**, const void*, size_t) {}
+void switched(void*, bool) {}
+#endif
+
 void fiber_main(int index) {
   Fiber& f = g_launch->fibers[static_cast<size_t>(index)];
+  switched(nullptr, true);
   try {
     const bool last = blockIdx.x == gridDim.x - 1 && blockIdx.y == gridDim.y - 1 &&
                       blockIdx.z == gridDim.z - 1 &&
@@ -137,19 +161,30 @@ void fiber_main(int index) {
   } catch (...) {
     f.error = std::current_exception();
   }
-  f.state = State::kDone;  // returns to uc_link, the scheduler
-}
+  f.state = State::kDone;
+#if defined(__SANITIZE_ADDRESS__)
+  switching_to(nullptr, g_scheduler_stack, g_scheduler_stack_size);  // this stack is done
+#endif
+}  // returns to uc_link, the scheduler
 
 // Back to the scheduler until it resumes this fiber.
 void block_on(Fiber& f, State state) {
   f.state = state;
+  void* fake_stack = nullptr;
+#if defined(__SANITIZE_ADDRESS__)
+  switching_to(&fake_stack, g_scheduler_stack, g_scheduler_stack_size);
+#endif
   swapcontext(&f.context, &g_launch->scheduler);
+  switched(fake_stack, true);
 }
 
 void resume(Launch& l, Fiber& f) {
   threadIdx = f.index;
   l.current = &f;
+  void* fake_stack = nullptr;
+  switching_to(&fake_stack, f.context.uc_stack.ss_sp, f.context.uc_stack.ss_size);
   swapcontext(&l.scheduler, &f.context);
+  switched(fake_stack, false);
   l.current = nullptr;
   if (f.error) {
     try {
@@ -239,6 +274,7 @@ __attribute__((noinline)) void start_fiber(Launch& l, int i) {
 
 void run_block(Launch& l, int threads, bool reverse) {
   if (!l.dynamic.empty()) std::memset(l.dynamic.data(), kPoison, l.dynamic.size() * 8);
+  for (auto& [key, words] : l.statics) std::memset(words.data(), kPoison, words.size() * 8);
   for (int i = 0; i < threads; ++i) start_fiber(l, i);
   const int warps = (threads + kWarpSize - 1) / kWarpSize;
   for (;;) {
@@ -323,6 +359,17 @@ void set_order(Order order) {
 }
 
 void* dynamic_shared() { return active("dynamic shared memory").dynamic_bytes; }
+
+void* static_shared(const void* key, size_t bytes) {
+  Launch& l = active("shared memory");
+  auto [it, added] = l.statics.try_emplace(key);
+  if (added) {
+    it->second.assign((bytes + 15) / 16 * 2, 0);
+    std::memset(it->second.data(), kPoison, it->second.size() * 8);
+  }
+  EMBER_ASSERT(it->second.size() * 8 >= bytes, "shared memory of ", bytes, " bytes changed size");
+  return it->second.data();
+}
 
 int lane() { return active("lane").current->linear % kWarpSize; }
 

@@ -6,7 +6,8 @@
 // - Write kernels as usual CUDA C++, and launch them with EMBER_LAUNCH(grid, block,
 //   dynamic_shared_bytes, stream, kernel)(args...), which is kernel<<<grid, block, bytes,
 //   stream>>>(args...) under nvcc (same tokens, so the GPU build's code does not change) and
-//   an emulated launch here. Dynamic shared memory is EMBER_DYNAMIC_SHARED(type, name);
+//   an emulated launch here. Shared memory is EMBER_SHARED(type, name, [dims]) (nvcc:
+//   __shared__ type name[dims]) and EMBER_DYNAMIC_SHARED(type, name) (extern, dynamic);
 //   namespaces open and close with EMBER_KERNELS_BEGIN / EMBER_KERNELS_END, which put the
 //   emulated copy in ember::detail::emulated so it links beside libember's real kernels.
 // - A launch runs the blocks one after another on the calling thread; the threads of a block
@@ -17,10 +18,10 @@
 //   first) then reverse, or the other way round (set_order; unset, launches alternate). The
 //   emulated tests run every op in both orders, so a read of shared memory that another warp
 //   writes without a barrier between them sees a value from before the write.
-// - Dynamic shared memory is poisoned (every byte 0xff: NaN for floats, -1 for integers) when
-//   each block starts; static __shared__ keeps the previous block's values (GCC drops section
-//   attributes on statics in templates, so they cannot be found to poison). cp_async poisons
-//   its destination at once and lands the copy only when cp_async_wait lets it (or when the
+// - Shared memory, EMBER_SHARED(type, name, [dims]) or EMBER_DYNAMIC_SHARED(type, name), is
+//   the launch's own and poisoned (every byte 0xff: NaN for floats, -1 for integers) when each
+//   block starts, so a read before any write of the block sees poison. cp_async poisons its
+//   destination at once and lands the copy only when cp_async_wait lets it (or when the
 //   thread ends), so a missing wait reads NaN.
 // - Reported as an ember::Error naming the kernel: a __syncthreads that not every thread of
 //   the block reaches (one exited, or waits in a warp collective), a warp collective whose
@@ -56,8 +57,10 @@
 #define __grid_constant__
 #define __restrict__ __restrict
 #define __align__(n) __attribute__((aligned(n)))
-// One copy for all blocks (they run one at a time); not poisoned (see the design note).
-#define __shared__ static __attribute__((aligned(16)))
+// Shared memory is declared with EMBER_SHARED / EMBER_DYNAMIC_SHARED (device.cuh), so the
+// emulation can give each launch its own and poison it per block: a bare __shared__ is an
+// error here.
+#define __shared__ __shared___is_not_emulated__declare_with_EMBER_SHARED
 
 struct uint3 {
   unsigned x = 0, y = 0, z = 0;
@@ -66,6 +69,10 @@ struct dim3 {
   unsigned x, y, z;
   constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
 };
+struct double2 {
+  double x, y;
+};
+inline double2 make_double2(double x, double y) { return {x, y}; }
 inline uint3 threadIdx, blockIdx;  // set by the runtime before each thread runs
 inline dim3 blockDim, gridDim;
 inline constexpr int warpSize = 32;
@@ -85,6 +92,9 @@ void set_order(Order order);
 
 // This block's dynamic shared memory (16-byte aligned).
 void* dynamic_shared();
+// This launch's `bytes` of static shared memory named by `key` (16-byte aligned, poisoned at
+// every block's start).
+void* static_shared(const void* key, size_t bytes);
 // The calling thread's lane in its warp.
 int lane();
 // Block barrier.
@@ -196,6 +206,11 @@ Launcher<Kernel> make_launcher(const char* name, G grid, B block, S shared_bytes
 #define EMBER_LAUNCH(grid, block, shared_bytes, stream, ...)                        \
   ::ember::cuda_emu::make_launcher(#__VA_ARGS__, grid, block, shared_bytes, stream, \
                                    [&](auto... ember_args_) { __VA_ARGS__(ember_args_...); })
+#define EMBER_SHARED(type, name, dims)                          \
+  using name##_shared_type = type dims;                         \
+  static const char name##_shared_key = 0;                      \
+  name##_shared_type& name = *static_cast<name##_shared_type*>( \
+      ::ember::cuda_emu::static_shared(&name##_shared_key, sizeof(name##_shared_type)))
 #define EMBER_DYNAMIC_SHARED(type, name) \
   type* const name = static_cast<type*>(::ember::cuda_emu::dynamic_shared())
 #define EMBER_KERNELS_BEGIN namespace ember::detail::emulated {
