@@ -30,6 +30,11 @@
 // - The grid-stride cap kMaxGridBlocks (launch.cuh) is kEmulatedMaxGridBlocks here, so small
 //   tensors already take the grid-stride loops.
 // - Atomics are atomic because only one fiber runs at a time.
+// - GPU-library code in a kernel file (cuBLAS, cuDNN) sits in #if !defined(EMBER_CUDA_EMULATED)
+//   blocks; what ember writes stays outside them, reachable from the host launchers.
+// - Every kernel needs an emulated test in tests/tensor/cuda_emulated/ (parity with the CPU
+//   kernels in both orders, and PlantedBug runs that must fail):
+//   scripts/check_emulated_coverage.sh fails CI for a kernel none runs.
 // What stays GPU-only: cuBLAS/cuBLASLt, cuDNN, NCCL, CUDA graphs, streams and events, the
 // caching allocator; the memory model beyond barriers (fences, volatile); timing.
 #pragma once
