@@ -37,6 +37,7 @@ if ((!sanitize)); then
   [[ "$build_dir" = /* ]] || build_dir="$repo_root/$build_dir"
   ctest --test-dir "$build_dir" --output-on-failure --no-tests=error \
     -j "${EMBER_TEST_JOBS:-2}" --timeout "${EMBER_TEST_TIMEOUT:-900}"
+  bash "$repo_root/scripts/check_emulated_coverage.sh" "$build_dir"
   exit 0
 fi
 

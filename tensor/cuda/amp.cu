@@ -13,7 +13,7 @@
 #include "cuda_kernels.h"
 #include "multi_tensor_apply.cuh"
 
-namespace ember::detail {
+EMBER_KERNELS_BEGIN
 namespace {
 
 constexpr int kUnscaleMaxTensors = 110;  // 1 list: 110 * (8 + 8) bytes of addresses and sizes
@@ -75,10 +75,9 @@ __global__ void amp_update_scale_kernel(float* scale, int32_t* tracker, const fl
 void amp_update_scale(const Tensor& scale, const Tensor& growth_tracker, const Tensor& found_inf,
                       double growth_factor, double backoff_factor, int64_t growth_interval) {
   const KernelContext ctx(scale);
-  amp_update_scale_kernel<<<1, 1, 0, ctx.stream>>>(static_cast<float*>(scale.data_ptr()),
-                                                   static_cast<int32_t*>(growth_tracker.data_ptr()),
-                                                   static_cast<const float*>(found_inf.data_ptr()),
-                                                   growth_factor, backoff_factor, growth_interval);
+  EMBER_LAUNCH(1, 1, 0, ctx.stream, amp_update_scale_kernel)
+  (static_cast<float*>(scale.data_ptr()), static_cast<int32_t*>(growth_tracker.data_ptr()),
+   static_cast<const float*>(found_inf.data_ptr()), growth_factor, backoff_factor, growth_interval);
   EMBER_CUDA_CHECK_LAUNCH();
 }
 
@@ -89,4 +88,4 @@ void register_cuda_amp_kernels(KernelTable& table) {
   table.amp_update_scale = amp_update_scale;
 }
 
-}  // namespace ember::detail
+EMBER_KERNELS_END  // namespace ember::detail

@@ -23,7 +23,7 @@
 #include "cuda_kernels.h"
 #include "launch.cuh"
 
-namespace ember::detail {
+EMBER_KERNELS_BEGIN
 namespace {
 
 constexpr int kWarp = 32;
@@ -119,7 +119,7 @@ Dropout<A> dropout_of(const AttentionParams& p) {
 template <typename T, typename A>
 __global__ void forward_kernel(T* out, A* lse, const T* q, const T* k, const T* v, Geometry g,
                                A scale, bool causal, Dropout<A> drop) {
-  extern __shared__ __align__(16) unsigned char shared_bytes[];
+  EMBER_DYNAMIC_SHARED(unsigned char, shared_bytes);
   const int warp = static_cast<int>(threadIdx.x / kWarp),
             lane = static_cast<int>(threadIdx.x % kWarp);
   A* qs = reinterpret_cast<A*>(shared_bytes) + warp * (g.e + g.ev);
@@ -174,7 +174,7 @@ __global__ void row_dot_kernel(A* dsum, const T* go, const T* o, int64_t rows, i
 template <typename T, typename A>
 __global__ void grad_q_kernel(T* gq, const T* go, const T* q, const T* k, const T* v, const A* lse,
                               const A* dsum, Geometry g, A scale, bool causal, Dropout<A> drop) {
-  extern __shared__ __align__(16) unsigned char shared_bytes[];
+  EMBER_DYNAMIC_SHARED(unsigned char, shared_bytes);
   const int warp = static_cast<int>(threadIdx.x / kWarp),
             lane = static_cast<int>(threadIdx.x % kWarp);
   A* qs = reinterpret_cast<A*>(shared_bytes) + warp * (2 * g.e + g.ev);
@@ -211,7 +211,7 @@ template <typename T, typename A>
 __global__ void grad_kv_kernel(T* gk, T* gv, const T* go, const T* q, const T* k, const T* v,
                                const A* lse, const A* dsum, Geometry g, A scale, bool causal,
                                Dropout<A> drop) {
-  extern __shared__ __align__(16) unsigned char shared_bytes[];
+  EMBER_DYNAMIC_SHARED(unsigned char, shared_bytes);
   const int warp = static_cast<int>(threadIdx.x / kWarp),
             lane = static_cast<int>(threadIdx.x % kWarp);
   A* ks = reinterpret_cast<A*>(shared_bytes) + warp * 2 * (g.e + g.ev);
@@ -301,9 +301,9 @@ void attention_forward_cuda(const Tensor& out, const Tensor& lse, const Tensor& 
     using T = typename decltype(tag)::type;
     using A = acc_t<T>;
     const Launch l = launch_for(g.bh * g.lq, sizeof(A) * static_cast<size_t>(g.e + g.ev), g);
-    forward_kernel<T, A><<<l.grid, l.block, l.shared, ctx.stream>>>(
-        out.data_ptr<T>(), lse.data_ptr<A>(), q.data_ptr<T>(), k.data_ptr<T>(), v.data_ptr<T>(), g,
-        static_cast<A>(params.scale), params.causal, dropout_of<A>(params));
+    EMBER_LAUNCH(l.grid, l.block, l.shared, ctx.stream, forward_kernel<T, A>)
+    (out.data_ptr<T>(), lse.data_ptr<A>(), q.data_ptr<T>(), k.data_ptr<T>(), v.data_ptr<T>(), g,
+     static_cast<A>(params.scale), params.causal, dropout_of<A>(params));
     EMBER_CUDA_CHECK_LAUNCH();
   });
 }
@@ -328,22 +328,22 @@ void attention_backward_cuda(const Tensor& grad_q, const Tensor& grad_k, const T
     const A scale = static_cast<A>(params.scale);
     if (g.bh * g.lq > 0) {
       const Launch l = launch_for(g.bh * g.lq, 0, g);
-      row_dot_kernel<T, A><<<l.grid, l.block, 0, ctx.stream>>>(
-          dsum.data_ptr<A>(), grad_out.data_ptr<T>(), out.data_ptr<T>(), g.bh * g.lq, g.ev);
+      EMBER_LAUNCH(l.grid, l.block, 0, ctx.stream, row_dot_kernel<T, A>)
+      (dsum.data_ptr<A>(), grad_out.data_ptr<T>(), out.data_ptr<T>(), g.bh * g.lq, g.ev);
       EMBER_CUDA_CHECK_LAUNCH();
       const Launch lq = launch_for(g.bh * g.lq, sizeof(A) * static_cast<size_t>(2 * g.e + g.ev), g);
-      grad_q_kernel<T, A><<<lq.grid, lq.block, lq.shared, ctx.stream>>>(
-          grad_q.data_ptr<T>(), grad_out.data_ptr<T>(), q.data_ptr<T>(), k.data_ptr<T>(),
-          v.data_ptr<T>(), lse.data_ptr<A>(), dsum.data_ptr<A>(), g, scale, params.causal, drop);
+      EMBER_LAUNCH(lq.grid, lq.block, lq.shared, ctx.stream, grad_q_kernel<T, A>)
+      (grad_q.data_ptr<T>(), grad_out.data_ptr<T>(), q.data_ptr<T>(), k.data_ptr<T>(),
+       v.data_ptr<T>(), lse.data_ptr<A>(), dsum.data_ptr<A>(), g, scale, params.causal, drop);
       EMBER_CUDA_CHECK_LAUNCH();
     }
     if (g.bh * g.lk > 0) {
       const Launch lk =
           launch_for(g.bh * g.lk, sizeof(A) * static_cast<size_t>(2 * (g.e + g.ev)), g);
-      grad_kv_kernel<T, A><<<lk.grid, lk.block, lk.shared, ctx.stream>>>(
-          grad_k.data_ptr<T>(), grad_v.data_ptr<T>(), grad_out.data_ptr<T>(), q.data_ptr<T>(),
-          k.data_ptr<T>(), v.data_ptr<T>(), lse.data_ptr<A>(), dsum.data_ptr<A>(), g, scale,
-          params.causal, drop);
+      EMBER_LAUNCH(lk.grid, lk.block, lk.shared, ctx.stream, grad_kv_kernel<T, A>)
+      (grad_k.data_ptr<T>(), grad_v.data_ptr<T>(), grad_out.data_ptr<T>(), q.data_ptr<T>(),
+       k.data_ptr<T>(), v.data_ptr<T>(), lse.data_ptr<A>(), dsum.data_ptr<A>(), g, scale,
+       params.causal, drop);
       EMBER_CUDA_CHECK_LAUNCH();
     }
   });
@@ -356,4 +356,4 @@ void register_cuda_attention_kernels(KernelTable& table) {
   table.attention_backward = &attention_backward_cuda;
 }
 
-}  // namespace ember::detail
+EMBER_KERNELS_END  // namespace ember::detail

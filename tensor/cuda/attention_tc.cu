@@ -2,8 +2,6 @@
 // context (mma.sync through inline PTX), one __global__ wrapper per body, and the launches.
 #include "attention_tc.cuh"  // (first: philox.h's math before ops.h's overloads)
 
-#include <cuda_runtime.h>
-
 #include <algorithm>
 #include <climits>
 #include <cstdint>
@@ -16,10 +14,9 @@
 #include "../cuda.h"
 #include "../detail/dispatch.h"
 #include "../ops.h"
-#include "cuda_check.h"
-#include "cuda_context.h"
+#include "device.cuh"
 
-namespace ember::detail {
+EMBER_KERNELS_BEGIN
 namespace {
 
 namespace tc = attention_tc;
@@ -43,6 +40,8 @@ struct DeviceCtx {
     const auto address = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(address), "l"(src),
                  "r"(valid ? 16 : 0));
+#elif defined(EMBER_CUDA_EMULATED)
+    cuda_emu::cp_async(dst, src, 16, valid);
 #else
     (void)dst;
     (void)src;
@@ -55,6 +54,8 @@ struct DeviceCtx {
     const auto address = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(address), "l"(src),
                  "r"(valid ? 4 : 0));
+#elif defined(EMBER_CUDA_EMULATED)
+    cuda_emu::cp_async(dst, src, 4, valid);
 #else
     (void)dst;
     (void)src;
@@ -65,11 +66,15 @@ struct DeviceCtx {
   __device__ __forceinline__ void commit() const {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     asm volatile("cp.async.commit_group;\n" ::);
+#elif defined(EMBER_CUDA_EMULATED)
+    cuda_emu::cp_async_commit();
 #endif
   }
   __device__ __forceinline__ void wait_newest_pending() const {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+#elif defined(EMBER_CUDA_EMULATED)
+    cuda_emu::cp_async_wait(1);
 #endif
   }
   __device__ __forceinline__ void ldsm(uint32_t (&r)[4], const uint16_t* row) const {
@@ -78,6 +83,8 @@ struct DeviceCtx {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(address));
+#elif defined(EMBER_CUDA_EMULATED)
+    cuda_emu::ldmatrix_x4(r, row, false);
 #else
     (void)row;
     r[0] = r[1] = r[2] = r[3] = 0;
@@ -90,6 +97,8 @@ struct DeviceCtx {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(address));
+#elif defined(EMBER_CUDA_EMULATED)
+    cuda_emu::ldmatrix_x4(r, row, true);
 #else
     (void)row;
     r[0] = r[1] = r[2] = r[3] = 0;
@@ -113,6 +122,8 @@ struct DeviceCtx {
           : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
           : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
     }
+#elif defined(EMBER_CUDA_EMULATED)
+    cuda_emu::mma_m16n8k16(d, a, b, std::is_same_v<T, BFloat16>);
 #else
     // Built for an older GPU: the host never launches these there (supported() checks 8.0).
     (void)d;
@@ -126,7 +137,7 @@ struct DeviceCtx {
 template <typename T, int D, bool kDropout>
 __global__ void __launch_bounds__(tc::kThreads)
     forward_kernel(const __grid_constant__ tc::Params p) {
-  extern __shared__ __align__(16) unsigned char tc_smem[];
+  EMBER_DYNAMIC_SHARED(unsigned char, tc_smem);
   tc::forward_block<T, D, kDropout>(DeviceCtx{}, p, blockIdx.x, tc_smem);
 }
 
@@ -139,14 +150,14 @@ __global__ void __launch_bounds__(tc::kThreads)
 template <typename T, int D, bool kDropout>
 __global__ void __launch_bounds__(tc::kThreads)
     grad_q_kernel(const __grid_constant__ tc::Params p) {
-  extern __shared__ __align__(16) unsigned char tc_smem[];
+  EMBER_DYNAMIC_SHARED(unsigned char, tc_smem);
   tc::grad_q_block<T, D, kDropout>(DeviceCtx{}, p, blockIdx.x, tc_smem);
 }
 
 template <typename T, int D, bool kDropout>
 __global__ void __launch_bounds__(tc::kThreads)
     grad_kv_kernel(const __grid_constant__ tc::Params p) {
-  extern __shared__ __align__(16) unsigned char tc_smem[];
+  EMBER_DYNAMIC_SHARED(unsigned char, tc_smem);
   tc::grad_kv_block<T, D, kDropout>(DeviceCtx{}, p, blockIdx.x, tc_smem);
 }
 
@@ -171,7 +182,7 @@ void allow_shared_memory(Kernel kernel, size_t smem) {
 void launch(Kernel kernel, int64_t blocks, size_t smem, cudaStream_t stream, const tc::Params& p) {
   if (blocks == 0) return;
   allow_shared_memory(kernel, smem);
-  kernel<<<static_cast<unsigned>(blocks), tc::kThreads, smem, stream>>>(p);
+  EMBER_LAUNCH(static_cast<unsigned>(blocks), tc::kThreads, smem, stream, kernel)(p);
   EMBER_CUDA_CHECK_LAUNCH();
 }
 
@@ -280,4 +291,4 @@ void attention_tc_backward(const Tensor& grad_q, const Tensor& grad_k, const Ten
   });
 }
 
-}  // namespace ember::detail
+EMBER_KERNELS_END  // namespace ember::detail

@@ -852,7 +852,11 @@ EMBER_TC_FN void grad_kv_block(const Ctx& ctx, const Params& p, int64_t block,
 
 }  // namespace ember::detail::attention_tc
 
+#if defined(EMBER_CUDA_EMULATED)
+namespace ember::detail::emulated {  // the emulated copy of attention_tc.cu (device.cuh)
+#else
 namespace ember::detail {
+#endif
 
 // The host side (attention_tc.cu). Whether the tensor-core kernels can take a call: f16 or
 // bf16, head dims E = Ev in {64, 128}, no empty dim, q, k, v and `others` 16-byte aligned,

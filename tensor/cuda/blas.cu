@@ -3,7 +3,9 @@
 // set_float32_matmul_precision allows TF32 (tensor/precision.h). A GEMM with a bias (a linear
 // layer's addmm) runs on cuBLASLt with its bias epilogue, so the bias costs no pass of its own;
 // where cuBLASLt offers no algorithm, the bias is written into C and the GEMM adds onto it.
+#if !defined(EMBER_CUDA_EMULATED)  // cuBLAS: GPU-only (emulated builds take the kernels alone)
 #include <cublasLt.h>
+#endif
 
 #include <algorithm>
 #include <climits>
@@ -19,12 +21,15 @@
 #include "../detail/dispatch.h"
 #include "../precision.h"
 #include "cuda_kernels.h"
-#include "cudnn_context.h"
 #include "launch.cuh"
+#if !defined(EMBER_CUDA_EMULATED)
+#include "cudnn_context.h"
+#endif
 
-namespace ember::detail {
+EMBER_KERNELS_BEGIN
 namespace {
 
+#if !defined(EMBER_CUDA_EMULATED)  // cuBLAS: GPU-only (emulated builds take the kernels alone)
 struct BlasHandle {
   std::mutex mutex;  // cublasSetStream and the call that follows form one unit
   cublasHandle_t handle = nullptr;
@@ -46,6 +51,14 @@ BlasHandle& blas_handle(int device) {
   return h;
 }
 
+// A row-major matrix with one row has no meaningful row stride; cuBLAS still wants ld >= cols.
+int blas_ld(int64_t ld, int64_t rows, int64_t cols) {
+  if (rows <= 1) ld = std::max<int64_t>(ld, cols);
+  return static_cast<int>(std::max<int64_t>(ld, 1));
+}
+
+#endif  // !EMBER_CUDA_EMULATED
+
 // C = beta * C for the empty (k == 0) product; beta == 0 writes zeros without reading C.
 template <typename T>
 __global__ void scale_kernel(T* c, int64_t batch, int64_t m, int64_t n, int64_t ldc,
@@ -57,12 +70,6 @@ __global__ void scale_kernel(T* c, int64_t batch, int64_t m, int64_t n, int64_t 
     T& x = c[b * stride_c + row * ldc + col];
     x = beta == 0.0 ? T(0) : cast_to<T>(cast_to<C>(x) * static_cast<C>(beta));
   }
-}
-
-// A row-major matrix with one row has no meaningful row stride; cuBLAS still wants ld >= cols.
-int blas_ld(int64_t ld, int64_t rows, int64_t cols) {
-  if (rows <= 1) ld = std::max<int64_t>(ld, cols);
-  return static_cast<int>(std::max<int64_t>(ld, 1));
 }
 
 // Every row of every C starts as the bias (the fallback of the bias epilogue, then beta 1).
@@ -79,12 +86,23 @@ __global__ void fill_rows_kernel(T* c, const T* bias, int64_t batch, int64_t m, 
 void fill_rows_with_bias(const GemmArgs& g, cudaStream_t stream) {
   dispatch_floating(g.dtype, "addmm", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    fill_rows_kernel<T><<<grid_for(g.batch * g.m * g.n), kBlockSize, 0, stream>>>(
-        static_cast<T*>(g.c), static_cast<const T*>(g.bias), g.batch, g.m, g.n, g.ldc, g.stride_c);
+    EMBER_LAUNCH(grid_for(g.batch * g.m * g.n), kBlockSize, 0, stream, fill_rows_kernel<T>)
+    (static_cast<T*>(g.c), static_cast<const T*>(g.bias), g.batch, g.m, g.n, g.ldc, g.stride_c);
     EMBER_CUDA_CHECK_LAUNCH();
   });
 }
 
+// C = beta * C for the empty (k == 0) product.
+void scale_empty_product(const GemmArgs& g, cudaStream_t stream) {
+  dispatch_floating(g.dtype, "matmul", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    EMBER_LAUNCH(grid_for(g.batch * g.m * g.n), kBlockSize, 0, stream, scale_kernel<T>)
+    (static_cast<T*>(g.c), g.batch, g.m, g.n, g.ldc, g.stride_c, g.beta);
+    EMBER_CUDA_CHECK_LAUNCH();
+  });
+}
+
+#if !defined(EMBER_CUDA_EMULATED)  // cuBLAS: GPU-only (emulated builds take the kernels alone)
 // ---- cuBLASLt: the bias epilogue -----------------------------------------------------------
 
 // cuBLASLt handles are not tied to a stream (it is an argument of each call); one per device.
@@ -255,12 +273,7 @@ void gemm(const GemmArgs& g) {
     return;
   }
   if (g.k == 0) {
-    dispatch_floating(g.dtype, "matmul", [&](auto tag) {
-      using T = typename decltype(tag)::type;
-      scale_kernel<T><<<grid_for(g.batch * g.m * g.n), kBlockSize, 0, ctx.stream>>>(
-          static_cast<T*>(g.c), g.batch, g.m, g.n, g.ldc, g.stride_c, g.beta);
-      EMBER_CUDA_CHECK_LAUNCH();
-    });
+    scale_empty_product(g, ctx.stream);
     return;
   }
   EMBER_CHECK(g.m <= INT_MAX && g.n <= INT_MAX && g.k <= INT_MAX && g.batch <= INT_MAX &&
@@ -313,6 +326,8 @@ void gemm(const GemmArgs& g) {
       static_cast<int>(g.batch), compute_type, CUBLAS_GEMM_DEFAULT));
 }
 
+#endif  // !EMBER_CUDA_EMULATED
+
 // Fused linear's epilogue after the GEMM: out[r, j] = relu(in[r, j] + bias[j]) in one pass
 // (bias null: relu alone), in the compute type and rounded once, NaN passing through as in
 // relu.
@@ -333,9 +348,9 @@ void bias_activation(Activation activation, const Tensor& out, const Tensor& in,
   const KernelContext ctx(in);
   dispatch_floating(in.dtype(), "linear", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    bias_relu_kernel<T><<<grid_for(in.numel()), kBlockSize, 0, ctx.stream>>>(
-        out.data_ptr<T>(), in.data_ptr<T>(), bias.defined() ? bias.data_ptr<T>() : nullptr,
-        in.numel(), n);
+    EMBER_LAUNCH(grid_for(in.numel()), kBlockSize, 0, ctx.stream, bias_relu_kernel<T>)
+    (out.data_ptr<T>(), in.data_ptr<T>(), bias.defined() ? bias.data_ptr<T>() : nullptr, in.numel(),
+     n);
     EMBER_CUDA_CHECK_LAUNCH();
   });
 }
@@ -343,8 +358,10 @@ void bias_activation(Activation activation, const Tensor& out, const Tensor& in,
 }  // namespace
 
 void register_cuda_blas_kernels(KernelTable& table) {
+#if !defined(EMBER_CUDA_EMULATED)
   table.gemm = gemm;
+#endif
   table.bias_activation = bias_activation;
 }
 
-}  // namespace ember::detail
+EMBER_KERNELS_END  // namespace ember::detail

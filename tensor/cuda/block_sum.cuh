@@ -2,9 +2,9 @@
 // to tensor/cuda/.
 #pragma once
 
-#include <cuda_runtime.h>
+#include "device.cuh"
 
-namespace ember::detail {
+EMBER_KERNELS_BEGIN
 
 // Sums one value per thread over a block of exactly Block threads (a power of two); every
 // thread gets the total. `shared` holds Block values and may be reused after the call.
@@ -23,4 +23,4 @@ __device__ __forceinline__ A block_sum(A value, A* shared) {
   return total;
 }
 
-}  // namespace ember::detail
+EMBER_KERNELS_END  // namespace ember::detail

@@ -14,13 +14,16 @@
 #include "../precision.h"
 #include "block_sum.cuh"
 #include "cuda_kernels.h"
-#include "cudnn_context.h"
 #include "launch.cuh"
+#if !defined(EMBER_CUDA_EMULATED)
+#include "cudnn_context.h"
+#endif
 
-namespace ember::detail {
+EMBER_KERNELS_BEGIN
 namespace {
 
 constexpr const char* kOp = "conv2d";
+#if !defined(EMBER_CUDA_EMULATED)  // cuDNN: GPU-only (emulated builds take the bias kernels alone)
 // Upper bound on the scratch memory the benchmark offers the candidate algorithms.
 constexpr size_t kMaxBenchmarkWorkspace = size_t{1} << 29;
 
@@ -230,6 +233,8 @@ AlgoChoice backward_filter_algo(const CudnnHandle& h, ConvSetup& s, const void* 
   });
 }
 
+#endif  // !EMBER_CUDA_EMULATED
+
 // y [N, O, P] += bias [O].
 template <typename T>
 __global__ void add_bias_kernel(T* y, const T* bias, int64_t total, int64_t channels,
@@ -245,7 +250,7 @@ __global__ void add_bias_kernel(T* y, const T* bias, int64_t total, int64_t chan
 template <typename T>
 __global__ void bias_grad_kernel(T* grad_bias, const T* grad_out, int64_t n, int64_t channels,
                                  int64_t plane) {
-  __shared__ double shared[kBlockSize];
+  EMBER_SHARED(double, shared, [kBlockSize]);
   const int64_t count = n * plane;
   for (int64_t o = blockIdx.x; o < channels; o += gridDim.x) {
     double sum = 0;
@@ -272,12 +277,27 @@ void add_bias(const Tensor& out, const Tensor& bias, bool channels_last, cudaStr
   const BiasGeometry g = bias_geometry(out, channels_last);
   dispatch_floating(out.dtype(), kOp, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    add_bias_kernel<T><<<grid_for(out.numel()), kBlockSize, 0, stream>>>(
-        out.data_ptr<T>(), bias.data_ptr<T>(), out.numel(), g.channels, g.plane);
+    EMBER_LAUNCH(grid_for(out.numel()), kBlockSize, 0, stream, add_bias_kernel<T>)
+    (out.data_ptr<T>(), bias.data_ptr<T>(), out.numel(), g.channels, g.plane);
     EMBER_CUDA_CHECK_LAUNCH();
   });
 }
 
+// grad_bias [O] = the sums of grad_out over all but the channel dim, on `stream`.
+void bias_grad(const Tensor& grad_bias, const Tensor& grad_out, bool channels_last,
+               cudaStream_t stream) {
+  const int64_t channels = grad_bias.numel();
+  const BiasGeometry g = bias_geometry(grad_out, channels_last);
+  dispatch_floating(grad_bias.dtype(), kOp, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    EMBER_LAUNCH(static_cast<unsigned>(std::min<int64_t>(channels, kMaxGridBlocks)), kBlockSize, 0,
+                 stream, bias_grad_kernel<T>)
+    (grad_bias.data_ptr<T>(), grad_out.data_ptr<T>(), g.n, channels, g.plane);
+    EMBER_CUDA_CHECK_LAUNCH();
+  });
+}
+
+#if !defined(EMBER_CUDA_EMULATED)  // cuDNN: GPU-only (emulated builds take the bias kernels alone)
 void zero(const Tensor& t, cudaStream_t stream) {
   if (t.defined() && t.numel() > 0) {
     EMBER_CUDA_CHECK(cudaMemsetAsync(t.data_ptr(), 0, t.nbytes(), stream));
@@ -320,15 +340,7 @@ void conv2d_backward_cuda(const Tensor& grad_input, const Tensor& grad_weight,
                weight.is_contiguous(format));
   const KernelContext ctx(input);
   if (grad_bias.defined() && grad_bias.numel() > 0) {
-    const int64_t channels = grad_bias.numel();
-    const BiasGeometry g = bias_geometry(grad_out, params.channels_last);
-    dispatch_floating(grad_bias.dtype(), kOp, [&](auto tag) {
-      using T = typename decltype(tag)::type;
-      bias_grad_kernel<T>
-          <<<static_cast<unsigned>(std::min<int64_t>(channels, kMaxGridBlocks)), kBlockSize, 0,
-             ctx.stream>>>(grad_bias.data_ptr<T>(), grad_out.data_ptr<T>(), g.n, channels, g.plane);
-      EMBER_CUDA_CHECK_LAUNCH();
-    });
+    bias_grad(grad_bias, grad_out, params.channels_last, ctx.stream);
   }
   if (grad_out.numel() == 0 || input.numel() == 0 || weight.numel() == 0) {
     zero(grad_input, ctx.stream);  // nothing flows back through an empty product
@@ -362,11 +374,16 @@ void conv2d_backward_cuda(const Tensor& grad_input, const Tensor& grad_weight,
   }
 }
 
+#endif  // !EMBER_CUDA_EMULATED
+
 }  // namespace
 
+#if !defined(EMBER_CUDA_EMULATED)
 void register_cuda_conv_kernels(KernelTable& table) {
   table.conv2d_forward = &conv2d_forward_cuda;
   table.conv2d_backward = &conv2d_backward_cuda;
 }
 
-}  // namespace ember::detail
+#endif
+
+EMBER_KERNELS_END  // namespace ember::detail

@@ -3,7 +3,11 @@
 
 #include "../detail/kernel_table.h"
 
+#if defined(EMBER_CUDA_EMULATED)
+namespace ember::detail::emulated {  // the emulated copies (device.cuh)
+#else
 namespace ember::detail {
+#endif
 
 void register_cuda_elementwise_kernels(KernelTable& table);  // fill, copy, unary, binary, where
 void register_cuda_reduce_kernels(KernelTable& table);       // reduce, arg_reduce, softmax

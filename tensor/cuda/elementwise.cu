@@ -4,7 +4,7 @@
 #include "cuda_kernels.h"
 #include "launch.cuh"
 
-namespace ember::detail {
+EMBER_KERNELS_BEGIN
 namespace {
 
 // --- math in the compute type (float, double or int64) ----------------------------------
@@ -315,4 +315,4 @@ void register_cuda_elementwise_kernels(KernelTable& table) {
   table.where = where;
 }
 
-}  // namespace ember::detail
+EMBER_KERNELS_END  // namespace ember::detail

@@ -1,12 +1,14 @@
 // index_select, gather and scatter_add on contiguous tensors with in-range i64 indices.
+#if !defined(EMBER_CUDA_EMULATED)  // (emulated: emulate.h's __half and __nv_bfloat16)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#endif
 
 #include "../detail/dispatch.h"
 #include "cuda_kernels.h"
 #include "launch.cuh"
 
-namespace ember::detail {
+EMBER_KERNELS_BEGIN
 namespace {
 
 template <typename W>
@@ -27,9 +29,9 @@ void index_select(const Tensor& out, const Tensor& in, const Tensor& index, int6
   const int64_t k = index.numel();
   dispatch_word(in.dtype(), [&](auto tag) {
     using W = typename decltype(tag)::type;
-    index_select_kernel<W><<<grid_for(total), kBlockSize, 0, ctx.stream>>>(
-        static_cast<W*>(out.data_ptr()), static_cast<const W*>(in.data_ptr()),
-        static_cast<const int64_t*>(index.data_ptr()), total, n, k, inner);
+    EMBER_LAUNCH(grid_for(total), kBlockSize, 0, ctx.stream, index_select_kernel<W>)
+    (static_cast<W*>(out.data_ptr()), static_cast<const W*>(in.data_ptr()),
+     static_cast<const int64_t*>(index.data_ptr()), total, n, k, inner);
     EMBER_CUDA_CHECK_LAUNCH();
   });
 }
@@ -85,9 +87,9 @@ void gather(const Tensor& out, const Tensor& in, int64_t dim, const Tensor& inde
   const IndexGeometry g = index_geometry(index, in, dim);
   dispatch_word(in.dtype(), [&](auto tag) {
     using W = typename decltype(tag)::type;
-    gather_kernel<W><<<grid_for(total), kBlockSize, 0, ctx.stream>>>(
-        static_cast<W*>(out.data_ptr()), static_cast<const W*>(in.data_ptr()),
-        static_cast<const int64_t*>(index.data_ptr()), total, g);
+    EMBER_LAUNCH(grid_for(total), kBlockSize, 0, ctx.stream, gather_kernel<W>)
+    (static_cast<W*>(out.data_ptr()), static_cast<const W*>(in.data_ptr()),
+     static_cast<const int64_t*>(index.data_ptr()), total, g);
     EMBER_CUDA_CHECK_LAUNCH();
   });
 }
@@ -141,9 +143,9 @@ void scatter_add(const Tensor& self, int64_t dim, const Tensor& index, const Ten
   const IndexGeometry g = index_geometry(index, self, dim);
   dispatch_all(self.dtype(), "scatter_add", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    scatter_add_kernel<T><<<grid_for(total), kBlockSize, 0, ctx.stream>>>(
-        static_cast<T*>(self.data_ptr()), static_cast<const T*>(src.data_ptr()),
-        static_cast<const int64_t*>(index.data_ptr()), total, g);
+    EMBER_LAUNCH(grid_for(total), kBlockSize, 0, ctx.stream, scatter_add_kernel<T>)
+    (static_cast<T*>(self.data_ptr()), static_cast<const T*>(src.data_ptr()),
+     static_cast<const int64_t*>(index.data_ptr()), total, g);
     EMBER_CUDA_CHECK_LAUNCH();
   });
 }
@@ -156,4 +158,4 @@ void register_cuda_index_kernels(KernelTable& table) {
   table.scatter_add = scatter_add;
 }
 
-}  // namespace ember::detail
+EMBER_KERNELS_END  // namespace ember::detail

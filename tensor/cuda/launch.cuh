@@ -2,21 +2,23 @@
 // and a grid-stride elementwise launcher over a StridedIter. Private to tensor/cuda/.
 #pragma once
 
-#include <cuda_runtime.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
 #include "../detail/tensor_iter.h"
 #include "../dtype.h"
-#include "cuda_check.h"
-#include "cuda_context.h"
+#include "device.cuh"
 
-namespace ember::detail {
+EMBER_KERNELS_BEGIN
 
 inline constexpr int kBlockSize = 256;
-inline constexpr int64_t kMaxGridBlocks = 65536;  // grid-stride loops cover the rest
+// Grid-stride loops cover the rest (emulated: a few blocks, so small tests take the loops).
+#if defined(EMBER_CUDA_EMULATED)
+inline constexpr int64_t kMaxGridBlocks = cuda_emu::kEmulatedMaxGridBlocks;
+#else
+inline constexpr int64_t kMaxGridBlocks = 65536;
+#endif
 
 // Blocks for n elements, one per thread; never 0 for n > 0.
 inline unsigned grid_for(int64_t n, int block = kBlockSize) {
@@ -111,9 +113,9 @@ void launch_elementwise(const StridedIter& it, cudaStream_t stream, const F& f) 
                " operands, expected ", NumOps);
   const unsigned grid = grid_for(it.numel);
   if (it.contiguous) {
-    elementwise_kernel<true, NumOps><<<grid, kBlockSize, 0, stream>>>(it, f);
+    EMBER_LAUNCH(grid, kBlockSize, 0, stream, elementwise_kernel<true, NumOps>)(it, f);
   } else {
-    elementwise_kernel<false, NumOps><<<grid, kBlockSize, 0, stream>>>(it, f);
+    EMBER_LAUNCH(grid, kBlockSize, 0, stream, elementwise_kernel<false, NumOps>)(it, f);
   }
   EMBER_CUDA_CHECK_LAUNCH();
 }
@@ -123,4 +125,4 @@ __device__ __forceinline__ T& element(char* const* data, const int64_t* offsets,
   return reinterpret_cast<T*>(data[op])[offsets[op]];
 }
 
-}  // namespace ember::detail
+EMBER_KERNELS_END  // namespace ember::detail

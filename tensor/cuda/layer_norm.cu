@@ -9,7 +9,7 @@
 #include "cuda_kernels.h"
 #include "launch.cuh"
 
-namespace ember::detail {
+EMBER_KERNELS_BEGIN
 namespace {
 
 constexpr int kWarp = 32;
@@ -119,8 +119,8 @@ __global__ void layer_norm_param_partial_kernel(compute_t<T>* partial, const T* 
                                                 const stat_t<T>* mean, const stat_t<T>* rstd,
                                                 int64_t rows, int64_t n, int64_t chunk_rows) {
   using A = compute_t<T>;
-  __shared__ A shared_w[kRowsPerBlock][kWarp];
-  __shared__ A shared_b[kRowsPerBlock][kWarp];
+  EMBER_SHARED(A, shared_w, [kRowsPerBlock][kWarp]);
+  EMBER_SHARED(A, shared_b, [kRowsPerBlock][kWarp]);
   const int64_t col = static_cast<int64_t>(blockIdx.x) * kWarp + threadIdx.x;
   const int64_t chunk = blockIdx.y;
   const int64_t end = std::min(rows, (chunk + 1) * chunk_rows);
@@ -175,9 +175,10 @@ void layer_norm_forward_cuda(const Tensor& out, const Tensor& mean, const Tensor
   const KernelContext ctx(input);
   dispatch_floating(input.dtype(), "layer_norm", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    layer_norm_forward_kernel<T><<<row_blocks(rows), kWarp * kRowsPerBlock, 0, ctx.stream>>>(
-        out.data_ptr<T>(), mean.data_ptr<stat_t<T>>(), rstd.data_ptr<stat_t<T>>(),
-        input.data_ptr<T>(), data_or_null<T>(weight), data_or_null<T>(bias), rows, n, eps);
+    EMBER_LAUNCH(row_blocks(rows), kWarp * kRowsPerBlock, 0, ctx.stream,
+                 layer_norm_forward_kernel<T>)
+    (out.data_ptr<T>(), mean.data_ptr<stat_t<T>>(), rstd.data_ptr<stat_t<T>>(), input.data_ptr<T>(),
+     data_or_null<T>(weight), data_or_null<T>(bias), rows, n, eps);
     EMBER_CUDA_CHECK_LAUNCH();
   });
 }
@@ -194,9 +195,10 @@ void layer_norm_backward_cuda(const Tensor& grad_input, const Tensor& grad_weigh
     const stat_t<T>* m = mean.data_ptr<stat_t<T>>();
     const stat_t<T>* rs = rstd.data_ptr<stat_t<T>>();
     if (grad_input.defined()) {
-      layer_norm_input_grad_kernel<T><<<row_blocks(rows), kWarp * kRowsPerBlock, 0, ctx.stream>>>(
-          grad_input.data_ptr<T>(), grad_out.data_ptr<T>(), input.data_ptr<T>(),
-          data_or_null<T>(weight), m, rs, rows, n);
+      EMBER_LAUNCH(row_blocks(rows), kWarp * kRowsPerBlock, 0, ctx.stream,
+                   layer_norm_input_grad_kernel<T>)
+      (grad_input.data_ptr<T>(), grad_out.data_ptr<T>(), input.data_ptr<T>(),
+       data_or_null<T>(weight), m, rs, rows, n);
       EMBER_CUDA_CHECK_LAUNCH();
     }
     if (!grad_weight.defined() && !grad_bias.defined()) return;
@@ -204,12 +206,13 @@ void layer_norm_backward_cuda(const Tensor& grad_input, const Tensor& grad_weigh
     const int64_t chunks = (rows + chunk_rows - 1) / chunk_rows;
     const Tensor partial = empty({chunks, 2 * n}, TensorOptions(dtype_of<A>, input.device()));
     const dim3 grid(static_cast<unsigned>((n + kWarp - 1) / kWarp), static_cast<unsigned>(chunks));
-    layer_norm_param_partial_kernel<T><<<grid, dim3(kWarp, kRowsPerBlock), 0, ctx.stream>>>(
-        partial.data_ptr<A>(), grad_out.data_ptr<T>(), input.data_ptr<T>(), m, rs, rows, n,
-        chunk_rows);
+    EMBER_LAUNCH(grid, dim3(kWarp, kRowsPerBlock), 0, ctx.stream,
+                 layer_norm_param_partial_kernel<T>)
+    (partial.data_ptr<A>(), grad_out.data_ptr<T>(), input.data_ptr<T>(), m, rs, rows, n,
+     chunk_rows);
     EMBER_CUDA_CHECK_LAUNCH();
-    layer_norm_param_final_kernel<T><<<grid_for(n), kBlockSize, 0, ctx.stream>>>(
-        data_or_null<T>(grad_weight), data_or_null<T>(grad_bias), partial.data_ptr<A>(), chunks, n);
+    EMBER_LAUNCH(grid_for(n), kBlockSize, 0, ctx.stream, layer_norm_param_final_kernel<T>)
+    (data_or_null<T>(grad_weight), data_or_null<T>(grad_bias), partial.data_ptr<A>(), chunks, n);
     EMBER_CUDA_CHECK_LAUNCH();
   });
 }
@@ -221,4 +224,4 @@ void register_cuda_layer_norm_kernels(KernelTable& table) {
   table.layer_norm_backward = layer_norm_backward_cuda;
 }
 
-}  // namespace ember::detail
+EMBER_KERNELS_END  // namespace ember::detail

@@ -8,10 +8,12 @@
 #include "../ops.h"
 #include "block_sum.cuh"
 #include "cuda_kernels.h"
-#include "cudnn_context.h"
 #include "launch.cuh"
+#if !defined(EMBER_CUDA_EMULATED)
+#include "cudnn_context.h"
+#endif
 
-namespace ember::detail {
+EMBER_KERNELS_BEGIN
 namespace {
 
 constexpr int kWarp = 32;
@@ -24,7 +26,12 @@ using stat_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
 // Batch norm over [N, C, S], viewed by cuDNN as NCHW with H = S, W = 1 (channels-last
 // inputs: see rows_of).
 
+// The staging copies' kernels (emulated: the CPU's, where the emulated kernels' tensors are).
+#if defined(EMBER_CUDA_EMULATED)
+const KernelTable& cuda_table() { return kernel_table(DeviceType::kCPU); }
+#else
 const KernelTable& cuda_table() { return kernel_table(DeviceType::kCUDA); }
+#endif
 
 // A contiguous tensor of `dtype` holding t's values (t itself when it already is one), or
 // `fallback` everywhere when t is undefined. `copied` says whether it is a new tensor.
@@ -55,8 +62,6 @@ void finish(const Tensor& dst, const Staged& s) {
   if (dst.defined() && s.copied) cuda_table().copy(dst, s.t);
 }
 
-// cuDNN's batch norm takes f16 but not bf16 data: bf16 runs through f32 copies.
-DType bn_data_type(DType dtype) { return dtype == kBF16 ? kF32 : dtype; }
 DType bn_param_type(DType dtype) { return dtype == kF64 ? kF64 : kF32; }
 
 // NOTE: a channels-last input reaches the kernels below as its rows [N * S, C, 1] (a view,
@@ -67,6 +72,10 @@ Tensor rows_of(const Tensor& t) {
   return t.detach().transpose(1, 2).view({t.size(0) * t.size(2), t.size(1), 1});
 }
 
+#if !defined(EMBER_CUDA_EMULATED)  // cuDNN: GPU-only (emulated builds take our kernels alone)
+// cuDNN's batch norm takes f16 but not bf16 data: bf16 runs through f32 copies.
+DType bn_data_type(DType dtype) { return dtype == kBF16 ? kF32 : dtype; }
+
 struct BnDescriptors {
   BnDescriptors(DType data, int64_t n, int64_t c, int64_t s, bool channels_last) {
     x.set(cudnn_data_type(data, "batch_norm"), n, c, s, 1, "batch_norm", channels_last);
@@ -74,6 +83,7 @@ struct BnDescriptors {
   }
   TensorDescriptor x, param;
 };
+#endif  // !EMBER_CUDA_EMULATED
 
 // Eval: save_mean = running_mean, save_invstd = 1 / sqrt(running_var + eps).
 template <typename P>
@@ -85,6 +95,20 @@ __global__ void bn_eval_stats_kernel(P* mean, P* invstd, const P* running_mean,
   }
 }
 
+// Eval's statistics from the running ones (of the statistics type, contiguous) on `stream`.
+void bn_eval_stats(const Tensor& save_mean, const Tensor& save_invstd, const Tensor& running_mean,
+                   const Tensor& running_var, double eps, cudaStream_t stream) {
+  const int64_t c = save_mean.numel();
+  dispatch_floating(save_mean.dtype(), "batch_norm", [&](auto tag) {
+    using P = typename decltype(tag)::type;
+    EMBER_LAUNCH(grid_for(c), kBlockSize, 0, stream, bn_eval_stats_kernel<P>)
+    (save_mean.data_ptr<P>(), save_invstd.data_ptr<P>(), running_mean.data_ptr<P>(),
+     running_var.data_ptr<P>(), c, eps);
+    EMBER_CUDA_CHECK_LAUNCH();
+  });
+}
+
+#if !defined(EMBER_CUDA_EMULATED)  // cuDNN: GPU-only (emulated builds take our kernels alone)
 void batch_norm_forward_cuda(const Tensor& out_in, const Tensor& save_mean,
                              const Tensor& save_invstd, const Tensor& input_in,
                              const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
@@ -126,16 +150,11 @@ void batch_norm_forward_cuda(const Tensor& out_in, const Tensor& save_mean,
     EMBER_CUDNN_CHECK(cudnnBatchNormalizationForwardInference(
         h.get(), CUDNN_BATCHNORM_SPATIAL, scale.one(), scale.zero(), d.x.get(), x.ptr(), d.x.get(),
         y.ptr(), d.param.get(), w.ptr(), b.ptr(), rm.ptr(), rv.ptr(), eps));
-    dispatch_floating(param, "batch_norm", [&](auto tag) {
-      using P = typename decltype(tag)::type;
-      bn_eval_stats_kernel<P><<<grid_for(c), kBlockSize, 0, h.stream()>>>(
-          save_mean.data_ptr<P>(), save_invstd.data_ptr<P>(), rm.t.data_ptr<P>(),
-          rv.t.data_ptr<P>(), c, eps);
-      EMBER_CUDA_CHECK_LAUNCH();
-    });
+    bn_eval_stats(save_mean, save_invstd, rm.t, rv.t, eps, h.stream());
   }
   finish(out, y);
 }
+#endif  // !EMBER_CUDA_EMULATED
 
 // ---------------------------------------------------------------------------------------
 // Fused batch norm + ReLU (+ residual): ember's own kernels, not cuDNN's. Every tensor is
@@ -192,7 +211,8 @@ __global__ void bn_channel_partials_kernel(double* partial, BnGeometry g, const 
   const int64_t end = r0 + g.rows_per_chunk, r1 = end < g.n * g.s ? end : g.n * g.s;
   double a = 0, b = 0;
   if (g.s == 1) {
-    __shared__ double sa[kBnTileRows][kBnTile], sb[kBnTileRows][kBnTile];
+    EMBER_SHARED(double, sa, [kBnTileRows][kBnTile]);
+    EMBER_SHARED(double, sb, [kBnTileRows][kBnTile]);
     const int64_t c = static_cast<int64_t>(blockIdx.x) * kBnTile + threadIdx.x;
     if (c < g.c) {
       for (int64_t r = r0 + threadIdx.y; r < r1; r += kBnTileRows) {
@@ -214,7 +234,7 @@ __global__ void bn_channel_partials_kernel(double* partial, BnGeometry g, const 
     }
     return;
   }
-  __shared__ double shared[kBlockSize];
+  EMBER_SHARED(double, shared, [kBlockSize]);
   const int64_t c = blockIdx.x;
   for (int64_t r = r0 + threadIdx.x; r < r1; r += kBlockSize) {
     const double2 v = f(c, bn_at(g, c, r));
@@ -236,11 +256,12 @@ Tensor bn_channel_partials(const BnGeometry& g, Device device, cudaStream_t stre
   if (g.s == 1) {
     const dim3 grid(static_cast<unsigned>((g.c + kBnTile - 1) / kBnTile),
                     static_cast<unsigned>(g.chunks));
-    bn_channel_partials_kernel<<<grid, dim3(kBnTile, kBnTileRows), 0, stream>>>(
-        partial.data_ptr<double>(), g, f);
+    EMBER_LAUNCH(grid, dim3(kBnTile, kBnTileRows), 0, stream, bn_channel_partials_kernel)
+    (partial.data_ptr<double>(), g, f);
   } else {
     const dim3 grid(static_cast<unsigned>(g.c), static_cast<unsigned>(g.chunks));
-    bn_channel_partials_kernel<<<grid, kBlockSize, 0, stream>>>(partial.data_ptr<double>(), g, f);
+    EMBER_LAUNCH(grid, kBlockSize, 0, stream, bn_channel_partials_kernel)
+    (partial.data_ptr<double>(), g, f);
   }
   EMBER_CUDA_CHECK_LAUNCH();
   return partial;
@@ -340,15 +361,16 @@ void batch_norm_relu_forward_cuda(const Tensor& out_in, const Tensor& save_mean,
     if (training)
       partial = bn_channel_partials(g, device, launch.ctx.stream, BnStatsTerms<T>{x, g});
     P* scale = affine.data_ptr<P>();
-    bn_fused_stats_kernel<T, P><<<grid_for(g.c), kBlockSize, 0, launch.ctx.stream>>>(
-        save_mean.data_ptr<P>(), save_invstd.data_ptr<P>(), scale, scale + g.c,
-        training ? partial.data_ptr<double>() : nullptr, x, g, static_cast<P*>(rm.ptr()),
-        static_cast<P*>(rv.ptr()), static_cast<const P*>(launch.weight.ptr()),
-        static_cast<const P*>(b.ptr()), training, momentum, eps);
+    EMBER_LAUNCH(grid_for(g.c), kBlockSize, 0, launch.ctx.stream, bn_fused_stats_kernel<T, P>)
+    (save_mean.data_ptr<P>(), save_invstd.data_ptr<P>(), scale, scale + g.c,
+     training ? partial.data_ptr<double>() : nullptr, x, g, static_cast<P*>(rm.ptr()),
+     static_cast<P*>(rv.ptr()), static_cast<const P*>(launch.weight.ptr()),
+     static_cast<const P*>(b.ptr()), training, momentum, eps);
     EMBER_CUDA_CHECK_LAUNCH();
-    bn_relu_apply_kernel<T, P><<<grid_for(input.numel()), kBlockSize, 0, launch.ctx.stream>>>(
-        out.data_ptr<T>(), x, residual.defined() ? residual.data_ptr<T>() : nullptr, scale,
-        scale + g.c, input.numel(), g.c, g.s);
+    EMBER_LAUNCH(grid_for(input.numel()), kBlockSize, 0, launch.ctx.stream,
+                 bn_relu_apply_kernel<T, P>)
+    (out.data_ptr<T>(), x, residual.defined() ? residual.data_ptr<T>() : nullptr, scale,
+     scale + g.c, input.numel(), g.c, g.s);
     EMBER_CUDA_CHECK_LAUNCH();
   });
   if (training) {
@@ -445,18 +467,17 @@ void batch_norm_relu_backward_cuda(const Tensor& grad_input_in, const Tensor& gr
                                     BnReluGradTerms<T, P>{grad_out.data_ptr<T>(), out.data_ptr<T>(),
                                                           input.data_ptr<T>(), mean});
     }
-    bn_relu_grad_coeffs_kernel<P><<<grid_for(g.c), kBlockSize, 0, launch.ctx.stream>>>(
-        coeffs.data_ptr<P>(), static_cast<P*>(dw.ptr()), static_cast<P*>(db.ptr()),
-        partial.defined() ? partial.data_ptr<double>() : nullptr, g,
-        static_cast<const P*>(launch.weight.ptr()), mean, save_invstd.data_ptr<P>(), training);
+    EMBER_LAUNCH(grid_for(g.c), kBlockSize, 0, launch.ctx.stream, bn_relu_grad_coeffs_kernel<P>)
+    (coeffs.data_ptr<P>(), static_cast<P*>(dw.ptr()), static_cast<P*>(db.ptr()),
+     partial.defined() ? partial.data_ptr<double>() : nullptr, g,
+     static_cast<const P*>(launch.weight.ptr()), mean, save_invstd.data_ptr<P>(), training);
     EMBER_CUDA_CHECK_LAUNCH();
     if (grad_input.defined() || grad_residual.defined()) {
-      bn_relu_grad_apply_kernel<T, P>
-          <<<grid_for(input.numel()), kBlockSize, 0, launch.ctx.stream>>>(
-              grad_input.defined() ? grad_input.data_ptr<T>() : nullptr,
-              grad_residual.defined() ? grad_residual.data_ptr<T>() : nullptr,
-              grad_out.data_ptr<T>(), out.data_ptr<T>(), input.data_ptr<T>(), coeffs.data_ptr<P>(),
-              input.numel(), g.c, g.s);
+      EMBER_LAUNCH(grid_for(input.numel()), kBlockSize, 0, launch.ctx.stream,
+                   bn_relu_grad_apply_kernel<T, P>)
+      (grad_input.defined() ? grad_input.data_ptr<T>() : nullptr,
+       grad_residual.defined() ? grad_residual.data_ptr<T>() : nullptr, grad_out.data_ptr<T>(),
+       out.data_ptr<T>(), input.data_ptr<T>(), coeffs.data_ptr<P>(), input.numel(), g.c, g.s);
       EMBER_CUDA_CHECK_LAUNCH();
     }
   });
@@ -470,7 +491,7 @@ template <typename T, typename P>
 __global__ void bn_eval_param_grad_kernel(P* grad_weight, P* grad_bias, const T* grad_out,
                                           const T* input, const P* mean, const P* invstd, int64_t n,
                                           int64_t channels, int64_t s) {
-  __shared__ double shared[kBlockSize];
+  EMBER_SHARED(double, shared, [kBlockSize]);
   const int64_t count = n * s;
   for (int64_t c = blockIdx.x; c < channels; c += gridDim.x) {
     const double m = static_cast<double>(mean[c]);
@@ -523,16 +544,17 @@ void batch_norm_eval_backward(const Tensor& grad_input, const Tensor& grad_weigh
     using T = typename decltype(tag)::type;
     using P = stat_t<T>;
     if (grad_weight.defined() || grad_bias.defined()) {
-      bn_eval_param_grad_kernel<T, P><<<static_cast<unsigned>(std::min<int64_t>(c, kMaxGridBlocks)),
-                                        kBlockSize, 0, ctx.stream>>>(
-          static_cast<P*>(dw.ptr()), static_cast<P*>(db.ptr()), grad_out.data_ptr<T>(),
-          input.data_ptr<T>(), save_mean.data_ptr<P>(), save_invstd.data_ptr<P>(), n, c, s);
+      EMBER_LAUNCH(static_cast<unsigned>(std::min<int64_t>(c, kMaxGridBlocks)), kBlockSize, 0,
+                   ctx.stream, bn_eval_param_grad_kernel<T, P>)
+      (static_cast<P*>(dw.ptr()), static_cast<P*>(db.ptr()), grad_out.data_ptr<T>(),
+       input.data_ptr<T>(), save_mean.data_ptr<P>(), save_invstd.data_ptr<P>(), n, c, s);
       EMBER_CUDA_CHECK_LAUNCH();
     }
     if (grad_input.defined()) {
-      bn_eval_input_grad_kernel<T, P><<<grid_for(input.numel()), kBlockSize, 0, ctx.stream>>>(
-          grad_input.data_ptr<T>(), grad_out.data_ptr<T>(), static_cast<const P*>(w.ptr()),
-          save_invstd.data_ptr<P>(), input.numel(), c, s);
+      EMBER_LAUNCH(grid_for(input.numel()), kBlockSize, 0, ctx.stream,
+                   bn_eval_input_grad_kernel<T, P>)
+      (grad_input.data_ptr<T>(), grad_out.data_ptr<T>(), static_cast<const P*>(w.ptr()),
+       save_invstd.data_ptr<P>(), input.numel(), c, s);
       EMBER_CUDA_CHECK_LAUNCH();
     }
   });
@@ -540,6 +562,7 @@ void batch_norm_eval_backward(const Tensor& grad_input, const Tensor& grad_weigh
   finish(grad_bias, db);
 }
 
+#if !defined(EMBER_CUDA_EMULATED)  // cuDNN: GPU-only (emulated builds take our kernels alone)
 // NOTE: cuDNN's backward reads the saved mean and inverse std when they are given and uses
 // epsilon only to recompute them, so this value (the table passes no eps) is never applied.
 constexpr double kBackwardEpsilon = 1e-5;
@@ -580,6 +603,7 @@ void batch_norm_backward_cuda(const Tensor& grad_input_in, const Tensor& grad_we
   finish(grad_weight, dw);
   finish(grad_bias, db);
 }
+#endif  // !EMBER_CUDA_EMULATED
 
 // ---------------------------------------------------------------------------------------
 // Cross-entropy over logits [N, C]: one warp per row, math in double as on the CPU.
@@ -666,9 +690,9 @@ void cross_entropy_forward_cuda(const Tensor& loss, const Tensor& lse, const Ten
     using T = typename decltype(tag)::type;
     const auto grid = static_cast<unsigned>(
         std::min<int64_t>((n + kRowsPerBlock - 1) / kRowsPerBlock, kMaxGridBlocks));
-    cross_entropy_forward_kernel<T><<<grid, kBlockSize, 0, ctx.stream>>>(
-        loss.data_ptr<T>(), lse.data_ptr<T>(), logits.data_ptr<T>(), target.data_ptr<int64_t>(), n,
-        classes, ignore_index, smoothing);
+    EMBER_LAUNCH(grid, kBlockSize, 0, ctx.stream, cross_entropy_forward_kernel<T>)
+    (loss.data_ptr<T>(), lse.data_ptr<T>(), logits.data_ptr<T>(), target.data_ptr<int64_t>(), n,
+     classes, ignore_index, smoothing);
     EMBER_CUDA_CHECK_LAUNCH();
   });
 }
@@ -684,10 +708,11 @@ void cross_entropy_backward_cuda(const Tensor& grad_logits, const Tensor& grad_l
   const int64_t stride = grad_loss.numel() == 1 ? 0 : grad_loss.stride(0);
   dispatch_floating(logits.dtype(), "cross_entropy_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    cross_entropy_backward_kernel<T><<<grid_for(grad_logits.numel()), kBlockSize, 0, ctx.stream>>>(
-        grad_logits.data_ptr<T>(), grad_loss.data_ptr<T>(), stride, logits.data_ptr<T>(),
-        lse.data_ptr<T>(), target.data_ptr<int64_t>(), grad_logits.numel(), logits.size(1),
-        ignore_index, smoothing);
+    EMBER_LAUNCH(grid_for(grad_logits.numel()), kBlockSize, 0, ctx.stream,
+                 cross_entropy_backward_kernel<T>)
+    (grad_logits.data_ptr<T>(), grad_loss.data_ptr<T>(), stride, logits.data_ptr<T>(),
+     lse.data_ptr<T>(), target.data_ptr<int64_t>(), grad_logits.numel(), logits.size(1),
+     ignore_index, smoothing);
     EMBER_CUDA_CHECK_LAUNCH();
   });
 }
@@ -697,10 +722,12 @@ void cross_entropy_backward_cuda(const Tensor& grad_logits, const Tensor& grad_l
 void register_cuda_layer_kernels(KernelTable& table) {
   table.batch_norm_relu_forward = &batch_norm_relu_forward_cuda;
   table.batch_norm_relu_backward = &batch_norm_relu_backward_cuda;
+#if !defined(EMBER_CUDA_EMULATED)
   table.batch_norm_forward = &batch_norm_forward_cuda;
   table.batch_norm_backward = &batch_norm_backward_cuda;
+#endif
   table.cross_entropy_forward = &cross_entropy_forward_cuda;
   table.cross_entropy_backward = &cross_entropy_backward_cuda;
 }
 
-}  // namespace ember::detail
+EMBER_KERNELS_END  // namespace ember::detail

@@ -16,7 +16,7 @@
 #include "block_sum.cuh"
 #include "multi_tensor_apply.cuh"
 
-namespace ember::detail {
+EMBER_KERNELS_BEGIN
 namespace {
 
 constexpr int kSGDMaxTensors = 64;    // 3 lists
@@ -121,7 +121,7 @@ struct NormOp {
 
   __device__ void operator()(const TensorListMeta<1, NormExtra, kSGDMaxTensors>& meta, int tensor,
                              int64_t begin, int64_t end) const {
-    __shared__ A shared[kMultiTensorBlockSize];
+    EMBER_SHARED(A, shared, [kMultiTensorBlockSize]);
     const T* x = list_ptr<T>(meta, 0, tensor);
     A acc = A(0);
     for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
@@ -282,4 +282,4 @@ void cuda_multi_tensor_adam(std::span<const Tensor> params, std::span<const Tens
       std::span<const NoExtra>(none), StepIncrementOp{reads});
 }
 
-}  // namespace ember::detail
+EMBER_KERNELS_END  // namespace ember::detail

@@ -21,7 +21,7 @@
 #include "../detail/multi_tensor_plan.h"
 #include "launch.cuh"
 
-namespace ember::detail {
+EMBER_KERNELS_BEGIN
 
 inline constexpr int64_t kMultiTensorChunk = 65536;
 inline constexpr int kMultiTensorMaxBlocks = 320;
@@ -80,8 +80,9 @@ void multi_tensor_apply(cudaStream_t stream, std::span<const std::array<void*, D
           meta.block_to_chunk[b] = static_cast<int32_t>(launch.blocks[b].chunk);
         }
         const auto blocks = static_cast<unsigned>(launch.blocks.size());
-        multi_tensor_kernel<Depth, Extra, MaxTensors, Op>
-            <<<blocks, kMultiTensorBlockSize, 0, stream>>>(meta, op);
+        EMBER_LAUNCH(blocks, kMultiTensorBlockSize, 0, stream,
+                     multi_tensor_kernel<Depth, Extra, MaxTensors, Op>)
+        (meta, op);
         EMBER_CUDA_CHECK_LAUNCH();
       });
 }
@@ -93,4 +94,4 @@ __device__ __forceinline__ T* list_ptr(const TensorListMeta<Depth, Extra, MaxTen
   return static_cast<T*>(meta.addresses[d][tensor]);
 }
 
-}  // namespace ember::detail
+EMBER_KERNELS_END  // namespace ember::detail

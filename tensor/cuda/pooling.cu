@@ -12,7 +12,7 @@
 #include "cuda_kernels.h"
 #include "launch.cuh"
 
-namespace ember::detail {
+EMBER_KERNELS_BEGIN
 namespace {
 
 template <typename A>
@@ -253,10 +253,10 @@ void max_pool2d_forward_cuda(const Tensor& out, const Tensor& indices, const Ten
   const KernelContext ctx(input);
   pooling_dispatch(input, {&input, &out, &indices}, "max_pool2d", [&](auto t, auto cl) {
     using T = decltype(t);
-    max_pool_forward_kernel<T, decltype(cl)::value>
-        <<<grid_for(out.numel()), kBlockSize, 0, ctx.stream>>>(
-            out.data_ptr<T>(), indices.data_ptr<int64_t>(), input.data_ptr<T>(), out.numel(),
-            pool_geometry(input, out), params);
+    EMBER_LAUNCH(grid_for(out.numel()), kBlockSize, 0, ctx.stream,
+                 max_pool_forward_kernel<T, decltype(cl)::value>)
+    (out.data_ptr<T>(), indices.data_ptr<int64_t>(), input.data_ptr<T>(), out.numel(),
+     pool_geometry(input, out), params);
   });
 }
 
@@ -264,14 +264,14 @@ void max_pool2d_backward_cuda(const Tensor& grad_input, const Tensor& grad_out,
                               const Tensor& indices, const Pool2dParams& params) {
   if (grad_input.numel() == 0) return;
   const KernelContext ctx(grad_input);
-  pooling_dispatch(
-      grad_input, {&grad_input, &grad_out, &indices}, "max_pool2d_backward", [&](auto t, auto cl) {
-        using T = decltype(t);
-        max_pool_backward_kernel<T, decltype(cl)::value>
-            <<<grid_for(grad_input.numel()), kBlockSize, 0, ctx.stream>>>(
-                grad_input.data_ptr<T>(), grad_out.data_ptr<T>(), indices.data_ptr<int64_t>(),
-                grad_input.numel(), pool_geometry(grad_input, grad_out), params);
-      });
+  pooling_dispatch(grad_input, {&grad_input, &grad_out, &indices}, "max_pool2d_backward",
+                   [&](auto t, auto cl) {
+                     using T = decltype(t);
+                     EMBER_LAUNCH(grid_for(grad_input.numel()), kBlockSize, 0, ctx.stream,
+                                  max_pool_backward_kernel<T, decltype(cl)::value>)
+                     (grad_input.data_ptr<T>(), grad_out.data_ptr<T>(), indices.data_ptr<int64_t>(),
+                      grad_input.numel(), pool_geometry(grad_input, grad_out), params);
+                   });
 }
 
 void avg_pool2d_forward_cuda(const Tensor& out, const Tensor& input, const Pool2dParams& params) {
@@ -279,9 +279,9 @@ void avg_pool2d_forward_cuda(const Tensor& out, const Tensor& input, const Pool2
   const KernelContext ctx(input);
   pooling_dispatch(input, {&input, &out}, "avg_pool2d", [&](auto t, auto cl) {
     using T = decltype(t);
-    avg_pool_forward_kernel<T, decltype(cl)::value>
-        <<<grid_for(out.numel()), kBlockSize, 0, ctx.stream>>>(
-            out.data_ptr<T>(), input.data_ptr<T>(), out.numel(), pool_geometry(input, out), params);
+    EMBER_LAUNCH(grid_for(out.numel()), kBlockSize, 0, ctx.stream,
+                 avg_pool_forward_kernel<T, decltype(cl)::value>)
+    (out.data_ptr<T>(), input.data_ptr<T>(), out.numel(), pool_geometry(input, out), params);
   });
 }
 
@@ -292,10 +292,10 @@ void avg_pool2d_backward_cuda(const Tensor& grad_input, const Tensor& grad_out,
   pooling_dispatch(grad_input, {&grad_input, &grad_out}, "avg_pool2d_backward",
                    [&](auto t, auto cl) {
                      using T = decltype(t);
-                     avg_pool_backward_kernel<T, decltype(cl)::value>
-                         <<<grid_for(grad_input.numel()), kBlockSize, 0, ctx.stream>>>(
-                             grad_input.data_ptr<T>(), grad_out.data_ptr<T>(), grad_input.numel(),
-                             pool_geometry(grad_input, grad_out), params);
+                     EMBER_LAUNCH(grid_for(grad_input.numel()), kBlockSize, 0, ctx.stream,
+                                  avg_pool_backward_kernel<T, decltype(cl)::value>)
+                     (grad_input.data_ptr<T>(), grad_out.data_ptr<T>(), grad_input.numel(),
+                      pool_geometry(grad_input, grad_out), params);
                    });
 }
 
@@ -304,9 +304,9 @@ void adaptive_avg_pool2d_forward_cuda(const Tensor& out, const Tensor& input) {
   const KernelContext ctx(input);
   pooling_dispatch(input, {&input, &out}, "adaptive_avg_pool2d", [&](auto t, auto cl) {
     using T = decltype(t);
-    adaptive_avg_forward_kernel<T, decltype(cl)::value>
-        <<<grid_for(out.numel()), kBlockSize, 0, ctx.stream>>>(
-            out.data_ptr<T>(), input.data_ptr<T>(), out.numel(), pool_geometry(input, out));
+    EMBER_LAUNCH(grid_for(out.numel()), kBlockSize, 0, ctx.stream,
+                 adaptive_avg_forward_kernel<T, decltype(cl)::value>)
+    (out.data_ptr<T>(), input.data_ptr<T>(), out.numel(), pool_geometry(input, out));
   });
 }
 
@@ -316,10 +316,10 @@ void adaptive_avg_pool2d_backward_cuda(const Tensor& grad_input, const Tensor& g
   pooling_dispatch(grad_input, {&grad_input, &grad_out}, "adaptive_avg_pool2d_backward",
                    [&](auto t, auto cl) {
                      using T = decltype(t);
-                     adaptive_avg_backward_kernel<T, decltype(cl)::value>
-                         <<<grid_for(grad_input.numel()), kBlockSize, 0, ctx.stream>>>(
-                             grad_input.data_ptr<T>(), grad_out.data_ptr<T>(), grad_input.numel(),
-                             pool_geometry(grad_input, grad_out));
+                     EMBER_LAUNCH(grid_for(grad_input.numel()), kBlockSize, 0, ctx.stream,
+                                  adaptive_avg_backward_kernel<T, decltype(cl)::value>)
+                     (grad_input.data_ptr<T>(), grad_out.data_ptr<T>(), grad_input.numel(),
+                      pool_geometry(grad_input, grad_out));
                    });
 }
 
@@ -334,4 +334,4 @@ void register_cuda_pooling_kernels(KernelTable& table) {
   table.adaptive_avg_pool2d_backward = &adaptive_avg_pool2d_backward_cuda;
 }
 
-}  // namespace ember::detail
+EMBER_KERNELS_END  // namespace ember::detail

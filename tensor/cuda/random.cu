@@ -11,7 +11,7 @@
 #include "cuda_kernels.h"
 #include "launch.cuh"
 
-namespace ember::detail {
+EMBER_KERNELS_BEGIN
 namespace {
 
 template <typename T>
@@ -42,8 +42,8 @@ void random(RandomKind kind, const Tensor& out, uint64_t seed, uint64_t offset, 
   const auto range = static_cast<uint64_t>(static_cast<int64_t>(b) - low);
   dispatch_all(out.dtype(), "random", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    random_kernel<T><<<grid_for(n), kBlockSize, 0, ctx.stream>>>(
-        kind, static_cast<T*>(out.data_ptr()), n, seed, offset, a, b, low, range);
+    EMBER_LAUNCH(grid_for(n), kBlockSize, 0, ctx.stream, random_kernel<T>)
+    (kind, static_cast<T*>(out.data_ptr()), n, seed, offset, a, b, low, range);
     EMBER_CUDA_CHECK_LAUNCH();
   });
 }
@@ -52,4 +52,4 @@ void random(RandomKind kind, const Tensor& out, uint64_t seed, uint64_t offset, 
 
 void register_cuda_random_kernels(KernelTable& table) { table.random = random; }
 
-}  // namespace ember::detail
+EMBER_KERNELS_END  // namespace ember::detail

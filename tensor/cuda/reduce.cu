@@ -10,7 +10,7 @@
 #include "cuda_kernels.h"
 #include "launch.cuh"
 
-namespace ember::detail {
+EMBER_KERNELS_BEGIN
 namespace {
 
 constexpr int kWarp = 32;
@@ -144,8 +144,8 @@ __global__ void reduce_rows_kernel(ReduceOp op, T* out, const T* in, int64_t out
                                    double p, int64_t correction) {
   using A = sum_t<T>;
   using R = real_t<T>;
-  __shared__ A shared_a[Group == kWarp ? 1 : Group / kWarp];
-  __shared__ R shared_r[Group == kWarp ? 1 : Group / kWarp];
+  EMBER_SHARED(A, shared_a, [Group == kWarp ? 1 : Group / kWarp]);
+  EMBER_SHARED(R, shared_r, [Group == kWarp ? 1 : Group / kWarp]);
   const RowGroup<Group> g;
   for (int64_t row = g.first_row; row < outer; row += g.row_step) {
     const T* x = in + row * r;
@@ -232,8 +232,8 @@ __global__ void reduce_rows_kernel(ReduceOp op, T* out, const T* in, int64_t out
 template <int Group, typename T>
 void launch_reduce(ReduceOp op, T* out, const T* in, int64_t outer, int64_t r, double p,
                    int64_t correction, cudaStream_t stream) {
-  reduce_rows_kernel<Group, T><<<row_grid<Group>(outer), row_block<Group>(), 0, stream>>>(
-      op, out, in, outer, r, p, correction);
+  EMBER_LAUNCH(row_grid<Group>(outer), row_block<Group>(), 0, stream, reduce_rows_kernel<Group, T>)
+  (op, out, in, outer, r, p, correction);
   EMBER_CUDA_CHECK_LAUNCH();
 }
 
@@ -271,8 +271,8 @@ template <int Group, typename T>
 __global__ void arg_reduce_kernel(bool is_max, T* values, int64_t* indices, const T* in,
                                   int64_t outer, int64_t r) {
   using A = compute_t<T>;
-  __shared__ A shared_value[Group == kWarp ? 1 : Group / kWarp];
-  __shared__ int64_t shared_index[Group == kWarp ? 1 : Group / kWarp];
+  EMBER_SHARED(A, shared_value, [Group == kWarp ? 1 : Group / kWarp]);
+  EMBER_SHARED(int64_t, shared_index, [Group == kWarp ? 1 : Group / kWarp]);
   const RowGroup<Group> g;
   for (int64_t row = g.first_row; row < outer; row += g.row_step) {
     const T* x = in + row * r;
@@ -328,12 +328,13 @@ void arg_reduce(bool is_max, const Tensor& values, const Tensor& indices, const 
     int64_t* index_data = static_cast<int64_t*>(indices.data_ptr());
     const T* in_data = static_cast<const T*>(in.data_ptr());
     if (r <= kWarpRowLimit) {
-      arg_reduce_kernel<kWarp, T><<<row_grid<kWarp>(outer), row_block<kWarp>(), 0, ctx.stream>>>(
-          is_max, value_data, index_data, in_data, outer, r);
+      EMBER_LAUNCH(row_grid<kWarp>(outer), row_block<kWarp>(), 0, ctx.stream,
+                   arg_reduce_kernel<kWarp, T>)
+      (is_max, value_data, index_data, in_data, outer, r);
     } else {
-      arg_reduce_kernel<kBlockGroup, T>
-          <<<row_grid<kBlockGroup>(outer), row_block<kBlockGroup>(), 0, ctx.stream>>>(
-              is_max, value_data, index_data, in_data, outer, r);
+      EMBER_LAUNCH(row_grid<kBlockGroup>(outer), row_block<kBlockGroup>(), 0, ctx.stream,
+                   arg_reduce_kernel<kBlockGroup, T>)
+      (is_max, value_data, index_data, in_data, outer, r);
     }
     EMBER_CUDA_CHECK_LAUNCH();
   });
@@ -345,7 +346,7 @@ void arg_reduce(bool is_max, const Tensor& values, const Tensor& indices, const 
 template <int Group, typename T>
 __global__ void softmax_rows_kernel(T* out, const T* in, int64_t rows, int64_t n, bool log_output) {
   using A = compute_t<T>;
-  __shared__ A shared[Group == kWarp ? 1 : Group / kWarp];
+  EMBER_SHARED(A, shared, [Group == kWarp ? 1 : Group / kWarp]);
   const RowGroup<Group> g;
   for (int64_t row = g.first_row; row < rows; row += g.row_step) {
     const T* x = in + row * n;
@@ -396,17 +397,17 @@ void softmax(const Tensor& out, const Tensor& in, int64_t outer, int64_t n, int6
     const T* in_data = static_cast<const T*>(in.data_ptr());
     if (inner == 1) {
       if (n <= kWarpRowLimit) {
-        softmax_rows_kernel<kWarp, T>
-            <<<row_grid<kWarp>(outer), row_block<kWarp>(), 0, ctx.stream>>>(out_data, in_data,
-                                                                            outer, n, log_output);
+        EMBER_LAUNCH(row_grid<kWarp>(outer), row_block<kWarp>(), 0, ctx.stream,
+                     softmax_rows_kernel<kWarp, T>)
+        (out_data, in_data, outer, n, log_output);
       } else {
-        softmax_rows_kernel<kBlockGroup, T>
-            <<<row_grid<kBlockGroup>(outer), row_block<kBlockGroup>(), 0, ctx.stream>>>(
-                out_data, in_data, outer, n, log_output);
+        EMBER_LAUNCH(row_grid<kBlockGroup>(outer), row_block<kBlockGroup>(), 0, ctx.stream,
+                     softmax_rows_kernel<kBlockGroup, T>)
+        (out_data, in_data, outer, n, log_output);
       }
     } else {
-      softmax_columns_kernel<T><<<grid_for(outer * inner), kBlockSize, 0, ctx.stream>>>(
-          out_data, in_data, outer, n, inner, log_output);
+      EMBER_LAUNCH(grid_for(outer * inner), kBlockSize, 0, ctx.stream, softmax_columns_kernel<T>)
+      (out_data, in_data, outer, n, inner, log_output);
     }
     EMBER_CUDA_CHECK_LAUNCH();
   });
@@ -420,4 +421,4 @@ void register_cuda_reduce_kernels(KernelTable& table) {
   table.softmax = softmax;
 }
 
-}  // namespace ember::detail
+EMBER_KERNELS_END  // namespace ember::detail

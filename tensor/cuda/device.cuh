@@ -1,0 +1,25 @@
+// What every kernel file includes for the CUDA language: the CUDA runtime and ember's checks
+// under nvcc, or, with EMBER_CUDA_EMULATED, their CPU emulation (emulated/emulate.h, which
+// says how kernels run there). Both define
+//   EMBER_LAUNCH(grid, block, shared_bytes, stream, kernel)(args...)  a kernel launch
+//   EMBER_SHARED(type, name, [dims])    the block's shared type name[dims]
+//   EMBER_DYNAMIC_SHARED(type, name)    the block's dynamic shared memory as type name[]
+//   EMBER_KERNELS_BEGIN / EMBER_KERNELS_END    open / close the kernels' namespace
+// Private to tensor/cuda/.
+#pragma once
+
+#if defined(EMBER_CUDA_EMULATED)
+#include "emulated/emulate.h"
+#else
+#include <cuda_runtime.h>
+
+#include "cuda_check.h"
+#include "cuda_context.h"
+
+#define EMBER_LAUNCH(grid, block, shared_bytes, stream, ...) \
+  __VA_ARGS__<<<grid, block, shared_bytes, stream>>>
+#define EMBER_SHARED(type, name, dims) __shared__ type name dims
+#define EMBER_DYNAMIC_SHARED(type, name) extern __shared__ __align__(16) type name[]
+#define EMBER_KERNELS_BEGIN namespace ember::detail {
+#define EMBER_KERNELS_END }
+#endif
