@@ -2,8 +2,8 @@
 # Runs the emulated CUDA suite (tests/tensor/cuda_emulated/, built with gcov instrumentation:
 # EMBER_CUDA_EMULATED_COVERAGE, on by default) and fails when a __global__ kernel under
 # tensor/cuda/ runs in none of its tests, unless tests/tensor/cuda_emulated/not_yet_emulated.txt
-# lists it (and fails when a listed kernel does run: the list only shrinks). Reports the gcov
-# line coverage of each tensor/cuda/ source by the suite.
+# lists it (and fails when a listed kernel does run or names no kernel: the list only shrinks
+# and stays true). Reports the gcov line coverage of each tensor/cuda/ source by the suite.
 #
 #   bash scripts/check_emulated_coverage.sh [build_dir]     (default: build, or $EMBER_BUILD_DIR)
 set -euo pipefail
@@ -99,6 +99,11 @@ for source, kernel, body in kernels:
     if ran and key in listed:
         print(f"{key} runs emulated now: take it off {os.path.relpath(allow, root)}")
         failed = True
+
+# A listed kernel that no longer exists there (moved, renamed, removed) is an error too.
+for key in sorted(listed - {f"{k[0]}:{k[1]}" for k in kernels}):
+    print(f"{key} names no __global__ kernel: take it off {os.path.relpath(allow, root)}")
+    failed = True
 
 print(f"emulated CUDA kernels: {covered} of {len(kernels)} run in tests/tensor/cuda_emulated/")
 total = hit = 0
