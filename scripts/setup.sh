@@ -61,9 +61,10 @@ train_packages=(
 # are for the srun test (tests/dist/slurm.sh), which starts its own daemons; srun --mpi=pmix
 # loads libpmix.so from libpmix-dev. dpkg-dev (dpkg-shlibdeps), file and lintian build and
 # check the Debian packages (cpack -G DEB; tests/install/deb_test.sh). fortunes is ember's
-# default text corpus (/usr/share/games/fortunes) for the GPT data tests.
+# default text corpus (/usr/share/games/fortunes) for the GPT data tests. python3 reads gcov's
+# JSON for the emulated-CUDA coverage check and the GPU bundle's manifest (gcov comes with gcc).
 test_packages=(
-  git pkg-config
+  git pkg-config python3
   libgtest-dev libgmock-dev googletest
   clang libclang-rt-14-dev
   clang-format
