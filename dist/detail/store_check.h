@@ -6,10 +6,11 @@
 // a peer that publishes nothing within the timeout calls `on_failure` once with the message
 // check_fingerprints (or the timeout) gives; the check then stops.
 //
-// Keys (under `prefix`, per rank r): "<prefix>/n/<r>" counts the fingerprints r published
-// (plus kLeft once r said goodbye), "<prefix>/fp/<r>/<seq % 2>" holds its last two and
-// "<prefix>/bye/<r>" its goodbye: a group uses 4 keys per rank however long it runs. Two slots
-// suffice because a rank publishes #s+1 only after it read every peer's #s.
+// Keys (under `prefix`, per rank r): "<prefix>/n/<r>" is the number of the last collective r
+// published (plus kLeft once r said goodbye), "<prefix>/fp/<r>/<b % 2>" holds its fingerprints
+// of block b (kBlock collectives) and "<prefix>/bye/<r>" its goodbye: a group uses 4 keys per
+// rank however long it runs. Two slots suffice because a rank publishes into block b + 1 only
+// after it checked all of block b, which needed every peer's fingerprints of it.
 #pragma once
 
 #include <chrono>
@@ -21,6 +22,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "common.h"
 
@@ -35,6 +37,9 @@ class StoreFingerprintCheck {
   using OnFailure = std::function<void(const std::string& message)>;
   // What a rank adds to its counter when it leaves: counts at or above it mean "left".
   static constexpr int64_t kLeft = int64_t{1} << 50;
+  // Collectives #1..#kBlock form block 0, and so on: a rank publishes what it has queued of a
+  // block in one request, so a check that lags behind a burst of launches catches up.
+  static constexpr int64_t kBlock = 64;
 
   // Rank `rank` of `size`; every rank of the group passes the same `prefix`. `on_failure` runs
   // on the check's thread.
@@ -58,13 +63,22 @@ class StoreFingerprintCheck {
   int64_t checked() const;
 
  private:
+  // What this rank knows of a peer: the last collective it published (and whether it left),
+  // and its block of fingerprints as last read.
+  struct Peer {
+    int64_t last = 0;
+    bool left = false;
+    int64_t block = -1;
+    std::string bytes;
+  };
+  static int64_t block_of(int64_t seq);
   void run();
-  void check_one(const Fingerprint& mine);
+  // Publishes `batch` (queued fingerprints of one block, in order) and checks each of them.
+  void check_batch(const std::vector<Fingerprint>& batch);
   // Peer `peer`'s fingerprint of `mine.seq`, waiting for it (or its goodbye) at most the timeout.
   Fingerprint peer_fingerprint(int peer, const Fingerprint& mine);
-  // The fingerprint at `key`, checked to be one (its bytes come from the network).
-  Fingerprint read_fingerprint(const Fingerprint& mine, const std::string& key);
   std::string key(const char* kind, int rank) const;
+  std::string slot_key(int rank, int64_t block) const;
 
   std::shared_ptr<TcpStore> store_;
   std::string prefix_;
@@ -76,6 +90,10 @@ class StoreFingerprintCheck {
   std::deque<Fingerprint> queue_;
   bool busy_ = false, stopping_ = false, failed_ = false;
   int64_t checked_ = 0;
+  // The check's thread alone: this rank's current block, what it published, its peers.
+  int64_t block_ = -1, published_ = 0;
+  std::string block_bytes_;
+  std::vector<Peer> peers_;
   std::thread thread_;
 };
 

@@ -85,11 +85,19 @@ class StoreCheck : public ::testing::TestWithParam<int> {};
 TEST_P(StoreCheck, MatchingCollectivesPassAndReuseTheirKeys) {
   const int size = GetParam();
   Ranks ranks(size, 10s);
-  // More collectives than slots: each rank's two keys are overwritten in turn.
-  constexpr int64_t kCollectives = 40;
-  for (int64_t seq = 1; seq <= kCollectives; ++seq) {
-    for (int r = 0; r < size; ++r) ranks[r].post(seq % 3 == 0 ? barrier(seq) : allreduce(seq));
+  // Blocks of 64 in two slots per rank: 300 collectives overwrite each slot twice. Each rank
+  // issues at its own pace, so they publish in batches of different bounds.
+  constexpr int64_t kCollectives = 300;
+  std::vector<std::thread> issuers;
+  for (int r = 0; r < size; ++r) {
+    issuers.emplace_back([&ranks, r] {
+      for (int64_t seq = 1; seq <= kCollectives; ++seq) {
+        ranks[r].post(seq % 3 == 0 ? barrier(seq) : allreduce(seq));
+        if (seq % (5 + 6 * r) == 0) std::this_thread::sleep_for(200us);
+      }
+    });
   }
+  for (std::thread& t : issuers) t.join();
   for (int r = 0; r < size; ++r) {
     EXPECT_TRUE(ranks[r].wait_checked(20s)) << ranks.failure(r);
     EXPECT_EQ(ranks[r].checked(), kCollectives);
@@ -152,6 +160,24 @@ TEST_P(StoreCheck, ARankThatLeavesIsNamedAtOnceByOneThatWaits) {
   EXPECT_EQ(ranks[0].checked(), 1);
 }
 
+TEST(StoreCheck, ARankThatLeftAfterIssuingACollectiveIsNamedOnlyAfterIt) {
+  // Rank 1 issued #2 (NCCL has it) but left before its check published it: #2 is not
+  // judged, #3 names the goodbye.
+  Ranks ranks(2, 60s);
+  ranks[0].post(allreduce(1));
+  ranks[1].post(allreduce(1));
+  ASSERT_TRUE(ranks[1].wait_checked(20s));
+  ranks[1].leave(Fingerprint::goodbye(2, static_cast<int32_t>(OpKind::kAllreduce)));
+  ranks[0].post(allreduce(2));
+  EXPECT_TRUE(ranks[0].wait_checked(20s)) << ranks.failure(0);
+  EXPECT_EQ(ranks[0].checked(), 2);
+  ranks[0].post(allreduce(3));
+  ASSERT_TRUE(ranks.wait_failed(1));
+  const std::string message = ranks.failure(0);
+  EXPECT_TRUE(contains(message, "rank 1 left the group after allreduce #2")) << message;
+  EXPECT_TRUE(contains(message, "rank 0 waited in allreduce #3 on f32 [4] (sum)")) << message;
+}
+
 TEST_P(StoreCheck, ARankThatNeverArrivesIsNamedAtTheTimeout) {
   const int size = GetParam();
   Ranks ranks(size, 300ms);
@@ -202,10 +228,10 @@ TEST(StoreCheck, NcclPublishesEachCollectiveAndItsGoodbye) {
       std::this_thread::sleep_for(1ms);
     }
     EXPECT_EQ(client->add("nccl/check/n/0", 0), 2);
-    const std::string last = client->get("nccl/check/fp/0/0");
-    ASSERT_EQ(last.size(), sizeof(Fingerprint));
-    const Fingerprint expected = barrier(2);
-    EXPECT_EQ(last, std::string(reinterpret_cast<const char*>(&expected), sizeof(Fingerprint)));
+    // Block 0's slot holds both fingerprints, in order.
+    const Fingerprint expected[2] = {allreduce(1, 256), barrier(2)};
+    EXPECT_EQ(client->get("nccl/check/fp/0/0"),
+              std::string(reinterpret_cast<const char*>(expected), sizeof(expected)));
     ::ember::testing::expect_close(t.cpu(), ones({256}));
   }
   EXPECT_EQ(client->add("nccl/check/n/0", 0), StoreFingerprintCheck::kLeft + 2);
