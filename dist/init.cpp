@@ -252,6 +252,7 @@ std::shared_ptr<ProcessGroup> make_process_group(const InitOptions& user_options
   EMBER_CHECK(device.is_cuda(), kOp, "the NCCL backend needs a CUDA device, got ", device);
 #if EMBER_WITH_CUDA
   NcclProcessGroup::UniqueId id{};
+  NcclProcessGroup::SideChannel side;
   const bool over_mpi = launched_by_mpi(launch);
   if (launch.world_size == 1) {
     id = NcclProcessGroup::create_unique_id();
@@ -286,9 +287,11 @@ std::shared_ptr<ProcessGroup> make_process_group(const InitOptions& user_options
     EMBER_CHECK(bytes.size() == id.size(), kOp, "the NCCL unique id from the store has ",
                 bytes.size(), " bytes, expected ", id.size());
     std::memcpy(id.data(), bytes.data(), id.size());
+    // The group compares its collectives and says goodbye over the same store.
+    side = {store, "ember/nccl/" + std::to_string(group) + "/check"};
   }
   return std::make_shared<NcclProcessGroup>(launch.rank, launch.world_size, launch.local_rank,
-                                            launch.local_rank, id, options.group);
+                                            launch.local_rank, id, options.group, std::move(side));
 #else
   throw Error("init_process_group: the NCCL backend needs ember built with CUDA");
 #endif

@@ -23,6 +23,7 @@
 #include "detail/common.h"
 #include "detail/engine.h"
 #include "detail/flight.h"
+#include "detail/store_check.h"
 
 namespace ember::dist {
 
@@ -116,6 +117,10 @@ struct NcclProcessGroup::State {
   bool stopping = false;
   bool destroying = false;  // under blocking_wait the watchdog reports nothing until then
   std::thread watchdog;
+  // The fingerprint check over the side channel (null without one), and what this rank's
+  // goodbye names: the kind of its last collective. Last: it stops before the rest goes.
+  int32_t last_kind = -1;
+  std::unique_ptr<detail::StoreFingerprintCheck> side_check;
 
   void watch(std::shared_ptr<Tracked> op) {
     std::lock_guard<std::mutex> lock(watch_mutex);
@@ -370,6 +375,8 @@ class Issue {
         s.recorder->enqueued(mine);
         s.recorder->started(seq);  // on the stream from here on
         if (s.debug) check_fingerprints(mine);
+        s.last_kind = static_cast<int32_t>(kind);
+        if (s.side_check) s.side_check->post(mine);
       }
     } catch (const detail::FingerprintMismatch&) {
       throw;
@@ -536,15 +543,26 @@ std::shared_ptr<State> make_world_state(int rank, int size, int device,
 }  // namespace
 
 NcclProcessGroup::NcclProcessGroup(int rank, int size, int local_rank, int device,
-                                   const UniqueId& id, ProcessGroupOptions options)
-    : NcclProcessGroup(make_world_state(rank, size, device, id, options), local_rank) {}
+                                   const UniqueId& id, ProcessGroupOptions options,
+                                   SideChannel side)
+    : NcclProcessGroup(make_world_state(rank, size, device, id, options), local_rank,
+                       std::move(side)) {}
 
-NcclProcessGroup::NcclProcessGroup(std::shared_ptr<State> state, int local_rank)
+NcclProcessGroup::NcclProcessGroup(std::shared_ptr<State> state, int local_rank, SideChannel side)
     : BackendGroup(state->rank, local_rank, state->global_ranks, state->global_rank),
-      state_(std::move(state)) {
-  state_->recorder = std::make_unique<detail::FlightRecorder>(
-      "nccl", state_->rank, state_->global_ranks, state_->global_rank);
-  state_->watchdog = std::thread([state = state_.get()] { state->run_watchdog(); });
+      state_(std::move(state)),
+      side_(std::move(side)) {
+  State& s = *state_;
+  s.recorder =
+      std::make_unique<detail::FlightRecorder>("nccl", s.rank, s.global_ranks, s.global_rank);
+  s.watchdog = std::thread([state = &s] { state->run_watchdog(); });
+  if (side_.store != nullptr) {
+    // A mismatch or a peer's goodbye found beside a collective already issued: the ranks are
+    // out of step, so the group breaks (aborted, as the watchdog's own failures do).
+    s.side_check = std::make_unique<detail::StoreFingerprintCheck>(
+        side_.store, side_.prefix, s.rank, s.size, s.options.timeout,
+        [state = &s](const std::string& message) { state->break_group(message); });
+  }
 }
 
 // NOTE: ncclCommSplit is collective over the parent: every rank of it calls this, the
@@ -581,11 +599,19 @@ std::shared_ptr<ProcessGroup> NcclProcessGroup::make_subgroup(const SubgroupSpec
         what);
   });
   parent.settle(ncclInProgress, what);  // a non-blocking split may leave the parent busy too
-  return std::shared_ptr<NcclProcessGroup>(new NcclProcessGroup(std::move(state), local_rank()));
+  SideChannel side;
+  if (side_.store != nullptr)
+    side = {side_.store, side_.prefix + "/" + std::to_string(spec.serial)};
+  return std::shared_ptr<NcclProcessGroup>(
+      new NcclProcessGroup(std::move(state), local_rank(), std::move(side)));
 }
 
 NcclProcessGroup::~NcclProcessGroup() {
   State& s = *state_;
+  // Goodbye first: a peer waiting in a collective this rank never issues fails at once.
+  if (s.side_check) {
+    s.side_check->leave(detail::Fingerprint::goodbye(s.collectives, s.last_kind));
+  }
   // Work still queued finishes first; the watchdog, still running, ends the process if it
   // never does (a destructor cannot report failures), also under blocking_wait.
   {

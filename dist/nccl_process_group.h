@@ -14,10 +14,22 @@
 // deadline. A failed NCCL call breaks the group the same way: the other ranks went on.
 // Either way the reason reaches stderr first: the watchdog's message, or, when a wait breaks
 // the group, "ember::dist: the nccl process group broke on rank 1: ..." (once).
+//
+// With a side channel (init_process_group gives one: the store the ranks met at), every
+// collective's fingerprint is compared beside it, off the issuing thread: where the ranks
+// issued different collectives, or a rank waits in one that a peer left the group before
+// (destroy_process_group, the group's destruction), the group breaks within milliseconds and
+// every wait on it throws ember::Error naming each rank's call, or who left after which
+// collective. A rank whose peer never issues the collective fails at the timeout, naming it.
+// EMBER_DIST_DEBUG=1 (options.debug) adds a check before each collective, by a blocking NCCL
+// all-gather: it costs a host round trip per collective, but finds a mismatch before the
+// collective is issued, so the group stays usable (the FingerprintMismatch is thrown on every
+// rank), and it also works in a launch over MPI, which has no store.
 #pragma once
 
 #include <array>
 #include <memory>
+#include <string>
 
 #include <ember/config.h>
 #include <ember/dist/process_group.h>
@@ -26,16 +38,26 @@
 
 namespace ember::dist {
 
+class TcpStore;
+
 class NcclProcessGroup : public BackendGroup {
  public:
   using UniqueId = std::array<char, 128>;  // ncclUniqueId's bytes
   // Made once (by rank 0) and handed to every rank by the launcher's channel (MPI or TcpStore).
   static UniqueId create_unique_id();
 
+  // Where the ranks compare their collectives and say goodbye (detail/store_check.h): the
+  // store they met at, and a key prefix of this group's that every rank passes alike.
+  // Without a store (a launch over MPI) only EMBER_DIST_DEBUG's check compares them.
+  struct SideChannel {
+    std::shared_ptr<TcpStore> store;
+    std::string prefix;
+  };
+
   // Collective over all `size` ranks: each passes the same id and uses CUDA device `device`.
   // Initialisation itself is bounded by options.timeout.
   NcclProcessGroup(int rank, int size, int local_rank, int device, const UniqueId& id,
-                   ProcessGroupOptions options = {});
+                   ProcessGroupOptions options = {}, SideChannel side = {});
   ~NcclProcessGroup() override;
   NcclProcessGroup(const NcclProcessGroup&) = delete;
   NcclProcessGroup& operator=(const NcclProcessGroup&) = delete;
@@ -52,12 +74,13 @@ class NcclProcessGroup : public BackendGroup {
   struct State;
 
  private:
-  NcclProcessGroup(std::shared_ptr<State> state, int local_rank);
+  NcclProcessGroup(std::shared_ptr<State> state, int local_rank, SideChannel side);
   WorkHandle submit(const CollectiveRequest& request) override;
   void check_devices(const CollectiveRequest& request) const override;
   // ncclCommSplit of this group's communicator: every rank of it takes part (see there).
   std::shared_ptr<ProcessGroup> make_subgroup(const SubgroupSpec& spec) override;
   std::shared_ptr<State> state_;
+  SideChannel side_;  // subgroups compare over it too, under their own prefixes
 };
 
 }  // namespace ember::dist

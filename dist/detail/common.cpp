@@ -186,7 +186,8 @@ std::string Fingerprint::str() const {
   return out.str();
 }
 
-void check_fingerprints(const std::string& op, const std::vector<Fingerprint>& all, int rank) {
+void check_fingerprints(const std::string& op, const std::vector<Fingerprint>& all, int rank,
+                        bool issued) {
   const std::vector<std::vector<size_t>> classes = classes_of(all);
   if (classes.size() <= 1) return;
   std::vector<size_t> left;
@@ -215,7 +216,10 @@ void check_fingerprints(const std::string& op, const std::vector<Fingerprint>& a
     out << (i > 0 ? "; " : "") << ranks_named(classes[i]) << " issued " << all[classes[i][0]].str();
   }
   out << ". Every rank must issue the same collectives, in the same order, with the same "
-         "shapes and dtypes; every rank skipped this one and the group can still be used";
+         "shapes and dtypes; "
+      << (issued ? "every rank had issued it already, so the group cannot be used any more"
+                 : "every rank skipped this one and the group can still be used");
+  if (issued) throw Error(out.str());  // the caller breaks the group, which dumps the records
   // The group stays usable, so no break dumps the records: this does, on every rank.
   if (flight_recorder_enabled()) dump_flight_records(out.str());
   throw FingerprintMismatch(out.str());

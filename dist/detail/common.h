@@ -87,7 +87,10 @@ struct Fingerprint {
 // said goodbye it throws ember::Error naming who left after which collective and where the
 // others are (the group is unusable); when the collectives differ, FingerprintMismatch naming
 // every rank's call. Either way every rank that waits sees the same and fails at once.
-void check_fingerprints(const std::string& op, const std::vector<Fingerprint>& all, int rank);
+// `issued`: the collective already went to the backend (a check made beside it, not before
+// it), so a mismatch leaves the group unusable too, and the message says so.
+void check_fingerprints(const std::string& op, const std::vector<Fingerprint>& all, int rank,
+                        bool issued = false);
 // Thrown for such a mismatch: every rank sees it and skips the collective, so, unlike any
 // other failure of an issued operation, it leaves the group in step and usable.
 struct FingerprintMismatch : Error {
