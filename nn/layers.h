@@ -191,6 +191,13 @@ class GELU : public Module {
   GeluApproximate approximate_;
 };
 
+// silu(x) = x * sigmoid(x) (nn.SiLU), the activation of LLaMA-style MLPs.
+class SiLU : public Module {
+ public:
+  Tensor forward(const Tensor& input) override { return silu(input); }
+  std::string name() const override { return "SiLU"; }
+};
+
 struct LayerNormOptions {
   double eps = 1e-5;
   bool elementwise_affine = true;  // learnable weight (ones) and, with `bias`, bias (zeros)

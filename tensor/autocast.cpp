@@ -1,7 +1,9 @@
-// Autocast: the per-thread state, the op policy table, and the weight-cast cache.
+// Autocast: the per-thread state, the lists gathered from the op descriptors, and the
+// weight-cast cache.
 #include "autocast.h"
 
 #include <array>
+#include <vector>
 
 #include "detail/autocast_policy.h"
 #include "error.h"
@@ -14,64 +16,13 @@ namespace {
 
 using enum CastPolicy;
 
-// THE AUTOCAST OP LISTS. One row per autocast-aware op; the op's front end calls
-// detail::autocast() with its AutocastOp first thing. Ops not listed run in whatever dtype
-// their inputs have (relu, gelu, embedding, pooling, mean, max, dropout, view ops, ...), and
-// elementwise ops with mixed inputs (add, mul, where, ...) promote to the widest by ember's
-// ordinary type promotion, as they do in PyTorch.
-//
-// The lists are PyTorch's CUDA lists (torch.amp docs, aten/src/ATen/autocast_mode.cpp),
-// applied to the CPU as well. PyTorch's own CPU lists are shorter: on the CPU it keeps
-// softmax, log_softmax, exp, log, pow, rsqrt, sum and norm in the input's dtype. ember's CPU
-// autocast deliberately matches the CUDA one there, so a model gives the same dtypes on both
-// devices and the numerically sensitive ops stay in f32 everywhere. (Both PyTorch lists
-// agree on conv/linear/matmul in the low dtype and on the losses in f32.)
-//
-// batch_norm is on no list, as in PyTorch: it takes a bf16/f16 input with f32 weight, bias
-// and running statistics, computes its statistics in f32 (or wider) and returns the input's
-// dtype, as cuDNN's batch norm under autocast does. Its fused forms (batch_norm_relu,
-// batch_norm_add_relu) follow the same rule; linear with a fused activation is kLinear.
-constexpr AutocastRule kRules[] = {
-    // Low precision (bf16 or f16): the tensor-core ops.
-    {AutocastOp::kConv2d, "conv2d", kLowerPrecision},
-    {AutocastOp::kLinear, "linear", kLowerPrecision},
-    {AutocastOp::kMatmul, "matmul", kLowerPrecision},
-    {AutocastOp::kMm, "mm", kLowerPrecision},
-    {AutocastOp::kBmm, "bmm", kLowerPrecision},
-    {AutocastOp::kAddmm, "addmm", kLowerPrecision},
-    // f32: softmax, pointwise math that overflows or loses precision in 16 bits, sums and
-    // norms, and every loss.
-    {AutocastOp::kSoftmax, "softmax", kFloat32},
-    {AutocastOp::kLogSoftmax, "log_softmax", kFloat32},
-    {AutocastOp::kExp, "exp", kFloat32},
-    {AutocastOp::kLog, "log", kFloat32},
-    {AutocastOp::kPow, "pow", kFloat32},
-    {AutocastOp::kRsqrt, "rsqrt", kFloat32},
-    {AutocastOp::kSum, "sum", kFloat32},
-    {AutocastOp::kNorm, "norm", kFloat32},
-    {AutocastOp::kCrossEntropy, "cross_entropy", kFloat32},
-    {AutocastOp::kNllLoss, "nll_loss", kFloat32},
-    {AutocastOp::kMseLoss, "mse_loss", kFloat32},
-    {AutocastOp::kL1Loss, "l1_loss", kFloat32},
-    {AutocastOp::kSmoothL1Loss, "smooth_l1_loss", kFloat32},
-    {AutocastOp::kBinaryCrossEntropyWithLogits, "binary_cross_entropy_with_logits", kFloat32},
-    // Promote to the widest floating input.
-    {AutocastOp::kCat, "cat", kPromote},
-    {AutocastOp::kStack, "stack", kPromote},
-    {AutocastOp::kScatterAdd, "scatter_add", kPromote},
-    // Attention: low precision, as on PyTorch's CUDA list (its kernels accumulate in f32).
-    {AutocastOp::kScaledDotProductAttention, "scaled_dot_product_attention", kLowerPrecision},
-    // GPT layers: layer_norm in f32 (PyTorch's CUDA list; gelu and embedding are on none).
-    {AutocastOp::kLayerNorm, "layer_norm", kFloat32},
-};
-
-constexpr bool rules_in_order() {
-  for (size_t i = 0; i < std::size(kRules); ++i) {
-    if (static_cast<size_t>(kRules[i].op) != i) return false;
-  }
-  return true;
-}
-static_assert(rules_in_order(), "kRules must list the AutocastOps in declaration order");
+// The autocast lists live in the ops' descriptors (OpDef::autocast, EMBER_OP in each op's
+// file); README's "Autocast op lists" table shows them at one glance and a test checks the two
+// agree. They are PyTorch's CUDA lists, applied to the CPU as well (PyTorch's own CPU lists
+// keep softmax, log_softmax, exp, log, pow, rsqrt, sum and norm in the input's dtype; ember
+// matches the CUDA lists there so a model gives the same dtypes on both devices). batch_norm is
+// on no list, as in PyTorch: it takes a bf16/f16 input with f32 parameters and statistics and
+// returns the input's dtype, and its fused forms follow it.
 
 // A cast of a leaf that requires grad, kept while the outermost guard lives.
 struct CacheEntry {
@@ -117,8 +68,15 @@ Tensor cast_to(const Tensor& t, DType to) {
 
 }  // namespace
 
-std::span<const AutocastRule> autocast_rules() { return kRules; }
-const AutocastRule& autocast_rule(AutocastOp op) { return kRules[static_cast<size_t>(op)]; }
+std::span<const AutocastRule> autocast_rules() {
+  static const std::vector<AutocastRule> rules = [] {
+    std::vector<AutocastRule> out;
+    for (const OpDef* op : all_ops())
+      if (op->autocast) out.push_back({op->name, *op->autocast});
+    return out;
+  }();
+  return rules;
+}
 
 bool any_autocast_enabled() {
   for (const bool e : state.enabled)
@@ -126,8 +84,9 @@ bool any_autocast_enabled() {
   return false;
 }
 
-std::optional<std::vector<Tensor>> autocast_inputs(AutocastOp op,
+std::optional<std::vector<Tensor>> autocast_inputs(const OpDef& op,
                                                    std::span<const Tensor* const> inputs) {
+  if (!op.autocast) return std::nullopt;
   const Tensor* first = nullptr;
   for (const Tensor* t : inputs) {
     if (t != nullptr && t->defined() && t->is_floating_point()) {
@@ -141,7 +100,7 @@ std::optional<std::vector<Tensor>> autocast_inputs(AutocastOp op,
   const auto eligible = [&](const Tensor* t) {
     return t != nullptr && t->defined() && t->is_floating_point() && t->device().type == type;
   };
-  const CastPolicy policy = autocast_rule(op).policy;
+  const CastPolicy policy = *op.autocast;
   DType target = kF32;
   if (policy == kLowerPrecision) {
     target = state.dtype[index_of(type)];

@@ -2,8 +2,8 @@
 // device type run in the policy's precision. Matmul-like ops (conv, linear, matmul, bmm,
 // addmm) cast their floating inputs to the low dtype (bf16 or f16); numerically sensitive ops
 // (norm statistics, softmax, log_softmax, losses, sum/mean, exp/log/pow) run in f32; ops
-// with several inputs (add, cat, ...) promote to the widest input. The table that says which
-// op is in which list is in tensor/autocast.cpp.
+// with several inputs (add, cat, ...) promote to the widest input. Each op's descriptor
+// (EMBER_OP in its file) holds its rule; README's autocast table lists them at one glance.
 //
 // State is per thread, like PyTorch's. Guards nest: an inner guard replaces the outer one's
 // setting for its scope (an inner AutocastGuard(dev, dtype, false) turns autocast off, as

@@ -46,7 +46,7 @@ void check_inplace(const char* op, const Tensor& self,
   }
 }
 
-AutogradScope::AutogradScope(OpId op, std::initializer_list<const Tensor*> inputs)
+AutogradScope::AutogradScope(const OpDef& op, std::initializer_list<const Tensor*> inputs)
     : op_(op), previous_mode_(GradMode::is_enabled()), recording_(grad_needed(inputs)) {
   if (recording_) {
     require_autograd("autograd");
@@ -55,7 +55,7 @@ AutogradScope::AutogradScope(OpId op, std::initializer_list<const Tensor*> input
   GradMode::set_enabled(false);
 }
 
-AutogradScope::AutogradScope(OpId op, const std::vector<Tensor>& inputs)
+AutogradScope::AutogradScope(const OpDef& op, const std::vector<Tensor>& inputs)
     : op_(op), previous_mode_(GradMode::is_enabled()), recording_(false) {
   if (previous_mode_) {
     for (const Tensor& t : inputs) recording_ = recording_ || (t.defined() && t.requires_grad());

@@ -78,6 +78,11 @@ enum class GeluApproximate { kNone, kTanh };
 // autocast list, as in PyTorch.
 Tensor gelu(const Tensor& input, GeluApproximate approximate = GeluApproximate::kNone);
 
+// silu(x) = x * sigmoid(x) (torch.nn.functional.silu), the activation of LLaMA-style MLPs.
+// Elementwise, in the input's dtype (16-bit inputs compute in f32 per element); on no autocast
+// list, as in PyTorch. Its backward is differentiable again (create_graph).
+Tensor silu(const Tensor& input);
+
 // Normalises over the trailing dims `normalized_shape` (input [*, normalized_shape]):
 // (x - mean) / sqrt(biased var + eps) * weight + bias, with weight and bias of shape
 // normalized_shape (either may be undefined) and of the input's dtype. Statistics are computed

@@ -6,6 +6,7 @@
 #include "detail/attention.h"
 #include "detail/autocast_policy.h"
 #include "detail/autograd_hooks.h"
+#include "detail/op_def.h"
 #include "detail/op_utils.h"
 #include "ops.h"
 
@@ -14,6 +15,24 @@ namespace ember {
 using detail::AttentionParams;
 
 namespace {
+
+// --- descriptors --------------------------------------------------------------------------
+
+// q, k, v and the output saved; OpArgs::extra: the logsumexp; attention: the parameters.
+std::vector<Tensor> attention_backward_formula(const detail::BackwardContext& c, const Tensor& g) {
+  const auto grads = detail::scaled_dot_product_attention_backward(
+      g, c.in(0), c.in(1), c.in(2), c.out(), c.args().extra.at(0), c.args().attention,
+      {c.needs(0), c.needs(1), c.needs(2)});
+  return {grads[0], grads[1], grads[2]};
+}
+
+// Low precision, as on PyTorch's CUDA list (its kernels accumulate in f32).
+EMBER_OP(kAttentionOp,
+         detail::define_op("scaled_dot_product_attention", "ScaledDotProductAttentionBackward",
+                           detail::saves({0, 1, 2}, true), attention_backward_formula,
+                           detail::CastPolicy::kLowerPrecision,
+                           detail::uses_kernels({EMBER_KERNEL(attention_forward),
+                                                 EMBER_KERNEL(attention_backward)})));
 
 constexpr const char* kOp = "scaled_dot_product_attention";
 
@@ -56,11 +75,9 @@ void check_inputs(const Tensor& q, const Tensor& k, const Tensor& v) {
 Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, const Tensor& value,
                                     bool is_causal, double dropout_p, std::optional<double> scale,
                                     Generator* gen) {
-  if (auto out = detail::autocast(detail::AutocastOp::kScaledDotProductAttention,
-                                  {&query, &key, &value}, [&](const auto& x) {
-                                    return scaled_dot_product_attention(x[0], x[1], x[2], is_causal,
-                                                                        dropout_p, scale, gen);
-                                  }))
+  if (auto out = detail::autocast(kAttentionOp, {&query, &key, &value}, [&](const auto& x) {
+        return scaled_dot_product_attention(x[0], x[1], x[2], is_causal, dropout_p, scale, gen);
+      }))
     return *out;
   check_inputs(query, key, value);
   EMBER_CHECK(dropout_p >= 0.0 && dropout_p <= 1.0, kOp, "dropout_p must be in [0, 1], got ",
@@ -77,7 +94,7 @@ Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, cons
         (gen != nullptr ? *gen : default_generator()).next_draw();
   }
 
-  detail::AutogradScope scope(detail::OpId::kScaledDotProductAttention, {&query, &key, &value});
+  detail::AutogradScope scope(kAttentionOp, {&query, &key, &value});
   Shape out_shape = query.sizes();
   out_shape.back() = value.size(-1);
   Tensor out = empty(out_shape, query.options());

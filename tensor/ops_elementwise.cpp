@@ -8,6 +8,7 @@
 #include "detail/dispatch.h"
 #include "detail/kernel_table.h"
 #include "detail/layer_backward.h"
+#include "detail/op_def.h"
 #include "detail/op_utils.h"
 #include "layer_ops.h"
 #include "ops.h"
@@ -16,7 +17,6 @@ namespace ember {
 
 using detail::AutogradScope;
 using detail::BinaryOp;
-using detail::OpId;
 using detail::UnaryOp;
 
 // --- factories -------------------------------------------------------------------------
@@ -257,57 +257,213 @@ void check_alpha(DType dtype, Scalar alpha, const char* op) {
               "for bool inputs, alpha must be a bool (got ", alpha, ")");
 }
 
-// The autograd op of a differentiable binary op (comparisons are never recorded).
-OpId grad_op(BinaryOp op) {
+// --- descriptors --------------------------------------------------------------------------
+
+std::vector<Tensor> add_backward(const detail::BackwardContext& c, const Tensor& g) {
+  const Scalar alpha = c.args().alpha;
+  return {detail::sum_to(g, c.shape(0)),
+          detail::sum_to(alpha.to_double() == 1.0 ? g : g * alpha, c.shape(1))};
+}
+std::vector<Tensor> sub_backward(const detail::BackwardContext& c, const Tensor& g) {
+  const Scalar alpha = c.args().alpha;
+  return {detail::sum_to(g, c.shape(0)),
+          detail::sum_to(alpha.to_double() == 1.0 ? -g : g * -alpha.to_double(), c.shape(1))};
+}
+std::vector<Tensor> mul_backward(const detail::BackwardContext& c, const Tensor& g) {
+  return {c.needs(0) ? detail::sum_to(g * c.in(1), c.shape(0)) : Tensor(),
+          c.needs(1) ? detail::sum_to(g * c.in(0), c.shape(1)) : Tensor()};
+}
+std::vector<Tensor> div_backward(const detail::BackwardContext& c, const Tensor& g) {
+  return {c.needs(0) ? detail::sum_to(g / c.in(1), c.shape(0)) : Tensor(),
+          c.needs(1) ? detail::sum_to(-g * c.in(0) / (c.in(1) * c.in(1)), c.shape(1)) : Tensor()};
+}
+std::vector<Tensor> pow_backward(const detail::BackwardContext& c, const Tensor& g) {
+  const Tensor &x = c.in(0), &e = c.in(1);
+  Tensor gx, ge;
+  if (c.needs(0)) gx = detail::sum_to(where(eq(e, 0), 0.0, g * e * pow(x, e - 1)), c.shape(0));
+  // d/de x^e = x^e log x, taken as 0 where x == 0 (the limit for e > 0).
+  if (c.needs(1)) ge = detail::sum_to(where(eq(x, 0), 0.0, g * c.out() * log(x)), c.shape(1));
+  return {gx, ge};
+}
+// Ties split the gradient evenly, as in PyTorch.
+std::vector<Tensor> extremum_backward(const detail::BackwardContext& c, const Tensor& g,
+                                      bool is_max) {
+  const Tensor& x = c.in(0);
+  const Tensor& y = c.in(1);
+  const Tensor wins = is_max ? gt(x, y) : lt(x, y);
+  const Tensor share = wins.to(g.dtype()) + eq(x, y).to(g.dtype()) * 0.5;
+  return {c.needs(0) ? detail::sum_to(g * share, c.shape(0)) : Tensor(),
+          c.needs(1) ? detail::sum_to(g * (1.0 - share), c.shape(1)) : Tensor()};
+}
+std::vector<Tensor> maximum_backward(const detail::BackwardContext& c, const Tensor& g) {
+  return extremum_backward(c, g, true);
+}
+std::vector<Tensor> minimum_backward(const detail::BackwardContext& c, const Tensor& g) {
+  return extremum_backward(c, g, false);
+}
+// OpArgs::a: the exponent.
+std::vector<Tensor> pow_scalar_backward(const detail::BackwardContext& c, const Tensor& g) {
+  const double e = c.args().a;
+  if (e == 0.0) return {zeros_like(g)};
+  return {g * (pow(c.in(0), e - 1.0) * e)};  // PyTorch's order: grad * (e * x^(e-1))
+}
+std::vector<Tensor> neg_backward(const detail::BackwardContext&, const Tensor& g) { return {-g}; }
+std::vector<Tensor> abs_backward(const detail::BackwardContext& c, const Tensor& g) {
+  return {g * detail::sign_of(c.in(0))};
+}
+std::vector<Tensor> exp_backward(const detail::BackwardContext& c, const Tensor& g) {
+  return {g * c.out()};
+}
+std::vector<Tensor> log_backward(const detail::BackwardContext& c, const Tensor& g) {
+  return {g / c.in(0)};
+}
+std::vector<Tensor> sqrt_backward(const detail::BackwardContext& c, const Tensor& g) {
+  return {g / (c.out() * 2.0)};
+}
+std::vector<Tensor> rsqrt_backward(const detail::BackwardContext& c, const Tensor& g) {
+  return {g * pow(c.out(), 3) * -0.5};
+}
+std::vector<Tensor> relu_backward_formula(const detail::BackwardContext& c, const Tensor& g) {
+  return {detail::relu_backward(g, c.out())};
+}
+std::vector<Tensor> sigmoid_backward(const detail::BackwardContext& c, const Tensor& g) {
+  return {g * c.out() * (1.0 - c.out())};
+}
+std::vector<Tensor> tanh_backward(const detail::BackwardContext& c, const Tensor& g) {
+  return {g * (1.0 - c.out() * c.out())};
+}
+// OpArgs::a, b: the bounds.
+std::vector<Tensor> clamp_backward(const detail::BackwardContext& c, const Tensor& g) {
+  const Tensor& x = c.in(0);
+  return {g * (ge(x, c.args().a).to(g.dtype()) * le(x, c.args().b).to(g.dtype()))};
+}
+// OpArgs::extra: the condition.
+std::vector<Tensor> where_backward(const detail::BackwardContext& c, const Tensor& g) {
+  const Tensor& cond = c.args().extra.at(0);
+  return {Tensor(), c.needs(1) ? detail::sum_to(where(cond, g, 0.0), c.shape(1)) : Tensor(),
+          c.needs(2) ? detail::sum_to(where(cond, 0.0, g), c.shape(2)) : Tensor()};
+}
+// OpArgs::a: 1 for the tanh approximation.
+std::vector<Tensor> gelu_backward_formula(const detail::BackwardContext& c, const Tensor& g) {
+  return {detail::gelu_backward(g, c.in(0), c.args().a != 0.0)};
+}
+
+EMBER_OP(kAddOp,
+         detail::define_op("add", "AddBackward", detail::saves({}, false), add_backward,
+                           detail::kNoAutocast, detail::uses_kernels({EMBER_KERNEL(binary)})));
+EMBER_OP(kSubOp,
+         detail::define_op("sub", "SubBackward", detail::saves({}, false), sub_backward,
+                           detail::kNoAutocast, detail::uses_kernels({EMBER_KERNEL(binary)})));
+EMBER_OP(kMulOp,
+         detail::define_op("mul", "MulBackward", detail::saves({0, 1}, false), mul_backward,
+                           detail::kNoAutocast,
+                           detail::uses_kernels({EMBER_KERNEL(binary), EMBER_KERNEL(copy)})));
+EMBER_OP(kDivOp,
+         detail::define_op("div", "DivBackward", detail::saves({0, 1}, false), div_backward,
+                           detail::kNoAutocast,
+                           detail::uses_kernels({EMBER_KERNEL(binary), EMBER_KERNEL(copy)})));
+EMBER_OP(kPowOp, detail::define_op("pow", "PowBackward", detail::saves({0, 1}, true), pow_backward,
+                                   detail::CastPolicy::kFloat32,
+                                   detail::uses_kernels({EMBER_KERNEL(binary)})));
+EMBER_OP(kMaximumOp, detail::define_op("maximum", "MaximumBackward", detail::saves({0, 1}, false),
+                                       maximum_backward, detail::kNoAutocast,
+                                       detail::uses_kernels({EMBER_KERNEL(binary)})));
+EMBER_OP(kMinimumOp, detail::define_op("minimum", "MinimumBackward", detail::saves({0, 1}, false),
+                                       minimum_backward, detail::kNoAutocast,
+                                       detail::uses_kernels({EMBER_KERNEL(binary)})));
+// pow(tensor, scalar): autocast by pow's rule (kPowOp) in its front end.
+EMBER_OP(kPowScalarOp,
+         detail::define_op("pow.Scalar", "PowScalarBackward", detail::saves({0}, false),
+                           pow_scalar_backward, detail::kNoAutocast,
+                           detail::uses_kernels({EMBER_KERNEL(unary)})));
+EMBER_OP(kNegOp,
+         detail::define_op("neg", "NegBackward", detail::saves({}, false), neg_backward,
+                           detail::kNoAutocast, detail::uses_kernels({EMBER_KERNEL(unary)})));
+EMBER_OP(kAbsOp,
+         detail::define_op("abs", "AbsBackward", detail::saves({0}, false), abs_backward,
+                           detail::kNoAutocast, detail::uses_kernels({EMBER_KERNEL(unary)})));
+EMBER_OP(kExpOp, detail::define_op("exp", "ExpBackward", detail::saves({}, true), exp_backward,
+                                   detail::CastPolicy::kFloat32,
+                                   detail::uses_kernels({EMBER_KERNEL(unary)})));
+EMBER_OP(kLogOp, detail::define_op("log", "LogBackward", detail::saves({0}, false), log_backward,
+                                   detail::CastPolicy::kFloat32,
+                                   detail::uses_kernels({EMBER_KERNEL(unary)})));
+EMBER_OP(kSqrtOp,
+         detail::define_op("sqrt", "SqrtBackward", detail::saves({}, true), sqrt_backward,
+                           detail::kNoAutocast, detail::uses_kernels({EMBER_KERNEL(unary)})));
+EMBER_OP(kRsqrtOp, detail::define_op("rsqrt", "RsqrtBackward", detail::saves({}, true),
+                                     rsqrt_backward, detail::CastPolicy::kFloat32,
+                                     detail::uses_kernels({EMBER_KERNEL(unary)})));
+EMBER_OP(kReluOp,
+         detail::define_op("relu", "ReluBackward", detail::saves({}, true), relu_backward_formula,
+                           detail::kNoAutocast, detail::uses_kernels({EMBER_KERNEL(unary)})));
+EMBER_OP(kSigmoidOp,
+         detail::define_op("sigmoid", "SigmoidBackward", detail::saves({}, true), sigmoid_backward,
+                           detail::kNoAutocast, detail::uses_kernels({EMBER_KERNEL(unary)})));
+EMBER_OP(kTanhOp,
+         detail::define_op("tanh", "TanhBackward", detail::saves({}, true), tanh_backward,
+                           detail::kNoAutocast, detail::uses_kernels({EMBER_KERNEL(unary)})));
+EMBER_OP(kClampOp,
+         detail::define_op("clamp", "ClampBackward", detail::saves({0}, false), clamp_backward,
+                           detail::kNoAutocast, detail::uses_kernels({EMBER_KERNEL(unary)})));
+EMBER_OP(kWhereOp,
+         detail::define_op("where", "WhereBackward", detail::saves({}, false), where_backward,
+                           detail::kNoAutocast, detail::uses_kernels({EMBER_KERNEL(where)})));
+// GPT layers (gelu is on no autocast list, as in PyTorch).
+EMBER_OP(kGeluOp,
+         detail::define_op("gelu", "GeluBackward", detail::saves({0}, false), gelu_backward_formula,
+                           detail::kNoAutocast, detail::uses_kernels({EMBER_KERNEL(unary)})));
+
+// The descriptor of a binary kernel op (comparisons and relu_backward record as add, with no
+// differentiable input).
+const detail::OpDef& grad_op(BinaryOp op) {
   switch (op) {
-    case BinaryOp::kAdd:
-      return OpId::kAdd;
     case BinaryOp::kSub:
-      return OpId::kSub;
+      return kSubOp;
     case BinaryOp::kMul:
-      return OpId::kMul;
+      return kMulOp;
     case BinaryOp::kDiv:
-      return OpId::kDiv;
+      return kDivOp;
     case BinaryOp::kPow:
-      return OpId::kPow;
+      return kPowOp;
     case BinaryOp::kMaximum:
-      return OpId::kMaximum;
+      return kMaximumOp;
     case BinaryOp::kMinimum:
-      return OpId::kMinimum;
+      return kMinimumOp;
     default:
-      return OpId::kAdd;
+      return kAddOp;
   }
 }
 
-OpId grad_op(UnaryOp op) {
+const detail::OpDef& grad_op(UnaryOp op) {
   switch (op) {
     case UnaryOp::kNeg:
-      return OpId::kNeg;
+      return kNegOp;
     case UnaryOp::kAbs:
-      return OpId::kAbs;
+      return kAbsOp;
     case UnaryOp::kExp:
-      return OpId::kExp;
+      return kExpOp;
     case UnaryOp::kLog:
-      return OpId::kLog;
+      return kLogOp;
     case UnaryOp::kSqrt:
-      return OpId::kSqrt;
+      return kSqrtOp;
     case UnaryOp::kRsqrt:
-      return OpId::kRsqrt;
+      return kRsqrtOp;
     case UnaryOp::kRelu:
-      return OpId::kRelu;
+      return kReluOp;
     case UnaryOp::kSigmoid:
-      return OpId::kSigmoid;
+      return kSigmoidOp;
     case UnaryOp::kTanh:
-      return OpId::kTanh;
+      return kTanhOp;
     case UnaryOp::kPowScalar:
-      return OpId::kPowScalar;
+      return kPowScalarOp;
     case UnaryOp::kClamp:
-      return OpId::kClamp;
+      return kClampOp;
     case UnaryOp::kGelu:
     case UnaryOp::kGeluTanh:
-      return OpId::kGelu;
+      return kGeluOp;
   }
-  return OpId::kNeg;
+  return kNegOp;
 }
 
 // The shared path of every binary op; writes into *inplace when given.
@@ -462,7 +618,7 @@ Tensor minimum(const Tensor& a, const Tensor& b) {
 }
 
 Tensor pow(const Tensor& base, const Tensor& exponent) {
-  if (auto out = detail::autocast(detail::AutocastOp::kPow, {&base, &exponent},
+  if (auto out = detail::autocast(kPowOp, {&base, &exponent},
                                   [](const auto& x) { return pow(x[0], x[1]); }))
     return *out;
   return binary(BinaryOp::kPow, "pow", base, exponent);
@@ -481,8 +637,8 @@ Tensor pow_scalar(const Tensor& base, Scalar exponent, Tensor* inplace) {
 }  // namespace
 
 Tensor pow(const Tensor& base, Scalar exponent) {
-  if (auto out = detail::autocast(detail::AutocastOp::kPow, {&base},
-                                  [&](const auto& x) { return pow(x[0], exponent); }))
+  if (auto out =
+          detail::autocast(kPowOp, {&base}, [&](const auto& x) { return pow(x[0], exponent); }))
     return *out;
   return pow_scalar(base, exponent, nullptr);
 }
@@ -490,21 +646,18 @@ Tensor pow(const Tensor& base, Scalar exponent) {
 Tensor neg(const Tensor& t) { return unary(UnaryOp::kNeg, "neg", t, UnaryKind::kNoBool); }
 Tensor abs(const Tensor& t) { return unary(UnaryOp::kAbs, "abs", t, UnaryKind::kNoBool); }
 Tensor exp(const Tensor& t) {
-  if (auto out =
-          detail::autocast(detail::AutocastOp::kExp, {&t}, [](const auto& x) { return exp(x[0]); }))
+  if (auto out = detail::autocast(kExpOp, {&t}, [](const auto& x) { return exp(x[0]); }))
     return *out;
   return unary(UnaryOp::kExp, "exp", t, UnaryKind::kFloatResult);
 }
 Tensor log(const Tensor& t) {
-  if (auto out =
-          detail::autocast(detail::AutocastOp::kLog, {&t}, [](const auto& x) { return log(x[0]); }))
+  if (auto out = detail::autocast(kLogOp, {&t}, [](const auto& x) { return log(x[0]); }))
     return *out;
   return unary(UnaryOp::kLog, "log", t, UnaryKind::kFloatResult);
 }
 Tensor sqrt(const Tensor& t) { return unary(UnaryOp::kSqrt, "sqrt", t, UnaryKind::kFloatResult); }
 Tensor rsqrt(const Tensor& t) {
-  if (auto out = detail::autocast(detail::AutocastOp::kRsqrt, {&t},
-                                  [](const auto& x) { return rsqrt(x[0]); }))
+  if (auto out = detail::autocast(kRsqrtOp, {&t}, [](const auto& x) { return rsqrt(x[0]); }))
     return *out;
   return unary(UnaryOp::kRsqrt, "rsqrt", t, UnaryKind::kFloatResult);
 }
@@ -544,7 +697,7 @@ Tensor where(const Tensor& cond_in, const Tensor& a_in, const Tensor& b_in) {
   detail::check_defined(cond_in, "where", "condition");
   EMBER_CHECK(cond_in.dtype() == kBool, "where", "condition must be a bool tensor, got ",
               cond_in.dtype());
-  AutogradScope scope(OpId::kWhere, {&cond_in, &a_in, &b_in});
+  AutogradScope scope(kWhereOp, {&cond_in, &a_in, &b_in});
   const Tensor a = on_device_of(a_in, cond_in), b = on_device_of(b_in, cond_in);
   const Tensor cond = on_device_of(cond_in, a);
   detail::check_same_device({&cond, &a, &b}, "where");

@@ -1,11 +1,61 @@
 // Joining and indexing: cat, stack, index_select, gather, scatter_add, one_hot, masked_fill.
 #include "detail/autocast_policy.h"
 #include "detail/autograd_hooks.h"
+#include "detail/op_def.h"
 #include "detail/op_utils.h"
 #include "ops.h"
 
 namespace ember {
 namespace {
+
+// --- descriptors --------------------------------------------------------------------------
+
+// OpArgs::dim: the dim concatenated along.
+std::vector<Tensor> cat_backward(const detail::BackwardContext& c, const Tensor& g) {
+  const int64_t dim = c.args().dim;
+  std::vector<Tensor> result;
+  int64_t offset = 0;
+  for (size_t i = 0; i < c.num_inputs(); ++i) {
+    const Shape& shape = c.shape(i);
+    const int64_t size =
+        shape.size() > static_cast<size_t>(dim) ? shape[static_cast<size_t>(dim)] : 0;
+    result.push_back(c.needs(i) ? g.narrow(dim, offset, size) : Tensor());
+    offset += size;
+  }
+  return result;
+}
+// OpArgs::extra: the 1-d index, scattered back along the other dims of g.
+std::vector<Tensor> index_select_backward(const detail::BackwardContext& c, const Tensor& g) {
+  const int64_t dim = c.args().dim;
+  Shape view(static_cast<size_t>(g.dim()), 1);
+  view[static_cast<size_t>(dim)] = g.size(dim);
+  const Tensor index = c.args().extra.at(0).reshape(view).expand(g.sizes());
+  return {scatter_add(zeros(c.shape(0), g.options()), dim, index, g), Tensor()};
+}
+// OpArgs::extra: the index.
+std::vector<Tensor> gather_backward(const detail::BackwardContext& c, const Tensor& g) {
+  return {scatter_add(zeros(c.shape(0), g.options()), c.args().dim, c.args().extra.at(0), g),
+          Tensor()};
+}
+std::vector<Tensor> scatter_add_backward(const detail::BackwardContext& c, const Tensor& g) {
+  return {g, Tensor(), c.needs(2) ? gather(g, c.args().dim, c.args().extra.at(0)) : Tensor()};
+}
+
+EMBER_OP(kCatOp, detail::define_op("cat", "CatBackward", detail::saves({}, false), cat_backward,
+                                   detail::CastPolicy::kPromote,
+                                   detail::uses_kernels({EMBER_KERNEL(copy)})));
+EMBER_OP(kStackOp, detail::define_composite("stack", detail::CastPolicy::kPromote));
+EMBER_OP(kIndexSelectOp,
+         detail::define_op("index_select", "IndexSelectBackward", detail::saves({}, false),
+                           index_select_backward, detail::kNoAutocast,
+                           detail::uses_kernels({EMBER_KERNEL(index_select)})));
+EMBER_OP(kGatherOp,
+         detail::define_op("gather", "GatherBackward", detail::saves({}, false), gather_backward,
+                           detail::kNoAutocast, detail::uses_kernels({EMBER_KERNEL(gather)})));
+EMBER_OP(kScatterAddOp,
+         detail::define_op("scatter_add", "ScatterAddBackward", detail::saves({}, false),
+                           scatter_add_backward, detail::CastPolicy::kPromote,
+                           detail::uses_kernels({EMBER_KERNEL(scatter_add)})));
 
 // The index as contiguous i64, after checking every value lies in [0, size). The range
 // check runs here, on every device, so kernels never see a bad index.
@@ -46,8 +96,7 @@ Tensor at_least_1d(const Tensor& t) { return t.dim() == 0 ? t.reshape({1}) : t; 
 }  // namespace
 
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
-  if (auto out = detail::autocast(detail::AutocastOp::kCat, tensors,
-                                  [&](const auto& x) { return cat(x, dim); }))
+  if (auto out = detail::autocast(kCatOp, tensors, [&](const auto& x) { return cat(x, dim); }))
     return *out;
   EMBER_CHECK(!tensors.empty(), "cat", "expected a non-empty list of tensors");
   // Legacy rule kept by PyTorch: 1-d empty tensors may join tensors of any shape.
@@ -80,7 +129,7 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
     }
     shape[static_cast<size_t>(d)] += t.size(d);
   }
-  detail::AutogradScope scope(detail::OpId::kCat, tensors);
+  detail::AutogradScope scope(kCatOp, tensors);
   Tensor out = empty(shape, TensorOptions(dtype, first.device()));
   int64_t offset = 0;
   for (const Tensor& t : tensors) {
@@ -94,8 +143,7 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
 }
 
 Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
-  if (auto out = detail::autocast(detail::AutocastOp::kStack, tensors,
-                                  [&](const auto& x) { return stack(x, dim); }))
+  if (auto out = detail::autocast(kStackOp, tensors, [&](const auto& x) { return stack(x, dim); }))
     return *out;
   EMBER_CHECK(!tensors.empty(), "stack", "expected a non-empty list of tensors");
   detail::check_defined(tensors[0], "stack", "tensor");
@@ -118,7 +166,7 @@ Tensor index_select(const Tensor& t, int64_t dim, const Tensor& index) {
   EMBER_CHECK(index.dim() <= 1, "index_select", "index must be 1-d, got shape ",
               shape_str(index.sizes()));
   const int64_t d = detail::wrap_dim(dim, t.dim(), "index_select");
-  detail::AutogradScope scope(detail::OpId::kIndexSelect, {&t, &index});
+  detail::AutogradScope scope(kIndexSelectOp, {&t, &index});
   const Tensor in = at_least_1d(t).contiguous();
   const Tensor idx = checked_index(index, in.size(d), d, "index_select");
   int64_t outer = 1, inner = 1;
@@ -145,7 +193,7 @@ Tensor gather(const Tensor& t, int64_t dim, const Tensor& index) {
   detail::check_same_device({&t, &index}, "gather");
   const int64_t d = detail::wrap_dim(dim, t.dim(), "gather");
   check_index_shape(t, d, index, nullptr, "gather");
-  detail::AutogradScope scope(detail::OpId::kGather, {&t, &index});
+  detail::AutogradScope scope(kGatherOp, {&t, &index});
   const Tensor in = at_least_1d(t).contiguous();
   const Tensor idx = at_least_1d(checked_index(index, in.size(d), d, "gather"));
   Tensor out = empty(idx.sizes(), t.options());
@@ -190,12 +238,12 @@ Tensor& Tensor::scatter_add_(int64_t dim, const Tensor& index, const Tensor& src
 }
 
 Tensor scatter_add(const Tensor& t, int64_t dim, const Tensor& index, const Tensor& src) {
-  if (auto out =
-          detail::autocast(detail::AutocastOp::kScatterAdd, {&t, &index, &src},
-                           [&](const auto& x) { return scatter_add(x[0], dim, x[1], x[2]); }))
+  if (auto out = detail::autocast(kScatterAddOp, {&t, &index, &src}, [&](const auto& x) {
+        return scatter_add(x[0], dim, x[1], x[2]);
+      }))
     return *out;
   detail::check_defined(t, "scatter_add");
-  detail::AutogradScope scope(detail::OpId::kScatterAdd, {&t, &index, &src});
+  detail::AutogradScope scope(kScatterAddOp, {&t, &index, &src});
   Tensor out = t.clone();
   out.scatter_add_(dim, index, src);
   detail::OpArgs args;

@@ -4,6 +4,7 @@
 #include "detail/autocast_policy.h"
 #include "detail/autograd_hooks.h"
 #include "detail/layer_backward.h"
+#include "detail/op_def.h"
 #include "detail/op_utils.h"
 #include "layer_ops.h"
 #include "ops.h"
@@ -13,8 +14,96 @@ namespace ember {
 using detail::AutogradScope;
 using detail::Conv2dParams;
 using detail::OpArgs;
-using detail::OpId;
 using detail::Pool2dParams;
+
+// --- descriptors --------------------------------------------------------------------------
+
+// OpArgs::conv: the convolution's parameters.
+std::vector<Tensor> conv2d_backward_formula(const detail::BackwardContext& c, const Tensor& g) {
+  const auto grads = detail::conv2d_backward(g, c.in(0), c.in(1), c.args().conv,
+                                             {c.needs(0), c.needs(1), c.needs(2)});
+  return {grads[0], grads[1], grads[2]};
+}
+// OpArgs::extra: save_mean, save_invstd; training.
+std::vector<Tensor> batch_norm_backward_formula(const detail::BackwardContext& c, const Tensor& g) {
+  const OpArgs& a = c.args();
+  const auto grads = detail::batch_norm_backward(g, c.in(0), c.in(1), a.extra.at(0), a.extra.at(1),
+                                                 a.training, {c.needs(0), c.needs(1), c.needs(2)});
+  return {grads[0], grads[1], grads[2]};
+}
+// Inputs: input, weight, bias, residual (undefined without the add); as batch norm's.
+std::vector<Tensor> batch_norm_relu_backward_formula(const detail::BackwardContext& c,
+                                                     const Tensor& g) {
+  const OpArgs& a = c.args();
+  const bool residual = c.num_inputs() > 3 && c.needs(3);
+  const auto grads =
+      detail::batch_norm_relu_backward(g, c.out(), c.in(0), c.in(1), a.extra.at(0), a.extra.at(1),
+                                       a.training, {c.needs(0), c.needs(1), c.needs(2), residual});
+  return {grads[0], grads[1], grads[2], grads[3]};
+}
+// OpArgs::extra: the indices; pool.
+std::vector<Tensor> max_pool2d_backward_formula(const detail::BackwardContext& c, const Tensor& g) {
+  return {detail::max_pool2d_backward(g, c.shape(0), c.args().extra.at(0), c.args().pool)};
+}
+std::vector<Tensor> avg_pool2d_backward_formula(const detail::BackwardContext& c, const Tensor& g) {
+  return {detail::avg_pool2d_backward(g, c.shape(0), c.args().pool)};
+}
+std::vector<Tensor> adaptive_avg_pool2d_backward_formula(const detail::BackwardContext& c,
+                                                         const Tensor& g) {
+  return {detail::adaptive_avg_pool2d_backward(g, c.shape(0), c.args().pool)};
+}
+// Inputs: GEMM output, bias; OpArgs::dim: the Activation (ReLU is the one fused).
+std::vector<Tensor> bias_activation_backward(const detail::BackwardContext& c, const Tensor& g) {
+  EMBER_ASSERT(c.args().dim == static_cast<int64_t>(Activation::kRelu), "activation ",
+               c.args().dim);
+  const Tensor gm = detail::relu_backward(g, c.out());
+  return {gm, c.needs(1) ? detail::sum_to(gm, c.shape(1)) : Tensor()};
+}
+
+EMBER_OP(kConv2dOp, detail::define_op("conv2d", "Conv2dBackward", detail::saves({0, 1}, false),
+                                      conv2d_backward_formula, detail::CastPolicy::kLowerPrecision,
+                                      detail::uses_kernels({EMBER_KERNEL(conv2d_forward),
+                                                            EMBER_KERNEL(conv2d_backward)})));
+// batch_norm and its fused forms are on no autocast list, as in PyTorch: a bf16/f16 input
+// with f32 parameters and statistics, computed in f32, returning the input's dtype.
+EMBER_OP(kBatchNormOp,
+         detail::define_op("batch_norm", "BatchNormBackward", detail::saves({0, 1}, false),
+                           batch_norm_backward_formula, detail::kNoAutocast,
+                           detail::uses_kernels({EMBER_KERNEL(batch_norm_forward),
+                                                 EMBER_KERNEL(batch_norm_backward)})));
+EMBER_OP(kBatchNormReluOp,
+         detail::define_op("batch_norm_relu", "BatchNormReluBackward", detail::saves({0, 1}, true),
+                           batch_norm_relu_backward_formula, detail::kNoAutocast,
+                           detail::uses_kernels({EMBER_KERNEL(batch_norm_relu_forward),
+                                                 EMBER_KERNEL(batch_norm_relu_backward)})));
+EMBER_OP(kBatchNormAddReluOp,
+         detail::define_op("batch_norm_add_relu", "BatchNormAddReluBackward",
+                           detail::saves({0, 1}, true), batch_norm_relu_backward_formula,
+                           detail::kNoAutocast,
+                           detail::uses_kernels({EMBER_KERNEL(batch_norm_relu_forward),
+                                                 EMBER_KERNEL(batch_norm_relu_backward)})));
+EMBER_OP(kMaxPool2dOp,
+         detail::define_op("max_pool2d", "MaxPool2dBackward", detail::saves({}, false),
+                           max_pool2d_backward_formula, detail::kNoAutocast,
+                           detail::uses_kernels({EMBER_KERNEL(max_pool2d_forward),
+                                                 EMBER_KERNEL(max_pool2d_backward)})));
+EMBER_OP(kAvgPool2dOp,
+         detail::define_op("avg_pool2d", "AvgPool2dBackward", detail::saves({}, false),
+                           avg_pool2d_backward_formula, detail::kNoAutocast,
+                           detail::uses_kernels({EMBER_KERNEL(avg_pool2d_forward),
+                                                 EMBER_KERNEL(avg_pool2d_backward)})));
+EMBER_OP(kAdaptiveAvgPool2dOp,
+         detail::define_op("adaptive_avg_pool2d", "AdaptiveAvgPool2dBackward",
+                           detail::saves({}, false), adaptive_avg_pool2d_backward_formula,
+                           detail::kNoAutocast,
+                           detail::uses_kernels({EMBER_KERNEL(adaptive_avg_pool2d_forward),
+                                                 EMBER_KERNEL(adaptive_avg_pool2d_backward)})));
+// linear's fused epilogue (autocast by linear's rule in linear's front end).
+EMBER_OP(kBiasActivationOp,
+         detail::define_op("bias_activation", "BiasActivationBackward", detail::saves({}, true),
+                           bias_activation_backward, detail::kNoAutocast,
+                           detail::uses_kernels({EMBER_KERNEL(bias_activation)})));
+EMBER_OP(kLinearOp, detail::define_composite("linear", detail::CastPolicy::kLowerPrecision));
 
 namespace {
 
@@ -57,10 +146,9 @@ MemoryFormat conv_memory_format(const Tensor& input, const Tensor& weight) {
 
 Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, Pair stride,
               Pair padding, Pair dilation, int64_t groups) {
-  if (auto out = detail::autocast(
-          detail::AutocastOp::kConv2d, {&input, &weight, &bias}, [&](const auto& x) {
-            return conv2d(x[0], x[1], x[2], stride, padding, dilation, groups);
-          }))
+  if (auto out = detail::autocast(kConv2dOp, {&input, &weight, &bias}, [&](const auto& x) {
+        return conv2d(x[0], x[1], x[2], stride, padding, dilation, groups);
+      }))
     return *out;
   const char* op = "conv2d";
   check_nchw(input, op);
@@ -94,7 +182,7 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, Pai
               " is too small for kernel ", weight.size(2), "x", weight.size(3), " with padding ",
               pair_str(padding), " and dilation ", pair_str(dilation));
 
-  AutogradScope scope(OpId::kConv2d, {&input, &weight, &bias});
+  AutogradScope scope(kConv2dOp, {&input, &weight, &bias});
   Conv2dParams params;
   params.stride[0] = stride[0];
   params.stride[1] = stride[1];
@@ -157,7 +245,7 @@ void check_batch_norm(const char* op, const Tensor& input, const Tensor& weight,
 
 // batch_norm and its fused forms after the checks: `fused` runs the batch-norm + ReLU kernel
 // (adding `residual` when it is defined), else the plain batch-norm kernel.
-Tensor batch_norm_forward(OpId id, const char* op, bool fused, const Tensor& input,
+Tensor batch_norm_forward(const detail::OpDef& id, const char* op, bool fused, const Tensor& input,
                           const Tensor& residual, const Tensor& weight, const Tensor& bias,
                           const Tensor& running_mean, const Tensor& running_var, bool training,
                           double momentum, double eps) {
@@ -202,8 +290,8 @@ Tensor batch_norm(const Tensor& input, const Tensor& weight, const Tensor& bias,
                   double momentum, double eps) {
   const char* op = "batch_norm";
   check_batch_norm(op, input, weight, bias, running_mean, running_var, training, eps);
-  return batch_norm_forward(OpId::kBatchNorm, op, false, input, Tensor(), weight, bias,
-                            running_mean, running_var, training, momentum, eps);
+  return batch_norm_forward(kBatchNormOp, op, false, input, Tensor(), weight, bias, running_mean,
+                            running_var, training, momentum, eps);
 }
 
 Tensor batch_norm_relu(const Tensor& input, const Tensor& weight, const Tensor& bias,
@@ -211,8 +299,8 @@ Tensor batch_norm_relu(const Tensor& input, const Tensor& weight, const Tensor& 
                        double momentum, double eps) {
   const char* op = "batch_norm_relu";
   check_batch_norm(op, input, weight, bias, running_mean, running_var, training, eps);
-  return batch_norm_forward(OpId::kBatchNormRelu, op, true, input, Tensor(), weight, bias,
-                            running_mean, running_var, training, momentum, eps);
+  return batch_norm_forward(kBatchNormReluOp, op, true, input, Tensor(), weight, bias, running_mean,
+                            running_var, training, momentum, eps);
 }
 
 Tensor batch_norm_add_relu(const Tensor& input, const Tensor& residual, const Tensor& weight,
@@ -232,7 +320,7 @@ Tensor batch_norm_add_relu(const Tensor& input, const Tensor& residual, const Te
         batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps) +
         residual);
   }
-  return batch_norm_forward(OpId::kBatchNormAddRelu, op, true, input, residual, weight, bias,
+  return batch_norm_forward(kBatchNormAddReluOp, op, true, input, residual, weight, bias,
                             running_mean, running_var, training, momentum, eps);
 }
 
@@ -288,7 +376,7 @@ Tensor max_pool2d(const Tensor& input, Pair kernel, Pair stride, Pair padding, P
   const char* op = "max_pool2d";
   Pool2dParams params = pool_params(input, kernel, stride, padding, dilation, op);
   const Shape shape = pooled_shape(input, params, ceil_mode, op);
-  AutogradScope scope(OpId::kMaxPool2d, {&input});
+  AutogradScope scope(kMaxPool2dOp, {&input});
   const MemoryFormat format = pool_format(input, params);
   Tensor out = empty(shape, input.options(), format);
   Tensor indices = empty(shape, TensorOptions(kI64, input.device()), format);
@@ -308,7 +396,7 @@ Tensor avg_pool2d(const Tensor& input, Pair kernel, Pair stride, Pair padding, b
   Pool2dParams params = pool_params(input, kernel, stride, padding, {1, 1}, op);
   params.count_include_pad = count_include_pad;
   const Shape shape = pooled_shape(input, params, ceil_mode, op);
-  AutogradScope scope(OpId::kAvgPool2d, {&input});
+  AutogradScope scope(kAvgPool2dOp, {&input});
   const MemoryFormat format = pool_format(input, params);
   Tensor out = empty(shape, input.options(), format);
   if (out.numel() > 0) {
@@ -327,7 +415,7 @@ Tensor adaptive_avg_pool2d(const Tensor& input, Pair output_size) {
               pair_str(output_size));
   EMBER_CHECK(input.size(2) > 0 && input.size(3) > 0, op, "input of shape ",
               shape_str(input.sizes()), " has an empty plane");
-  AutogradScope scope(OpId::kAdaptiveAvgPool2d, {&input});
+  AutogradScope scope(kAdaptiveAvgPool2dOp, {&input});
   Pool2dParams params;
   const MemoryFormat format = pool_format(input, params);
   Tensor out = empty({input.size(0), input.size(1), output_size[0], output_size[1]},
@@ -371,7 +459,7 @@ void check_linear(const char* op, const Tensor& input, const Tensor& weight, con
 // activation(x + bias) over the last dim of x, in one pass (bias may be undefined).
 Tensor bias_activation(const Tensor& x, const Tensor& bias, Activation activation) {
   const char* op = "linear";
-  AutogradScope scope(OpId::kBiasActivation, {&x, &bias});
+  AutogradScope scope(kBiasActivationOp, {&x, &bias});
   const Tensor in = x.contiguous();
   Tensor out = empty(in.sizes(), in.options());
   if (out.numel() > 0) {
@@ -386,7 +474,7 @@ Tensor bias_activation(const Tensor& x, const Tensor& bias, Activation activatio
 }  // namespace
 
 Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias) {
-  if (auto out = detail::autocast(detail::AutocastOp::kLinear, {&input, &weight, &bias},
+  if (auto out = detail::autocast(kLinearOp, {&input, &weight, &bias},
                                   [](const auto& x) { return linear(x[0], x[1], x[2]); }))
     return *out;
   check_linear("linear", input, weight, bias);
@@ -405,9 +493,9 @@ Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias) {
 Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias,
               Activation activation) {
   if (activation == Activation::kNone) return linear(input, weight, bias);
-  if (auto out = detail::autocast(
-          detail::AutocastOp::kLinear, {&input, &weight, &bias},
-          [activation](const auto& x) { return linear(x[0], x[1], x[2], activation); }))
+  if (auto out = detail::autocast(kLinearOp, {&input, &weight, &bias}, [activation](const auto& x) {
+        return linear(x[0], x[1], x[2], activation);
+      }))
     return *out;
   check_linear("linear", input, weight, bias);
   const Tensor out = matmul(input, weight.t());

@@ -3,6 +3,7 @@
 #include "detail/autocast_policy.h"
 #include "detail/autograd_hooks.h"
 #include "detail/layer_backward.h"
+#include "detail/op_def.h"
 #include "detail/op_utils.h"
 #include "layer_ops.h"
 #include "ops.h"
@@ -11,13 +12,41 @@ namespace ember {
 
 using detail::AutogradScope;
 using detail::OpArgs;
-using detail::OpId;
+
+// --- descriptors --------------------------------------------------------------------------
+
+namespace {
+
+// OpArgs::extra: mean, rstd; dims: the normalized shape.
+std::vector<Tensor> layer_norm_backward_formula(const detail::BackwardContext& c, const Tensor& g) {
+  const OpArgs& a = c.args();
+  const auto grads = detail::layer_norm_backward(g, c.in(0), c.in(1), a.extra.at(0), a.extra.at(1),
+                                                 a.dims, {c.needs(0), c.needs(1), c.needs(2)});
+  return {grads[0], grads[1], grads[2]};
+}
+// OpArgs::extra: the flat i64 indices; start: padding_idx (-1: none).
+std::vector<Tensor> embedding_backward_formula(const detail::BackwardContext& c, const Tensor& g) {
+  return {Tensor(),
+          detail::embedding_backward(g, c.args().extra.at(0), c.shape(1)[0], c.args().start)};
+}
+
+// layer_norm in f32 (PyTorch's CUDA list); embedding is on none.
+EMBER_OP(kLayerNormOp,
+         detail::define_op("layer_norm", "LayerNormBackward", detail::saves({0, 1}, false),
+                           layer_norm_backward_formula, detail::CastPolicy::kFloat32,
+                           detail::uses_kernels({EMBER_KERNEL(layer_norm_forward),
+                                                 EMBER_KERNEL(layer_norm_backward)})));
+EMBER_OP(kEmbeddingOp, detail::define_op("embedding", "EmbeddingBackward", detail::saves({}, false),
+                                         embedding_backward_formula, detail::kNoAutocast,
+                                         detail::uses_kernels({EMBER_KERNEL(index_select)})));
+
+}  // namespace
 
 Tensor layer_norm(const Tensor& input, const Shape& normalized_shape, const Tensor& weight,
                   const Tensor& bias, double eps) {
-  if (auto out = detail::autocast(
-          detail::AutocastOp::kLayerNorm, {&input, &weight, &bias},
-          [&](const auto& x) { return layer_norm(x[0], normalized_shape, x[1], x[2], eps); }))
+  if (auto out = detail::autocast(kLayerNormOp, {&input, &weight, &bias}, [&](const auto& x) {
+        return layer_norm(x[0], normalized_shape, x[1], x[2], eps);
+      }))
     return *out;
   const char* op = "layer_norm";
   detail::check_defined(input, op);
@@ -40,7 +69,7 @@ Tensor layer_norm(const Tensor& input, const Shape& normalized_shape, const Tens
   }
   EMBER_CHECK(eps >= 0, op, "eps must be non-negative, got ", eps);
 
-  AutogradScope scope(OpId::kLayerNorm, {&input, &weight, &bias});
+  AutogradScope scope(kLayerNormOp, {&input, &weight, &bias});
   int64_t n = 1;
   for (int64_t s : normalized_shape) n *= s;
   const int64_t rows = n == 0 ? 0 : input.numel() / n;
@@ -86,7 +115,7 @@ Tensor embedding(const Tensor& indices, const Tensor& weight, std::optional<int6
                 " (weight ", shape_str(weight.sizes()), ")");
   }
 
-  AutogradScope scope(OpId::kEmbedding, {&indices, &weight});
+  AutogradScope scope(kEmbeddingOp, {&indices, &weight});
   Shape shape = indices.sizes();
   shape.push_back(dim);
   Tensor out = empty({idx.numel(), dim}, weight.options());

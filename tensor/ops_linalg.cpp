@@ -4,11 +4,40 @@
 
 #include "detail/autocast_policy.h"
 #include "detail/autograd_hooks.h"
+#include "detail/op_def.h"
 #include "detail/op_utils.h"
 #include "ops.h"
 
 namespace ember {
 namespace {
+
+// --- descriptors --------------------------------------------------------------------------
+
+std::vector<Tensor> mm_backward(const detail::BackwardContext& c, const Tensor& g) {
+  return {c.needs(0) ? mm(g, c.in(1).t()) : Tensor(), c.needs(1) ? mm(c.in(0).t(), g) : Tensor()};
+}
+std::vector<Tensor> bmm_backward(const detail::BackwardContext& c, const Tensor& g) {
+  return {c.needs(0) ? bmm(g, c.in(1).transpose(1, 2)) : Tensor(),
+          c.needs(1) ? bmm(c.in(0).transpose(1, 2), g) : Tensor()};
+}
+// OpArgs::a, b: beta and alpha.
+std::vector<Tensor> addmm_backward(const detail::BackwardContext& c, const Tensor& g) {
+  const double beta = c.args().a, alpha = c.args().b;
+  return {c.needs(0) ? detail::sum_to(beta == 1.0 ? g : g * beta, c.shape(0)) : Tensor(),
+          c.needs(1) ? mm(g, c.in(2).t()) * alpha : Tensor(),
+          c.needs(2) ? mm(c.in(1).t(), g) * alpha : Tensor()};
+}
+
+EMBER_OP(kMmOp, detail::define_op("mm", "MmBackward", detail::saves({0, 1}, false), mm_backward,
+                                  detail::CastPolicy::kLowerPrecision,
+                                  detail::uses_kernels({EMBER_KERNEL(gemm)})));
+EMBER_OP(kBmmOp, detail::define_op("bmm", "BmmBackward", detail::saves({0, 1}, false), bmm_backward,
+                                   detail::CastPolicy::kLowerPrecision,
+                                   detail::uses_kernels({EMBER_KERNEL(gemm)})));
+EMBER_OP(kAddmmOp, detail::define_op("addmm", "AddmmBackward", detail::saves({1, 2}, false),
+                                     addmm_backward, detail::CastPolicy::kLowerPrecision,
+                                     detail::uses_kernels({EMBER_KERNEL(gemm)})));
+EMBER_OP(kMatmulOp, detail::define_composite("matmul", detail::CastPolicy::kLowerPrecision));
 
 void check_operands(const Tensor& a, const Tensor& b, const char* op) {
   detail::check_defined(a, op, "a");
@@ -139,23 +168,19 @@ Shape concat(Shape head, std::initializer_list<int64_t> tail) {
 
 }  // namespace
 
-using detail::AutocastOp;
-
 Tensor mm(const Tensor& a, const Tensor& b) {
-  if (auto out =
-          detail::autocast(AutocastOp::kMm, {&a, &b}, [](const auto& x) { return mm(x[0], x[1]); }))
+  if (auto out = detail::autocast(kMmOp, {&a, &b}, [](const auto& x) { return mm(x[0], x[1]); }))
     return *out;
   check_operands(a, b, "mm");
   EMBER_CHECK(a.dim() == 2 && b.dim() == 2, "mm", "expected 2-d tensors, got shapes ",
               shape_str(a.sizes()), " and ", shape_str(b.sizes()));
   check_inner(a, b, a.size(1), b.size(0), "mm");
-  detail::AutogradScope scope(detail::OpId::kMm, {&a, &b});
+  detail::AutogradScope scope(kMmOp, {&a, &b});
   return scope.finish(mm_unchecked(a, b, "mm"));
 }
 
 Tensor bmm(const Tensor& a, const Tensor& b) {
-  if (auto out = detail::autocast(AutocastOp::kBmm, {&a, &b},
-                                  [](const auto& x) { return bmm(x[0], x[1]); }))
+  if (auto out = detail::autocast(kBmmOp, {&a, &b}, [](const auto& x) { return bmm(x[0], x[1]); }))
     return *out;
   check_operands(a, b, "bmm");
   EMBER_CHECK(a.dim() == 3 && b.dim() == 3, "bmm", "expected 3-d tensors, got shapes ",
@@ -163,14 +188,14 @@ Tensor bmm(const Tensor& a, const Tensor& b) {
   EMBER_CHECK(a.size(0) == b.size(0), "bmm", "batch sizes ", a.size(0), " and ", b.size(0),
               " differ (shapes ", shape_str(a.sizes()), " and ", shape_str(b.sizes()), ")");
   check_inner(a, b, a.size(2), b.size(1), "bmm");
-  detail::AutogradScope scope(detail::OpId::kBmm, {&a, &b});
+  detail::AutogradScope scope(kBmmOp, {&a, &b});
   Tensor c = empty({a.size(0), a.size(1), b.size(2)}, a.options());
   run_gemm(c, a, b, 1.0, 0.0, "bmm");
   return scope.finish(c);
 }
 
 Tensor addmm(const Tensor& input, const Tensor& a, const Tensor& b, Scalar beta, Scalar alpha) {
-  if (auto out = detail::autocast(AutocastOp::kAddmm, {&input, &a, &b}, [&](const auto& x) {
+  if (auto out = detail::autocast(kAddmmOp, {&input, &a, &b}, [&](const auto& x) {
         return addmm(x[0], x[1], x[2], beta, alpha);
       }))
     return *out;
@@ -186,7 +211,7 @@ Tensor addmm(const Tensor& input, const Tensor& a, const Tensor& b, Scalar beta,
   EMBER_CHECK(broadcast_shapes(input.sizes(), out_shape, "addmm") == out_shape, "addmm",
               "input of shape ", shape_str(input.sizes()), " cannot broadcast to ",
               shape_str(out_shape));
-  detail::AutogradScope scope(detail::OpId::kAddmm, {&input, &a, &b});
+  detail::AutogradScope scope(kAddmmOp, {&input, &a, &b});
   Tensor c = empty(out_shape, a.options());
   const double beta_value = beta.to_double();
   // A linear layer's bias ([n] or [1, n], beta 1) rides in the GEMM's epilogue instead of a
@@ -208,8 +233,8 @@ Tensor addmm(const Tensor& input, const Tensor& a, const Tensor& b, Scalar beta,
 }
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
-  if (auto out = detail::autocast(AutocastOp::kMatmul, {&a, &b},
-                                  [](const auto& x) { return matmul(x[0], x[1]); }))
+  if (auto out =
+          detail::autocast(kMatmulOp, {&a, &b}, [](const auto& x) { return matmul(x[0], x[1]); }))
     return *out;
   check_operands(a, b, "matmul");
   const int64_t da = a.dim(), db = b.dim();

@@ -6,6 +6,8 @@
 
 #include "detail/autocast_policy.h"
 #include "detail/autograd_hooks.h"
+#include "detail/layer_backward.h"
+#include "detail/op_def.h"
 #include "detail/op_utils.h"
 #include "layer_ops.h"
 #include "ops.h"
@@ -14,9 +16,32 @@ namespace ember {
 
 using detail::AutogradScope;
 using detail::OpArgs;
-using detail::OpId;
 
 namespace {
+
+// --- descriptors --------------------------------------------------------------------------
+
+// OpArgs::extra: target, lse; dim: ignore_index; a: label smoothing.
+std::vector<Tensor> cross_entropy_backward_formula(const detail::BackwardContext& c,
+                                                   const Tensor& g) {
+  const OpArgs& a = c.args();
+  return {detail::cross_entropy_backward(g, c.in(0), a.extra.at(0), a.extra.at(1), a.dim, a.a),
+          Tensor()};
+}
+
+// Every loss runs in f32 under autocast; only the fused cross entropy is a primitive.
+EMBER_OP(kCrossEntropyOp,
+         detail::define_op("cross_entropy", "CrossEntropyBackward", detail::saves({0}, false),
+                           cross_entropy_backward_formula, detail::CastPolicy::kFloat32,
+                           detail::uses_kernels({EMBER_KERNEL(cross_entropy_forward),
+                                                 EMBER_KERNEL(cross_entropy_backward)})));
+EMBER_OP(kNllLossOp, detail::define_composite("nll_loss", detail::CastPolicy::kFloat32));
+EMBER_OP(kMseLossOp, detail::define_composite("mse_loss", detail::CastPolicy::kFloat32));
+EMBER_OP(kL1LossOp, detail::define_composite("l1_loss", detail::CastPolicy::kFloat32));
+EMBER_OP(kSmoothL1LossOp, detail::define_composite("smooth_l1_loss", detail::CastPolicy::kFloat32));
+EMBER_OP(kBinaryCrossEntropyWithLogitsOp,
+         detail::define_composite("binary_cross_entropy_with_logits",
+                                  detail::CastPolicy::kFloat32));
 
 Tensor reduce_loss(const Tensor& per_sample, Reduction reduction, const Tensor& divisor = {}) {
   switch (reduction) {
@@ -113,7 +138,7 @@ std::pair<Tensor, Tensor> composed_nll(const Tensor& logp, const Tensor& target,
 Tensor fused_cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index,
                            double smoothing) {
   const char* op = "cross_entropy";
-  AutogradScope scope(OpId::kCrossEntropy, {&logits});
+  AutogradScope scope(kCrossEntropyOp, {&logits});
   const int64_t n = logits.size(0);
   Tensor loss = empty({n}, logits.options());
   Tensor lse = empty({n}, logits.options());
@@ -188,15 +213,13 @@ void check_broadcasts_to(const Tensor& weight, const Tensor& input, const char* 
 
 }  // namespace
 
-using detail::AutocastOp;
-
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, const CrossEntropyOptions& o) {
-  if (auto out = detail::autocast(AutocastOp::kCrossEntropy, {&logits, &target, &o.weight},
-                                  [&](const auto& x) {
-                                    CrossEntropyOptions cast = o;
-                                    cast.weight = x[2];
-                                    return cross_entropy(x[0], x[1], cast);
-                                  }))
+  if (auto out =
+          detail::autocast(kCrossEntropyOp, {&logits, &target, &o.weight}, [&](const auto& x) {
+            CrossEntropyOptions cast = o;
+            cast.weight = x[2];
+            return cross_entropy(x[0], x[1], cast);
+          }))
     return *out;
   const char* op = "cross_entropy";
   check_scores(logits, op);
@@ -233,12 +256,11 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, const CrossEntr
 }
 
 Tensor nll_loss(const Tensor& log_probs, const Tensor& target, const NLLLossOptions& o) {
-  if (auto out = detail::autocast(AutocastOp::kNllLoss, {&log_probs, &target, &o.weight},
-                                  [&](const auto& x) {
-                                    NLLLossOptions cast = o;
-                                    cast.weight = x[2];
-                                    return nll_loss(x[0], x[1], cast);
-                                  }))
+  if (auto out = detail::autocast(kNllLossOp, {&log_probs, &target, &o.weight}, [&](const auto& x) {
+        NLLLossOptions cast = o;
+        cast.weight = x[2];
+        return nll_loss(x[0], x[1], cast);
+      }))
     return *out;
   const char* op = "nll_loss";
   check_scores(log_probs, op);
@@ -251,7 +273,7 @@ Tensor nll_loss(const Tensor& log_probs, const Tensor& target, const NLLLossOpti
 }
 
 Tensor mse_loss(const Tensor& input, const Tensor& target, const LossOptions& o) {
-  if (auto out = detail::autocast(AutocastOp::kMseLoss, {&input, &target},
+  if (auto out = detail::autocast(kMseLossOp, {&input, &target},
                                   [&](const auto& x) { return mse_loss(x[0], x[1], o); }))
     return *out;
   check_pointwise(input, target, "mse_loss");
@@ -260,7 +282,7 @@ Tensor mse_loss(const Tensor& input, const Tensor& target, const LossOptions& o)
 }
 
 Tensor l1_loss(const Tensor& input, const Tensor& target, const LossOptions& o) {
-  if (auto out = detail::autocast(AutocastOp::kL1Loss, {&input, &target},
+  if (auto out = detail::autocast(kL1LossOp, {&input, &target},
                                   [&](const auto& x) { return l1_loss(x[0], x[1], o); }))
     return *out;
   check_pointwise(input, target, "l1_loss");
@@ -268,7 +290,7 @@ Tensor l1_loss(const Tensor& input, const Tensor& target, const LossOptions& o) 
 }
 
 Tensor smooth_l1_loss(const Tensor& input, const Tensor& target, const SmoothL1LossOptions& o) {
-  if (auto out = detail::autocast(AutocastOp::kSmoothL1Loss, {&input, &target},
+  if (auto out = detail::autocast(kSmoothL1LossOp, {&input, &target},
                                   [&](const auto& x) { return smooth_l1_loss(x[0], x[1], o); }))
     return *out;
   const char* op = "smooth_l1_loss";
@@ -281,7 +303,7 @@ Tensor smooth_l1_loss(const Tensor& input, const Tensor& target, const SmoothL1L
 
 Tensor binary_cross_entropy_with_logits(const Tensor& input, const Tensor& target,
                                         const BCEWithLogitsOptions& o) {
-  if (auto out = detail::autocast(AutocastOp::kBinaryCrossEntropyWithLogits,
+  if (auto out = detail::autocast(kBinaryCrossEntropyWithLogitsOp,
                                   {&input, &target, &o.weight, &o.pos_weight}, [&](const auto& x) {
                                     BCEWithLogitsOptions cast = o;
                                     cast.weight = x[2];

@@ -1,9 +1,11 @@
 // Reductions: sum, mean, max/min (+ indices), argmax/argmin, var/std, norm.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
 #include "detail/autocast_policy.h"
 #include "detail/autograd_hooks.h"
+#include "detail/op_def.h"
 #include "detail/op_utils.h"
 #include "ops.h"
 
@@ -12,8 +14,90 @@ namespace {
 
 using detail::AutogradScope;
 using detail::OpArgs;
-using detail::OpId;
 using detail::ReduceOp;
+
+// --- descriptors --------------------------------------------------------------------------
+
+// OpArgs::dims, keepdim: the reduced dims.
+std::vector<Tensor> sum_backward(const detail::BackwardContext& c, const Tensor& g) {
+  return {detail::expand_reduced(g, c.shape(0), c.args().dims, c.args().keepdim)};
+}
+std::vector<Tensor> mean_backward(const detail::BackwardContext& c, const Tensor& g) {
+  const detail::OpArgs& a = c.args();
+  int64_t n = 1;
+  const auto dims = detail::wrap_dims(a.dims, static_cast<int64_t>(c.shape(0).size()), "backward");
+  for (int64_t d : dims) n *= c.shape(0)[static_cast<size_t>(d)];
+  return {detail::expand_reduced(g, c.shape(0), a.dims, a.keepdim) / static_cast<double>(n)};
+}
+// Ties share the gradient evenly.
+std::vector<Tensor> extreme_all_backward(const detail::BackwardContext& c, const Tensor& g) {
+  const Tensor hits = eq(c.in(0), c.out()).to(g.dtype());
+  return {hits * (g / sum(hits))};
+}
+// OpArgs::extra: the indices; dim, keepdim.
+std::vector<Tensor> extreme_dim_backward(const detail::BackwardContext& c, const Tensor& g) {
+  const detail::OpArgs& a = c.args();
+  Tensor indices = a.extra.at(0), gk = g;
+  if (!a.keepdim && !c.shape(0).empty()) {
+    indices = indices.unsqueeze(a.dim);
+    gk = gk.unsqueeze(a.dim);
+  }
+  return {scatter_add(zeros(c.shape(0), g.options()), a.dim, indices, gk)};
+}
+// OpArgs::correction.
+std::vector<Tensor> var_backward(const detail::BackwardContext& c, const Tensor& g) {
+  const detail::OpArgs& a = c.args();
+  const Tensor& x = c.in(0);
+  int64_t n = 1;
+  const auto dims = detail::wrap_dims(a.dims, x.dim(), "backward");
+  for (int64_t d : dims) n *= x.size(d);
+  const Tensor centered = x - mean(x, a.dims, true);
+  return {detail::expand_reduced(g, c.shape(0), a.dims, a.keepdim) * centered *
+          (2.0 / static_cast<double>(std::max<int64_t>(n - a.correction, 0)))};
+}
+// OpArgs::a: p.
+std::vector<Tensor> norm_backward(const detail::BackwardContext& c, const Tensor& g) {
+  const detail::OpArgs& a = c.args();
+  const Tensor& x = c.in(0);
+  const Tensor norm_k = detail::expand_reduced(c.out(), c.shape(0), a.dims, a.keepdim);
+  const Tensor gk = detail::expand_reduced(g, c.shape(0), a.dims, a.keepdim);
+  const double p = a.a;
+  if (std::isinf(p)) {
+    const Tensor hits = eq(abs(x), norm_k).to(g.dtype());
+    const Tensor count =
+        detail::expand_reduced(sum(hits, a.dims, a.keepdim), c.shape(0), a.dims, a.keepdim);
+    return {gk * detail::sign_of(x) * hits / count};
+  }
+  if (p == 1.0) return {gk * detail::sign_of(x)};
+  // x |x|^(p-2) / norm^(p-1); zero where the norm is zero.
+  const Tensor scale = p == 2.0 ? x / norm_k : x * pow(abs(x), p - 2.0) / pow(norm_k, p - 1.0);
+  return {where(eq(norm_k, 0), 0.0, gk * scale)};
+}
+
+EMBER_OP(kSumOp, detail::define_op("sum", "SumBackward", detail::saves({}, false), sum_backward,
+                                   detail::CastPolicy::kFloat32,
+                                   detail::uses_kernels({EMBER_KERNEL(reduce)})));
+EMBER_OP(kMeanOp,
+         detail::define_op("mean", "MeanBackward", detail::saves({}, false), mean_backward,
+                           detail::kNoAutocast, detail::uses_kernels({EMBER_KERNEL(reduce)})));
+EMBER_OP(kMaxAllOp,
+         detail::define_op("max", "MaxBackward", detail::saves({0}, true), extreme_all_backward,
+                           detail::kNoAutocast, detail::uses_kernels({EMBER_KERNEL(reduce)})));
+EMBER_OP(kMinAllOp,
+         detail::define_op("min", "MinBackward", detail::saves({0}, true), extreme_all_backward,
+                           detail::kNoAutocast, detail::uses_kernels({EMBER_KERNEL(reduce)})));
+EMBER_OP(kMaxDimOp, detail::define_op("max.dim", "MaxDimBackward", detail::saves({}, false),
+                                      extreme_dim_backward, detail::kNoAutocast,
+                                      detail::uses_kernels({EMBER_KERNEL(arg_reduce)})));
+EMBER_OP(kMinDimOp, detail::define_op("min.dim", "MinDimBackward", detail::saves({}, false),
+                                      extreme_dim_backward, detail::kNoAutocast,
+                                      detail::uses_kernels({EMBER_KERNEL(arg_reduce)})));
+EMBER_OP(kVarOp,
+         detail::define_op("var", "VarBackward", detail::saves({0}, false), var_backward,
+                           detail::kNoAutocast, detail::uses_kernels({EMBER_KERNEL(reduce)})));
+EMBER_OP(kNormOp, detail::define_op("norm", "NormBackward", detail::saves({0}, true), norm_backward,
+                                    detail::CastPolicy::kFloat32,
+                                    detail::uses_kernels({EMBER_KERNEL(reduce)})));
 
 OpArgs reduce_args(const Shape& dims, bool keepdim) {
   OpArgs args;
@@ -111,11 +195,11 @@ std::tuple<Tensor, Tensor> arg_extreme(const Tensor& t, std::optional<int64_t> d
 }  // namespace
 
 Tensor sum(const Tensor& t, const Shape& dims, bool keepdim) {
-  if (auto out = detail::autocast(detail::AutocastOp::kSum, {&t},
-                                  [&](const auto& x) { return sum(x[0], dims, keepdim); }))
+  if (auto out =
+          detail::autocast(kSumOp, {&t}, [&](const auto& x) { return sum(x[0], dims, keepdim); }))
     return *out;
   detail::check_defined(t, "sum");
-  AutogradScope scope(OpId::kSum, {&t});
+  AutogradScope scope(kSumOp, {&t});
   // Integer and bool sums accumulate and return i64, as in PyTorch.
   const Tensor in = is_floating(t.dtype()) ? t : t.to(kI64);
   return scope.finish(
@@ -126,18 +210,18 @@ Tensor sum(const Tensor& t, const Shape& dims, bool keepdim) {
 Tensor mean(const Tensor& t, const Shape& dims, bool keepdim) {
   detail::check_defined(t, "mean");
   check_floating(t, "mean");
-  AutogradScope scope(OpId::kMean, {&t});
+  AutogradScope scope(kMeanOp, {&t});
   return scope.finish(
       run_reduce(ReduceOp::kMean, plan_reduce(t, dims, keepdim, "mean"), t.dtype(), "mean"),
       reduce_args(dims, keepdim));
 }
 
 Tensor max(const Tensor& t) {
-  AutogradScope scope(OpId::kMaxAll, {&t});
+  AutogradScope scope(kMaxAllOp, {&t});
   return scope.finish(extreme_all(t, true, "max"));
 }
 Tensor min(const Tensor& t) {
-  AutogradScope scope(OpId::kMinAll, {&t});
+  AutogradScope scope(kMinAllOp, {&t});
   return scope.finish(extreme_all(t, false, "min"));
 }
 
@@ -145,7 +229,7 @@ namespace {
 // max/min along a dim: the values carry gradients to the positions the indices name.
 std::tuple<Tensor, Tensor> extreme_dim(const Tensor& t, int64_t dim, bool keepdim, bool is_max) {
   const char* op = is_max ? "max" : "min";
-  AutogradScope scope(is_max ? OpId::kMaxDim : OpId::kMinDim, {&t});
+  AutogradScope scope(is_max ? kMaxDimOp : kMinDimOp, {&t});
   auto [values, indices] = arg_extreme(t, dim, keepdim, is_max, op);
   OpArgs args = reduce_args({}, keepdim);
   if (scope.recording()) {
@@ -176,7 +260,7 @@ Tensor var(const Tensor& t, const Shape& dims, int64_t correction, bool keepdim)
   detail::check_defined(t, "var");
   check_floating(t, "var");
   EMBER_CHECK(correction >= 0, "var", "correction must be non-negative, got ", correction);
-  AutogradScope scope(OpId::kVar, {&t});
+  AutogradScope scope(kVarOp, {&t});
   OpArgs args = reduce_args(dims, keepdim);
   args.correction = correction;
   return scope.finish(run_reduce(ReduceOp::kVar, plan_reduce(t, dims, keepdim, "var"), t.dtype(),
@@ -192,13 +276,13 @@ Tensor std(const Tensor& t, const Shape& dims, int64_t correction, bool keepdim)
 }
 
 Tensor norm(const Tensor& t, double p, const Shape& dims, bool keepdim) {
-  if (auto out = detail::autocast(detail::AutocastOp::kNorm, {&t},
+  if (auto out = detail::autocast(kNormOp, {&t},
                                   [&](const auto& x) { return norm(x[0], p, dims, keepdim); }))
     return *out;
   detail::check_defined(t, "norm");
   check_floating(t, "norm");
   EMBER_CHECK(p > 0 && !std::isnan(p), "norm", "p must be positive (or infinity), got ", p);
-  AutogradScope scope(OpId::kNorm, {&t});
+  AutogradScope scope(kNormOp, {&t});
   OpArgs args = reduce_args(dims, keepdim);
   args.a = p;
   return scope.finish(

@@ -1,11 +1,31 @@
 // softmax and log_softmax along one dim.
 #include "detail/autocast_policy.h"
 #include "detail/autograd_hooks.h"
+#include "detail/op_def.h"
 #include "detail/op_utils.h"
 #include "ops.h"
 
 namespace ember {
 namespace {
+
+// --- descriptors --------------------------------------------------------------------------
+
+// OpArgs::dim: the softmax dim.
+std::vector<Tensor> softmax_backward(const detail::BackwardContext& c, const Tensor& g) {
+  const Tensor& y = c.out();
+  return {y * (g - sum(g * y, {c.args().dim}, true))};
+}
+std::vector<Tensor> log_softmax_backward(const detail::BackwardContext& c, const Tensor& g) {
+  return {g - exp(c.out()) * sum(g, {c.args().dim}, true)};
+}
+
+EMBER_OP(kSoftmaxOp, detail::define_op("softmax", "SoftmaxBackward", detail::saves({}, true),
+                                       softmax_backward, detail::CastPolicy::kFloat32,
+                                       detail::uses_kernels({EMBER_KERNEL(softmax)})));
+EMBER_OP(kLogSoftmaxOp,
+         detail::define_op("log_softmax", "LogSoftmaxBackward", detail::saves({}, true),
+                           log_softmax_backward, detail::CastPolicy::kFloat32,
+                           detail::uses_kernels({EMBER_KERNEL(softmax)})));
 
 Tensor softmax_impl(const Tensor& t, int64_t dim, bool log, const char* op) {
   detail::check_defined(t, op);
@@ -22,7 +42,7 @@ Tensor softmax_impl(const Tensor& t, int64_t dim, bool log, const char* op) {
     else
       inner *= t.size(e);
   }
-  detail::AutogradScope scope(log ? detail::OpId::kLogSoftmax : detail::OpId::kSoftmax, {&t});
+  detail::AutogradScope scope(log ? kLogSoftmaxOp : kSoftmaxOp, {&t});
   const Tensor in = t.contiguous();
   Tensor out = empty(t.sizes(), t.options());
   if (out.numel() > 0) {
@@ -37,13 +57,13 @@ Tensor softmax_impl(const Tensor& t, int64_t dim, bool log, const char* op) {
 }  // namespace
 
 Tensor softmax(const Tensor& t, int64_t dim) {
-  if (auto out = detail::autocast(detail::AutocastOp::kSoftmax, {&t},
-                                  [&](const auto& x) { return softmax(x[0], dim); }))
+  if (auto out =
+          detail::autocast(kSoftmaxOp, {&t}, [&](const auto& x) { return softmax(x[0], dim); }))
     return *out;
   return softmax_impl(t, dim, false, "softmax");
 }
 Tensor log_softmax(const Tensor& t, int64_t dim) {
-  if (auto out = detail::autocast(detail::AutocastOp::kLogSoftmax, {&t},
+  if (auto out = detail::autocast(kLogSoftmaxOp, {&t},
                                   [&](const auto& x) { return log_softmax(x[0], dim); }))
     return *out;
   return softmax_impl(t, dim, true, "log_softmax");

@@ -6,6 +6,7 @@
 #include "detail/autograd_hooks.h"
 #include "detail/dispatch.h"
 #include "detail/kernel_table.h"
+#include "detail/op_def.h"
 #include "detail/op_utils.h"
 #include "ops.h"
 
@@ -13,9 +14,73 @@ namespace ember {
 
 using detail::AutogradScope;
 using detail::OpArgs;
-using detail::OpId;
 
 namespace {
+
+// --- descriptors --------------------------------------------------------------------------
+
+std::vector<Tensor> identity_backward(const detail::BackwardContext&, const Tensor& g) {
+  return {g};
+}
+std::vector<Tensor> reshape_backward(const detail::BackwardContext& c, const Tensor& g) {
+  return {g.reshape(c.shape(0))};
+}
+// OpArgs::dim, dim2: the swapped dims.
+std::vector<Tensor> transpose_backward(const detail::BackwardContext& c, const Tensor& g) {
+  return {g.transpose(c.args().dim, c.args().dim2)};
+}
+// OpArgs::dims: the permutation.
+std::vector<Tensor> permute_backward(const detail::BackwardContext& c, const Tensor& g) {
+  const Shape& dims = c.args().dims;
+  Shape inverse(dims.size());
+  for (size_t i = 0; i < dims.size(); ++i)
+    inverse[static_cast<size_t>(dims[i])] = static_cast<int64_t>(i);
+  return {g.permute(inverse)};
+}
+// OpArgs::dim, start, step.
+std::vector<Tensor> slice_backward(const detail::BackwardContext& c, const Tensor& g) {
+  const OpArgs& a = c.args();
+  Tensor result = zeros(c.shape(0), g.options());
+  NoGradGuard no_grad;
+  result.slice(a.dim, a.start, a.start + g.size(a.dim) * a.step, a.step).copy_(g);
+  return {result};
+}
+// OpArgs::dim, start: the index.
+std::vector<Tensor> select_backward(const detail::BackwardContext& c, const Tensor& g) {
+  Tensor result = zeros(c.shape(0), g.options());
+  NoGradGuard no_grad;
+  result.select(c.args().dim, c.args().start).copy_(g);
+  return {result};
+}
+std::vector<Tensor> expand_backward(const detail::BackwardContext& c, const Tensor& g) {
+  return {detail::sum_to(g, c.shape(0))};
+}
+
+// Views and copies: no kernels of their own (a copy runs the copy kernel).
+EMBER_OP(kCastOp, detail::define_op("_to_copy", "ToCopyBackward", detail::saves({}, false),
+                                    identity_backward, detail::kNoAutocast,
+                                    detail::uses_kernels({EMBER_KERNEL(copy)})));
+EMBER_OP(kReshapeOp,
+         detail::define_op("reshape", "ReshapeBackward", detail::saves({}, false), reshape_backward,
+                           detail::kNoAutocast, detail::uses_kernels({})));
+EMBER_OP(kTransposeOp,
+         detail::define_op("transpose", "TransposeBackward", detail::saves({}, false),
+                           transpose_backward, detail::kNoAutocast, detail::uses_kernels({})));
+EMBER_OP(kPermuteOp,
+         detail::define_op("permute", "PermuteBackward", detail::saves({}, false), permute_backward,
+                           detail::kNoAutocast, detail::uses_kernels({})));
+EMBER_OP(kSliceOp,
+         detail::define_op("slice", "SliceBackward", detail::saves({}, false), slice_backward,
+                           detail::kNoAutocast, detail::uses_kernels({})));
+EMBER_OP(kSelectOp,
+         detail::define_op("select", "SelectBackward", detail::saves({}, false), select_backward,
+                           detail::kNoAutocast, detail::uses_kernels({})));
+EMBER_OP(kExpandOp,
+         detail::define_op("expand", "ExpandBackward", detail::saves({}, false), expand_backward,
+                           detail::kNoAutocast, detail::uses_kernels({})));
+EMBER_OP(kCloneOp,
+         detail::define_op("clone", "CloneBackward", detail::saves({}, false), identity_backward,
+                           detail::kNoAutocast, detail::uses_kernels({EMBER_KERNEL(copy)})));
 
 using detail::contiguous_strides;
 
@@ -224,13 +289,13 @@ Tensor Tensor::view(const Shape& shape) const {
   EMBER_CHECK(new_strides.has_value(), "view", "cannot view a tensor of shape ", shape_str(sizes()),
               " and strides ", shape_str(strides()), " as ", shape_str(new_sizes),
               "; use reshape() (it copies when needed)");
-  AutogradScope scope(OpId::kReshape, {this});
+  AutogradScope scope(kReshapeOp, {this});
   return scope.finish(Tensor(storage(), dtype(), new_sizes, *new_strides, storage_offset()));
 }
 
 Tensor Tensor::reshape(const Shape& shape) const {
   const Shape new_sizes = infer_size(shape, numel(), "reshape");
-  AutogradScope scope(OpId::kReshape, {this});
+  AutogradScope scope(kReshapeOp, {this});
   if (auto new_strides = view_strides(sizes(), strides(), new_sizes)) {
     return scope.finish(Tensor(storage(), dtype(), new_sizes, *new_strides, storage_offset()));
   }
@@ -245,7 +310,7 @@ Tensor Tensor::transpose(int64_t dim0, int64_t dim1) const {
     std::swap(s[a], s[b]);
     std::swap(st[a], st[b]);
   }
-  AutogradScope scope(OpId::kTranspose, {this});
+  AutogradScope scope(kTransposeOp, {this});
   OpArgs args;
   args.dim = a;
   args.dim2 = b;
@@ -271,7 +336,7 @@ Tensor Tensor::permute(const Shape& dims) const {
     st[i] = strides()[d];
     order.push_back(d);
   }
-  AutogradScope scope(OpId::kPermute, {this});
+  AutogradScope scope(kPermuteOp, {this});
   OpArgs args;
   args.dims = std::move(order);
   return scope.finish(Tensor(storage(), dtype(), s, st, storage_offset()), std::move(args));
@@ -302,7 +367,7 @@ Tensor Tensor::slice(int64_t d, std::optional<int64_t> start, std::optional<int6
   Shape s = sizes(), st = strides();
   s[wd] = (e - b + step - 1) / step;
   st[wd] *= step;
-  AutogradScope scope(OpId::kSlice, {this});
+  AutogradScope scope(kSliceOp, {this});
   OpArgs args;
   args.dim = wd;
   args.start = b;
@@ -321,7 +386,7 @@ Tensor Tensor::select(int64_t d, int64_t index) const {
   Shape s = sizes(), st = strides();
   s.erase(s.begin() + wd);
   st.erase(st.begin() + wd);
-  AutogradScope scope(OpId::kSelect, {this});
+  AutogradScope scope(kSelectOp, {this});
   OpArgs args;
   args.dim = wd;
   args.start = index;
@@ -354,7 +419,7 @@ Tensor Tensor::expand(const Shape& shape) const {
       st[i] = 0;
     }
   }
-  AutogradScope scope(OpId::kExpand, {this});
+  AutogradScope scope(kExpandOp, {this});
   return scope.finish(Tensor(storage(), dtype(), s, st, storage_offset()));
 }
 
@@ -366,7 +431,7 @@ Tensor Tensor::squeeze() const {
       st.push_back(strides()[d]);
     }
   }
-  AutogradScope scope(OpId::kReshape, {this});
+  AutogradScope scope(kReshapeOp, {this});
   return scope.finish(Tensor(storage(), dtype(), s, st, storage_offset()));
 }
 
@@ -379,7 +444,7 @@ Tensor Tensor::squeeze(int64_t d) const {
       st.erase(st.begin() + wd);
     }
   }
-  AutogradScope scope(OpId::kReshape, {this});
+  AutogradScope scope(kReshapeOp, {this});
   return scope.finish(Tensor(storage(), dtype(), s, st, storage_offset()));
 }
 
@@ -389,7 +454,7 @@ Tensor Tensor::unsqueeze(int64_t d) const {
   const int64_t new_stride = wd < dim() ? sizes()[wd] * strides()[wd] : 1;
   s.insert(s.begin() + wd, 1);
   st.insert(st.begin() + wd, new_stride);
-  AutogradScope scope(OpId::kReshape, {this});
+  AutogradScope scope(kReshapeOp, {this});
   return scope.finish(Tensor(storage(), dtype(), s, st, storage_offset()));
 }
 
@@ -436,7 +501,7 @@ namespace {
 
 // A differentiable copy of t laid out in `format`.
 Tensor copy_in_format(const Tensor& t, MemoryFormat format) {
-  AutogradScope scope(OpId::kClone, {&t});
+  AutogradScope scope(kCloneOp, {&t});
   Tensor result = empty(t.sizes(), t.options(), format);
   result.copy_(t);
   return scope.finish(result);
@@ -470,7 +535,7 @@ Tensor Tensor::clone(MemoryFormat format) const {
 }
 
 Tensor Tensor::clone() const {
-  AutogradScope scope(OpId::kClone, {this});
+  AutogradScope scope(kCloneOp, {this});
   Tensor result = empty(sizes(), options());
   result.copy_(*this);
   return scope.finish(result);
@@ -525,7 +590,7 @@ Tensor Tensor::to(Device target_device, DType target_dtype, bool non_blocking) c
   if (target_device == device() && target_dtype == dtype()) return *this;
   // Only float-to-float conversions carry gradients (as in PyTorch).
   const bool differentiable = is_floating(target_dtype);
-  AutogradScope scope(OpId::kCast, {differentiable ? this : nullptr});
+  AutogradScope scope(kCastOp, {differentiable ? this : nullptr});
   // The copy keeps the memory format (PyTorch's memory_format=torch.preserve_format).
   Tensor result =
       empty(sizes(), TensorOptions(target_dtype, target_device), suggest_memory_format());

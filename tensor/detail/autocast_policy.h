@@ -1,12 +1,12 @@
 // How op front ends apply the autocast policy (tensor/autocast.h). Each autocast-aware op
 // starts with one call:
 //
-//   if (auto out = detail::autocast(AutocastOp::kMm, {&a, &b},
+//   if (auto out = detail::autocast(kMmOp, {&a, &b},
 //                                   [](const auto& x) { return mm(x[0], x[1]); }))
 //     return *out;
 //
 // When autocast is on for the inputs' device type, the floating inputs are cast as the op's
-// rule says (the one table, kRules in tensor/autocast.cpp) and the op runs again on
+// descriptor says (OpDef::autocast, op_def.h) and the op runs again on
 // them with autocast suspended, as PyTorch re-dispatches below its autocast key: what the op
 // does inside (helpers, composite parts) is not cast a second time. Otherwise it returns
 // nullopt at the cost of one thread-local read and the op goes on as usual.
@@ -20,61 +20,28 @@
 
 #include "../autocast.h"
 #include "../tensor.h"
+#include "op_def.h"
 
 namespace ember::detail {
 
-enum class CastPolicy : uint8_t {
-  kLowerPrecision,  // floating inputs (not f64) to the guard's dtype: bf16 or f16
-  kFloat32,         // floating inputs (not f64) to f32
-  kPromote,         // floating inputs to the widest floating dtype among them
-};
+// An op as autocast sees it: its descriptor, whose `autocast` field is its rule.
+using AutocastOp = OpDef;
 
-enum class AutocastOp : uint8_t {
-  kConv2d,
-  kLinear,
-  kMatmul,
-  kMm,
-  kBmm,
-  kAddmm,
-  kSoftmax,
-  kLogSoftmax,
-  kExp,
-  kLog,
-  kPow,
-  kRsqrt,
-  kSum,
-  kNorm,
-  kCrossEntropy,
-  kNllLoss,
-  kMseLoss,
-  kL1Loss,
-  kSmoothL1Loss,
-  kBinaryCrossEntropyWithLogits,
-  kCat,
-  kStack,
-  kScatterAdd,
-  // attention
-  kScaledDotProductAttention,
-  // GPT layers
-  kLayerNorm,
-};
-
+// One row of the autocast lists: an op's PyTorch name and its policy.
 struct AutocastRule {
-  AutocastOp op;
-  std::string_view name;  // PyTorch's name of the op
+  std::string_view name;
   CastPolicy policy;
 };
 
-// Every autocast-aware op and its policy, in AutocastOp order.
+// The autocast lists: every descriptor with a policy, sorted by name.
 std::span<const AutocastRule> autocast_rules();
-const AutocastRule& autocast_rule(AutocastOp op);
 
 // True when some autocast guard is on for any device type on this thread (the fast path).
 bool any_autocast_enabled();
 
 // The inputs cast by `op`'s rule (undefined and non-floating inputs pass through), or nullopt
 // when autocast is off for the device type of the first defined floating input.
-std::optional<std::vector<Tensor>> autocast_inputs(AutocastOp op,
+std::optional<std::vector<Tensor>> autocast_inputs(const OpDef& op,
                                                    std::span<const Tensor* const> inputs);
 
 // Turns autocast off for one device type for a scope (the re-entry described above).
@@ -91,7 +58,7 @@ class AutocastSuspend {
 };
 
 template <typename F>
-auto autocast_with(AutocastOp op, std::span<const Tensor* const> inputs, F&& run)
+auto autocast_with(const OpDef& op, std::span<const Tensor* const> inputs, F&& run)
     -> std::optional<decltype(run(std::declval<const std::vector<Tensor>&>()))> {
   if (!any_autocast_enabled()) return std::nullopt;
   std::optional<std::vector<Tensor>> cast = autocast_inputs(op, inputs);
@@ -108,14 +75,14 @@ auto autocast_with(AutocastOp op, std::span<const Tensor* const> inputs, F&& run
 }
 
 template <typename F>
-auto autocast(AutocastOp op, std::initializer_list<const Tensor*> inputs, F&& run) {
+auto autocast(const OpDef& op, std::initializer_list<const Tensor*> inputs, F&& run) {
   return autocast_with(op, std::span<const Tensor* const>(inputs.begin(), inputs.size()),
                        std::forward<F>(run));
 }
 
 // Tensor lists (cat, stack).
 template <typename F>
-auto autocast(AutocastOp op, const std::vector<Tensor>& inputs, F&& run) {
+auto autocast(const OpDef& op, const std::vector<Tensor>& inputs, F&& run) {
   std::vector<const Tensor*> pointers;
   if (any_autocast_enabled()) {
     pointers.reserve(inputs.size());

@@ -1,6 +1,7 @@
 // How the tensor module reaches autograd without depending on it: autograd/ registers an
 // AutogradHooks table at start-up, and every differentiable primitive's front end wraps its
-// computation in an AutogradScope, which records the op when an input requires grad.
+// computation in an AutogradScope naming the op's descriptor (op_def.h), which records the op
+// when an input requires grad.
 //
 // NOTE: composite ops (matmul, stack, norm, ...) are written in terms of primitives and get
 // their gradients through them; only primitives open an AutogradScope. Inside a scope grad
@@ -14,97 +15,13 @@
 
 #include "../grad_mode.h"
 #include "../tensor.h"
-#include "kernel_table.h"
+#include "op_def.h"
 
 namespace ember::detail {
 
-enum class OpId : uint16_t {
-  // elementwise
-  kAdd,
-  kSub,
-  kMul,
-  kDiv,
-  kPow,
-  kPowScalar,
-  kMaximum,
-  kMinimum,
-  kNeg,
-  kAbs,
-  kExp,
-  kLog,
-  kSqrt,
-  kRsqrt,
-  kRelu,
-  kSigmoid,
-  kTanh,
-  kClamp,
-  kWhere,
-  // layout and copies
-  kCast,
-  kReshape,
-  kTranspose,
-  kPermute,
-  kSlice,
-  kSelect,
-  kExpand,
-  kClone,
-  // reductions
-  kSum,
-  kMean,
-  kMaxAll,
-  kMinAll,
-  kMaxDim,
-  kMinDim,
-  kVar,
-  kNorm,
-  // linear algebra, softmax, indexing
-  kMm,
-  kBmm,
-  kAddmm,
-  kSoftmax,
-  kLogSoftmax,
-  kCat,
-  kIndexSelect,
-  kGather,
-  kScatterAdd,
-  // layers
-  kConv2d,
-  kBatchNorm,
-  kMaxPool2d,
-  kAvgPool2d,
-  kAdaptiveAvgPool2d,
-  kDropout,
-  kCrossEntropy,
-  // attention
-  kScaledDotProductAttention,
-  // GPT layers
-  kGelu,  // OpArgs::a: 1 for the tanh approximation
-  kLayerNorm,
-  kEmbedding,  // OpArgs::extra: the flat i64 indices; start: padding_idx (-1: none)
-  // fused layers
-  kBatchNormRelu,     // inputs: input, weight, bias, residual (undefined)
-  kBatchNormAddRelu,  // inputs: input, weight, bias, residual
-  kBiasActivation,    // linear's epilogue: inputs: GEMM output, bias; args.dim: Activation
-};
-
-// The non-tensor arguments a backward formula needs; each op documents the fields it uses.
-struct OpArgs {
-  Scalar alpha = 1;
-  double a = 0.0, b = 0.0;
-  int64_t dim = 0, dim2 = 0, start = 0, step = 1, correction = 0;
-  Shape dims;
-  bool keepdim = false;
-  bool training = false;
-  Conv2dParams conv;
-  Pool2dParams pool;
-  std::vector<Tensor> extra;  // index tensors, masks, saved statistics
-  // scaled-dot-product attention
-  AttentionParams attention;
-};
-
 struct AutogradHooks {
-  // Attaches a backward node for `op` to `outputs` (their inputs are `inputs`).
-  void (*record)(OpId op, std::span<const Tensor> inputs, std::span<const Tensor> outputs,
+  // Attaches a backward node running `op`'s descriptor to `outputs` (their inputs are `inputs`).
+  void (*record)(const OpDef& op, std::span<const Tensor> inputs, std::span<const Tensor> outputs,
                  OpArgs&& args) = nullptr;
   void (*backward)(const Tensor& root, const Tensor& gradient, bool retain_graph,
                    bool create_graph) = nullptr;
@@ -128,8 +45,8 @@ void check_inplace(const char* op, const Tensor& self,
 
 class AutogradScope {
  public:
-  AutogradScope(OpId op, std::initializer_list<const Tensor*> inputs);
-  AutogradScope(OpId op, const std::vector<Tensor>& inputs);
+  AutogradScope(const OpDef& op, std::initializer_list<const Tensor*> inputs);
+  AutogradScope(const OpDef& op, const std::vector<Tensor>& inputs);
   ~AutogradScope() { GradMode::set_enabled(previous_mode_); }
   AutogradScope(const AutogradScope&) = delete;
   AutogradScope& operator=(const AutogradScope&) = delete;
@@ -140,7 +57,7 @@ class AutogradScope {
   void finish_all(std::span<const Tensor> outputs, OpArgs&& args = {});
 
  private:
-  OpId op_;
+  const OpDef& op_;
   bool previous_mode_;
   bool recording_;
   std::vector<Tensor> inputs_;

@@ -267,6 +267,19 @@ struct KernelTable {
                           const Tensor& bias) = nullptr;
 };
 
+// Kernels one op owns, outside the shared table (an op added without touching shared lists):
+// declared in the op's detail header, filled per device type at start-up by its kernel files
+// (tensor/cpu/NAME.cpp, tensor/cuda/NAME.cu) with EMBER_REGISTER_OWN_KERNEL, and found by the
+// front end with get() and require_kernel, like a table entry. Null where a build lacks one.
+template <typename Fn>
+struct OpKernels {
+  Fn by_device[kNumDeviceTypes] = {};
+  Fn get(DeviceType type) const { return by_device[static_cast<size_t>(type)]; }
+};
+#define EMBER_REGISTER_OWN_KERNEL(kernels, device_type, fn)   \
+  [[maybe_unused]] static const bool ember_own_kernel_##fn = \
+      ((kernels).by_device[static_cast<size_t>(device_type)] = (fn), true)
+
 // The table for a device type; entries a build lacks are null (no CUDA build: all null).
 const KernelTable& kernel_table(DeviceType type);
 

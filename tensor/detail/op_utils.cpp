@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <numeric>
 
+#include "../ops.h"
+
 namespace ember::detail {
 
 Shape contiguous_strides(const Shape& sizes) {
@@ -109,6 +111,30 @@ Tensor move_dims_last(const Tensor& t, const std::vector<int64_t>& dims) {
   }
   order.insert(order.end(), dims.begin(), dims.end());
   return t.permute(order).contiguous();
+}
+
+Tensor sum_to(const Tensor& g, const Shape& shape) {
+  if (g.sizes() == shape) return g;
+  const int64_t lead = g.dim() - static_cast<int64_t>(shape.size());
+  Shape dims;
+  for (int64_t d = 0; d < g.dim(); ++d) {
+    if (d < lead || (shape[static_cast<size_t>(d - lead)] == 1 && g.size(d) != 1))
+      dims.push_back(d);
+  }
+  Tensor reduced = dims.empty() ? g : sum(g, dims, true);
+  return reduced.reshape(shape);
+}
+
+Tensor sign_of(const Tensor& x) { return gt(x, 0).to(x.dtype()) - lt(x, 0).to(x.dtype()); }
+
+Tensor expand_reduced(const Tensor& g, const Shape& sizes, const Shape& dims, bool keepdim) {
+  Tensor out = g;
+  if (!keepdim && !sizes.empty()) {
+    const std::vector<int64_t> wrapped =
+        wrap_dims(dims, static_cast<int64_t>(sizes.size()), "backward");
+    for (int64_t d : wrapped) out = out.unsqueeze(d);
+  }
+  return out.expand(sizes);
 }
 
 }  // namespace ember::detail

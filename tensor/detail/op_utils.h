@@ -55,4 +55,12 @@ Fn require_kernel(Fn entry, Device device, const char* op) {
 // reduce/softmax kernels take. Returns the permuted, contiguous tensor.
 Tensor move_dims_last(const Tensor& t, const std::vector<int64_t>& dims);
 
+// --- for backward formulas (EMBER_OP descriptors)
+// g summed over the dims in which `shape` was broadcast to g's shape.
+Tensor sum_to(const Tensor& g, const Shape& shape);
+// sign(x) as x's dtype: -1, 0 or 1.
+Tensor sign_of(const Tensor& x);
+// A gradient `g` of a reduction over `dims` (keepdim or not) spread back to `sizes`.
+Tensor expand_reduced(const Tensor& g, const Shape& sizes, const Shape& dims, bool keepdim);
+
 }  // namespace ember::detail

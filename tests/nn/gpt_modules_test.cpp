@@ -17,6 +17,14 @@ TEST(GptModules, GeluModuleIsTheFunctional) {
   EXPECT_TRUE(nn::GELU().named_parameters().empty());
 }
 
+TEST(GptModules, SiluModuleIsTheFunctional) {
+  const Tensor x = uniform({3, 4}, -6.0, 6.0);
+  expect_close(nn::SiLU()(x), silu(x));
+  expect_close(nn::functional::silu(x), silu(x));
+  EXPECT_TRUE(nn::SiLU().named_parameters().empty());
+  EXPECT_EQ(nn::SiLU().name(), "SiLU");
+}
+
 TEST(GptModules, LayerNormParametersAndOptions) {
   nn::LayerNorm ln({3, 4});
   ASSERT_EQ(ln.named_parameters().size(), 2u);

@@ -1,4 +1,4 @@
-// The GPT layer ops (layer_ops.h): gelu (exact and tanh), layer_norm and embedding against
+// The GPT layer ops (layer_ops.h): gelu (exact and tanh), layer_norm, embedding and silu against
 // PyTorch 1.13 (golden/gpt_layers_golden.json, written by golden/make_gpt_layers_golden.py),
 // finite-difference gradients in f64, bf16 and autocast behaviour, the errors bad arguments
 // raise, and dropout's reproducibility rule.
@@ -86,6 +86,21 @@ TEST(GptLayersGolden, GeluMatchesPyTorch) {
   }
 }
 
+TEST(GptLayersGolden, SiluMatchesPyTorch) {
+  ASSERT_GT(count_cases("silu"), 0);
+  for (const json& c : golden_cases()) {
+    if (c.at("op") != "silu") continue;
+    const DType dtype = golden_dtype(c.at("dtype"));
+    SCOPED_TRACE(::testing::Message() << c.at("dtype") << " " << c.at("input").at("shape"));
+    const Tensor x = golden_leaf(c, "input", dtype);
+    const Tensor y = silu(x);
+    EXPECT_EQ(y.grad_fn()->name(), "SiluBackward");
+    y.backward(golden_tensor(c.at("grad_output"), dtype));
+    expect_golden(y, c, "output", dtype);
+    expect_golden(x.grad(), c, "grad_input", dtype);
+  }
+}
+
 TEST(GptLayersGolden, LayerNormMatchesPyTorch) {
   ASSERT_GT(count_cases("layer_norm"), 0);
   for (const json& c : golden_cases()) {
@@ -145,6 +160,22 @@ TEST(GptLayersGradcheck, GeluExactAndTanh) {
   const Tensor x = leaf({4, 5}, 1, -4.0, 4.0);
   expect_gradcheck([](const auto& v) { return gelu(v[0]); }, {x});
   expect_gradcheck([](const auto& v) { return gelu(v[0], GeluApproximate::kTanh); }, {x});
+}
+
+TEST(GptLayersGradcheck, Silu) {
+  const Tensor x = leaf({4, 5}, 2, -6.0, 6.0);
+  expect_gradcheck([](const auto& v) { return silu(v[0]); }, {x});
+}
+
+// With create_graph the gradient is itself recorded (silu's formula in differentiable ops), with
+// the fused kernel's values.
+TEST(GptLayersGradcheck, SiluBackwardIsRecordedUnderCreateGraph) {
+  const Tensor x = leaf({4, 5}, 3, -6.0, 6.0), y = leaf({4, 5}, 3, -6.0, 6.0);
+  autograd::backward({silu(x).sum()}, {}, false, true);
+  autograd::backward({silu(y).sum()});
+  ASSERT_TRUE(x.grad().requires_grad());
+  EXPECT_FALSE(y.grad().requires_grad());
+  expect_close(x.grad().detach(), y.grad(), 1e-12, 1e-14);
 }
 
 TEST(GptLayersGradcheck, LayerNormInputWeightBias) {
@@ -255,6 +286,8 @@ TEST(GptLayers, AutocastRunsLayerNormInF32AndGeluInItsInputDtype) {
   EXPECT_EQ(gelu(x).dtype(), kBF16);
   EXPECT_EQ(gelu(x.to(kF32)).dtype(), kF32);
   EXPECT_EQ(embedding(from_vector<int64_t>({1}), ones({2, 8})).dtype(), kF32);
+  EXPECT_EQ(silu(x).dtype(), kBF16);  // on no autocast list, as in PyTorch
+  EXPECT_EQ(silu(x.to(kF32)).dtype(), kF32);
 }
 
 TEST(GptLayers, ErrorsNameTheOpAndTheValues) {
@@ -265,6 +298,8 @@ TEST(GptLayers, ErrorsNameTheOpAndTheValues) {
   EXPECT_EMBER_ERROR(layer_norm(x, {}), "normalized_shape must have at least one dim");
   EXPECT_EMBER_ERROR(layer_norm(zeros({2, 4}, kI64), {4}), "expected a floating input");
   EXPECT_EMBER_ERROR(gelu(zeros({2}, kI64)), "gelu: expected a floating input");
+  EXPECT_EMBER_ERROR(silu(zeros({2}, kI64)), "silu: expected a floating input, got i64");
+  EXPECT_EMBER_ERROR(silu(Tensor()), "silu");
   const Tensor w = zeros({10, 4});
   EXPECT_EMBER_ERROR(embedding(from_vector<int64_t>({1, 10}), w),
                      "embedding: index 10 is out of range for num_embeddings 10");

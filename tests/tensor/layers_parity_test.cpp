@@ -529,6 +529,20 @@ TEST(LayersParity, GeluExactAndTanh) {
   }
 }
 
+TEST(LayersParity, Silu) {
+  EMBER_REQUIRE_CUDA();
+  uint64_t seed = 1250;
+  for (DType dtype : kFloatTypes) {
+    SCOPED_TRACE(::testing::Message() << dtype);
+    const Tolerance tol = dtype == kF32   ? Tolerance{1e-5, 1e-6}
+                          : dtype == kF64 ? Tolerance{1e-12, 1e-14}
+                                          : layer_tolerance(dtype);
+    expect_layer_parity(
+        {make_input({3, 129}, dtype, seed++, -8.0, 8.0)}, {true},
+        [](const Inputs& in) { return silu(in[0]); }, tol, tol, seed++);
+  }
+}
+
 TEST(LayersParity, LayerNormForwardAndBackward) {
   EMBER_REQUIRE_CUDA();
   uint64_t seed = 1300;

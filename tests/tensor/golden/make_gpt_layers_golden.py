@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Writes gpt_layers_golden.json: PyTorch's values for ember's GPT layer tests
-(tests/tensor/gpt_layers_test.cpp): gelu (exact and tanh), layer_norm and embedding.
+(tests/tensor/gpt_layers_test.cpp): gelu (exact and tanh), layer_norm, embedding and silu (the
+activation of LLaMA-style MLPs).
 
 Run once with Debian's python3-torch (1.13, CPU) and commit the output; the tests only read
 the JSON:  /usr/bin/python3 tests/tensor/golden/make_gpt_layers_golden.py
@@ -107,11 +108,31 @@ def embedding_cases(cases, seed):
     return seed
 
 
+def silu_cases(cases, seed):
+    for shape, dtype in itertools.product([[7], [3, 5], [2, 3, 4]], DTYPES):
+        seed += 1
+        x = rand(shape, seed, -8.0, 8.0)
+        x.view(-1)[0] = 0.0
+        x = x.to(DTYPES[dtype])
+        # bf16: the reference is PyTorch's f32 kernel on the same bf16 values, rounded once to
+        # bf16 (float math per element, as ember's and PyTorch's CUDA kernels compute).
+        compute = torch.float32 if dtype == "bf16" else DTYPES[dtype]
+        xc = x.to(compute).requires_grad_(True)
+        y = F.silu(xc)
+        gy = rand(shape, seed + 500, -1.5, 1.5).to(DTYPES[dtype])
+        (y * gy.to(compute)).sum().backward()
+        cases.append({"op": "silu", "dtype": dtype, "input": flat(x), "grad_output": flat(gy),
+                      "output": flat(y.to(DTYPES[dtype])),
+                      "grad_input": flat(xc.grad.to(DTYPES[dtype]))})
+    return seed
+
+
 def main():
     cases = []
     seed = gelu_cases(cases, 3000)
     seed = layer_norm_cases(cases, seed)
-    embedding_cases(cases, seed)
+    seed = embedding_cases(cases, seed)
+    silu_cases(cases, seed)
     out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpt_layers_golden.json")
     with open(out, "w") as f:
         json.dump({"torch_version": torch.__version__, "cases": cases}, f, separators=(",", ":"))
