@@ -8,12 +8,12 @@ JSON lines and figures, medians and ratios) and prints the README's markdown tab
 bash bench/compare_torch2.sh makes PyTorch's venv (scripts/torch_ref.sh) and runs this.
 
     /usr/bin/python3 bench/compare_torch2.py --python VENV/bin/python [--build build]
-        [--runs 3] [--quick] [--only ID,...] [--out FILE] [--deadline-min 18]
+        [--runs 3] [--quick] [--only ID,...] [--out FILE] [--deadline-min 17]
     /usr/bin/python3 bench/compare_torch2.py --table FILE   # the table of a results file
 
-A run after the first starts no bench that would end after --deadline-min (18 by default, so
-that the whole comparison ends within 20 minutes): the file then holds fewer runs of the rest
-and says where it stopped. Figures: the median over the runs. Speed ratios are PyTorch's time
+No bench starts that would end after --deadline-min (17 by default, timed by the bench's
+previous run; in run 1, none starts after it), so that the whole comparison ends within 20
+minutes: the file then holds fewer runs of the rest and says where it stopped. Figures: the median over the runs. Speed ratios are PyTorch's time
 over ember's (or ember's throughput over PyTorch's): above 1, ember is faster; each is the
 median of the runs' ratios, both sides of a ratio measured in the same pass. torch.compile's
 compilation is reported apart from the step: compile_s is the first call's extra time over the
@@ -346,9 +346,9 @@ def main():
     parser.add_argument("--only", help="comma-separated bench ids (resnet20_fp32, gpt, attention, ...)")
     parser.add_argument("--out", help="the results file (default: bench/results/torch2-cpu-DATE-COMMIT.json)")
     parser.add_argument("--timeout", type=int, default=900, help="seconds one side may run")
-    parser.add_argument("--deadline-min", type=float, default=18,
-                        help="from run 2 on, start no bench that (timed by its previous run) would end "
-                             "after this many minutes; the file says where it stopped (0: no deadline)")
+    parser.add_argument("--deadline-min", type=float, default=17,
+                        help="start no bench that (timed by its previous run) would end after this many "
+                             "minutes; the file says where it stopped (0: no deadline)")
     parser.add_argument("--table", metavar="FILE", help="print the markdown table of a results file and stop")
     args = parser.parse_args()
     if args.table:
@@ -389,14 +389,16 @@ def main():
         record = {"run": run + 1, "rows": {}, "lines": {}, "seconds": {}, "cpu_seconds": {}, "errors": {},
                   "load": {}}
         for b in selected:
-            # A bench whose previous run would not end before the deadline is not started:
-            # the comparison stops there, with the runs it has.
-            if deadline is not None and run > 0:
-                last = sum(v for k, v in results["runs"][-1]["seconds"].items() if k.startswith(b.id + "/"))
+            # A bench that would end after the deadline (timed by its previous run; in run 1,
+            # one that would start after it) is not started: the comparison stops there, with
+            # the runs it has.
+            if deadline is not None:
+                last = sum(v for k, v in results["runs"][run - 1]["seconds"].items()
+                           if k.startswith(b.id + "/")) if run > 0 else 0.0
                 if time.perf_counter() + last > deadline:
                     results["stopped"] = f"--deadline-min {args.deadline_min}: run {run + 1} stopped before {b.id}"
                     break
-            if b is selected[0]:
+            if not record["seconds"]:
                 results["runs"].append(record)
             for side, argv in b.commands.items():
                 key = f"{b.id}/{side}"
