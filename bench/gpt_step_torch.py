@@ -116,8 +116,7 @@ def main():
 
     # The first step on its own: under --compile it compiles (reported apart as compile_s).
     first_step_s = call_seconds(step, sync)
-    for _ in range(2):
-        step()
+    step()  # with the first, bench/gpt_step's two warm-up steps
     sync()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()

@@ -149,10 +149,10 @@ def main():
             dist.barrier()  # as bench/train_step: a common start, and the slowest rank's finish
 
     def median_times(fns):
-        """Median seconds per call of each function, the functions taking turns."""
-        for _ in range(2):
-            for fn in fns:
-                fn()
+        """Median seconds per call of each function, the functions taking turns after one
+        untimed round (with the first step, bench/train_step's two warm-up steps)."""
+        for fn in fns:
+            fn()
         sync()
         times = [[] for _ in fns]
         for _ in range(args.steps):

@@ -80,6 +80,17 @@ from packaging.requirements import Requirement
 wanted = [Requirement(r) for r in requires("torchvision") if r.startswith("torch")]
 assert all(version("torch") in r.specifier for r in wanted), f"torchvision wants {wanted}, torch is {version('torch')}"
 PY
+  # torch.compile links its C++ kernels with Python's LIBDIR named before torch's own lib
+  # folder; Debian's Python has /usr/lib/x86_64-linux-gnu there, where python3-torch puts
+  # libtorch 1.13, so the kernels linked that libtorch, failed to load, and inductor fell
+  # back to scalar code (pick_vec_isa() said INVALID_VEC_ISA). The venv's compiler command
+  # names this torch's lib folder first, and the venv sets CXX to it unless CXX is set.
+  torch_lib="$("$python" -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')"
+  printf '#!/bin/sh\n# g++ that links the venv'"'"'s libtorch first (scripts/torch_ref.sh)\nexec g++ -L"%s" "$@"\n' \
+    "$torch_lib" >"$venv/bin/torch-ref-cxx"
+  chmod +x "$venv/bin/torch-ref-cxx"
+  site="$("$python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')"
+  echo "import os; os.environ.setdefault('CXX', '$venv/bin/torch-ref-cxx')" >"$site/ember-torch-ref-cxx.pth"
   phase_done "$(du -sh "$venv" | cut -f1) on disk"
 
   phase check "eager and torch.compile on the CPU"
@@ -89,7 +100,13 @@ PY
   TORCHINDUCTOR_CACHE_DIR="$cache" "$python" - <<'PY'
 import torch
 import torchvision  # noqa: F401
+from torch._inductor import cpu_vec_isa
 
+# Vectorised kernels where the CPU has AVX2 or AVX-512 (inductor's own probe).
+with open("/proc/cpuinfo") as f:
+    flags = f.read().split()
+if "avx2" in flags or "avx512f" in flags:
+    assert cpu_vec_isa.pick_vec_isa(), "torch.compile's kernels do not build or load vectorised"
 x = torch.randn(64, 64)
 f = torch.compile(lambda t: torch.nn.functional.gelu(t) * 2)
 torch.testing.assert_close(f(x), torch.nn.functional.gelu(x) * 2)
