@@ -20,7 +20,7 @@ while (($#)); do
     --build) build="$2"; shift 2 ;;
     --python) python="$2"; shift 2 ;;
     --table) exec /usr/bin/python3 "$here/compare_torch2.py" --table "$2" ;;
-    -h | --help) sed -n '2,13p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,12p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) args+=("$1"); shift ;;
   esac
 done

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The PyTorch 2.x reference of ember's CPU benchmarks: makes (once) a Python venv with the
 # newest torch from PyPI, torchvision, numpy and Pillow, and prints its torch version. A
-# second run finds it complete and only prints the version. bench/*_torch.py and the
-# bench/*.sh comparisons use it through EMBER_TORCH_PYTHON or their --python flag
-# (bench/compare_torch2.sh picks it up by itself); Debian's /usr/bin/python3 with torch 1.13
-# stays the default of the single comparisons. The tests never need it.
+# second run finds it complete and only prints the version. The bench/*.sh comparisons run
+# bench/*_torch.py under it once it is complete (scripts/torch_python.sh); EMBER_TORCH_PYTHON
+# or their --python flag picks another, e.g. Debian's /usr/bin/python3 with torch 1.13.
+# The tests never need it.
 #
 # PyPI's Linux torch wheel is a CUDA build whose libraries link the CUDA runtime libraries,
 # so it does not import without them, even on a CPU. Installed here: torch without its
@@ -30,7 +30,7 @@ torch_spec=torch
 while (($#)); do
   case "$1" in
     --torch) torch_spec="torch==$2"; shift 2 ;;
-    -h | --help) sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "torch_ref.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
   esac
 done
