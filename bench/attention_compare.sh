@@ -8,10 +8,14 @@
 #
 #   bash bench/attention_compare.sh [--build DIR] [--python PY] [--dtype bf16|f16]
 #                                   [--sizes "L:B:H ..."]
+# PyTorch's side runs under --python PY, else EMBER_TORCH_PYTHON, else scripts/torch_ref.sh's
+# PyTorch 2.x venv where it was made, else Debian's /usr/bin/python3 (PyTorch 1.13).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 build="$here/../build"
-python=python3
+# shellcheck source=scripts/torch_python.sh
+source "$here/../scripts/torch_python.sh"
+python="$(torch_python)"  # --python overrides
 dtype=bf16
 sizes="256:8:6 256:16:6 256:64:6 1024:4:12 1024:8:12"
 while (($#)); do

@@ -39,6 +39,16 @@ def median_ms(fn, warmup=2, min_reps=5, min_seconds=0.3, max_reps=50):
     return 1e3 * (times[n // 2] if n % 2 else 0.5 * (times[n // 2 - 1] + times[n // 2]))
 
 
+def call_seconds(fn, sync=lambda: None):
+    """Seconds one call of fn takes (sync after it); timed on its own, the first call under
+    torch.compile shows the compilation."""
+    sync()
+    start = time.perf_counter()
+    fn()
+    sync()
+    return time.perf_counter() - start
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--batch", type=int, default=128)

@@ -9,7 +9,9 @@
 #
 #   bash bench/gpt_compare.sh [--build DIR] [--python PY] [--sdpa-kernels "K ..."]
 #                             [--ember-args "FLAGS"] [flags...]
-#   bash bench/gpt_compare.sh --threads 2 --batch 8              # CPU, Debian's torch 1.13
+# PyTorch's side runs under --python PY, else EMBER_TORCH_PYTHON, else scripts/torch_ref.sh's
+# PyTorch 2.x venv where it was made, else Debian's /usr/bin/python3 (PyTorch 1.13).
+#   bash bench/gpt_compare.sh --threads 2 --batch 8              # CPU
 #   bash bench/gpt_compare.sh --device cuda --precision bf16 --n-layer 12 --n-embd 768 \
 #       --n-head 12 --block-size 1024 --batch 8                  # GPU
 #   bash bench/gpt_compare.sh --sdpa-kernels "simple tensor_core" --device cuda --precision bf16 \
@@ -17,7 +19,9 @@
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 build="$here/../build"
-python=/usr/bin/python3
+# shellcheck source=scripts/torch_python.sh
+source "$here/../scripts/torch_python.sh"
+python="$(torch_python)"  # --python overrides
 kernels=""
 args=()
 ember_args=()

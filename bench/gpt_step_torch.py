@@ -3,17 +3,24 @@
 PyTorch, with the same flags and JSON keys. The model is ember's nn::GPT in nanoGPT's layout
 (pre-norm blocks, exact GELU, the head tied to the token embedding). Attention is
 F.scaled_dot_product_attention where PyTorch has it (2.0 and later), else the explicit
-softmax(QK^T / sqrt(d) + causal mask) V that 1.13 offers."""
+softmax(QK^T / sqrt(d) + causal mask) V that 1.13 offers. The first step is timed on its own
+(first_step_s); under --compile its extra time over the median step, the compilation, is
+compile_s."""
 import argparse
 import json
 import math
+import os
 import resource
 import statistics
+import sys
 import time
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from conv_torch import call_seconds  # noqa: E402  (the timing helpers of the references)
 
 HAS_SDPA = hasattr(F, "scaled_dot_product_attention")
 
@@ -107,8 +114,9 @@ def main():
         if device.type == "cuda":
             torch.cuda.synchronize()
 
-    for _ in range(2):
-        step()
+    # The first step on its own: under --compile it compiles (reported apart as compile_s).
+    first_step_s = call_seconds(step, sync)
+    step()  # with the first, bench/gpt_step's two warm-up steps
     sync()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
@@ -130,7 +138,10 @@ def main():
         "step_s": round(step_s, 4), "tokens_per_s": round(tokens / step_s, 1),
         "achieved_tflops": round(flops_per_token * tokens / step_s / 1e12, 3),
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, 1),
+        "first_step_s": round(first_step_s, 3),
     }
+    if args.compile:
+        out["compile_s"] = round(first_step_s - step_s, 3)
     if device.type == "cuda":
         out["peak_gpu_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
     print(json.dumps(out))

@@ -4,7 +4,11 @@
 // and state read and written). One JSON line per optimizer, and one for clip_grad_norm_
 // (per-gradient vs foreach).
 //
-//   optim_bench [--model resnet18] [--device cpu|cuda] [--threads 2] [--optimizer all]
+//   optim_bench [--model resnet18] [--device cpu|cuda] [--threads 2] [--optimizer all|NAME,...]
+#include <algorithm>
+#include <string>
+#include <vector>
+
 #include <CLI/CLI.hpp>
 
 #include <ember/ember.h>
@@ -92,7 +96,8 @@ void report(const Setting& setting, const char* what, size_t tensors, int64_t nu
 
 int main(int argc, char** argv) {
   CLI::App app{"ember optimizer-step benchmark: per-parameter vs multi-tensor"};
-  std::string model_name = "resnet18", device_name = "cpu", only = "all";
+  std::string model_name = "resnet18", device_name = "cpu";
+  std::vector<std::string> only = {"all"};
   int threads = 2;
   app.add_option("--model", model_name, "resnet20 | resnet56 | resnet18 | resnet34")
       ->check(
@@ -100,8 +105,14 @@ int main(int argc, char** argv) {
   app.add_option("--device", device_name, "cpu | cuda")->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--threads", threads, "CPU threads")->check(CLI::PositiveNumber);
   app.add_option("--optimizer", only,
-                 "all | sgd_nesterov | adam | adamw | adamw_amsgrad | clip_grad_norm");
+                 "all, or some of sgd_nesterov, adam, adamw, adamw_amsgrad, clip_grad_norm "
+                 "separated by commas")
+      ->delimiter(',');
   CLI11_PARSE(app, argc, argv);
+  const auto wanted = [&](const std::string& name) {
+    return std::find(only.begin(), only.end(), "all") != only.end() ||
+           std::find(only.begin(), only.end(), name) != only.end();
+  };
 
   try {
     ember::set_num_threads(threads);
@@ -114,7 +125,7 @@ int main(int argc, char** argv) {
       if (device.is_cuda()) ember::cuda::synchronize(device.index);
     };
     for (const Variant& v : variants()) {
-      if (only != "all" && only != v.name) continue;
+      if (!wanted(v.name)) continue;
       std::vector<Tensor> per_param_params = params_with_grads(*model);
       std::vector<Tensor> multi_params = params_with_grads(*model);
       auto per_param = v.make(per_param_params, false);
@@ -128,7 +139,7 @@ int main(int argc, char** argv) {
           static_cast<double>(numel) * sizeof(float) * (3.0 + 2.0 * v.state_tensors);
       report(setting, v.name, multi_params.size(), numel, bytes, s);
     }
-    if (only == "all" || only == "clip_grad_norm") {
+    if (wanted("clip_grad_norm")) {
       // clip_grad_norm_(max_norm = 1): per-gradient norms and multiplies vs two passes.
       std::vector<Tensor> per_grad = params_with_grads(*model);
       std::vector<Tensor> multi = params_with_grads(*model);

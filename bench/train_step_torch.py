@@ -1,18 +1,24 @@
 #!/usr/bin/python3
 """The reference for bench/train_step: the same ResNet training step in PyTorch (Debian's
-python3-torch), with the same flags and JSON keys. Models are built to match ember's
-(CIFAR ResNets with 1x1 projection shortcuts; ResNet-18/34 with the CIFAR stem)."""
+python3-torch, or scripts/torch_ref.sh's 2.x), with the same flags and JSON keys. Models are
+built to match ember's (CIFAR ResNets with 1x1 projection shortcuts; ResNet-18/34 with the
+CIFAR stem). The first step is timed on its own (first_step_s); under --compile (2.x) its
+extra time over the median step, the compilation, is compile_s."""
 import argparse
 import json
 import os
 import resource
 import statistics
+import sys
 import time
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from conv_torch import call_seconds  # noqa: E402  (the timing helpers of the references)
 
 
 class BasicBlock(nn.Module):
@@ -101,12 +107,12 @@ def main():
     memory_format = torch.channels_last if args.channels_last else torch.contiguous_format
     model = model.to(memory_format=memory_format)
     trained = model
-    if args.compile:
-        trained = torch.compile(model)
     if args.ddp:
         rank, world = int(os.environ["OMPI_COMM_WORLD_RANK"]), int(os.environ["OMPI_COMM_WORLD_SIZE"])
         dist.init_process_group("gloo", init_method="tcp://127.0.0.1:29517", rank=rank, world_size=world)
-        trained = nn.parallel.DistributedDataParallel(model)
+        trained = ddp = nn.parallel.DistributedDataParallel(model)
+    if args.compile:
+        trained = torch.compile(trained)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True, weight_decay=5e-4)
     # As ember's --precision (apps/precision.h): fp32 turns TF32 off, tf32 on, for cuBLAS and cuDNN.
     if args.precision in ("fp32", "tf32"):
@@ -133,7 +139,7 @@ def main():
             scaler.update()
 
     def local_step():
-        with trained.no_sync():
+        with ddp.no_sync():
             step()
 
     def sync():
@@ -143,10 +149,10 @@ def main():
             dist.barrier()  # as bench/train_step: a common start, and the slowest rank's finish
 
     def median_times(fns):
-        """Median seconds per call of each function, the functions taking turns."""
-        for _ in range(2):
-            for fn in fns:
-                fn()
+        """Median seconds per call of each function, the functions taking turns after one
+        untimed round (with the first step, bench/train_step's two warm-up steps)."""
+        for fn in fns:
+            fn()
         sync()
         times = [[] for _ in fns]
         for _ in range(args.steps):
@@ -158,9 +164,9 @@ def main():
                 fn_times.append(time.perf_counter() - start)
         return [statistics.median(t) for t in times]
 
+    # The first step on its own: under --compile it compiles (reported apart as compile_s).
+    first_step_s = call_seconds(step, sync)
     if device.type == "cuda":
-        step()  # compiles under --compile before the peak counter starts
-        torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     extra = {}
     if args.ddp:
@@ -173,6 +179,9 @@ def main():
         (step_s,) = median_times([step])
     flops = forward_flops(args.model)
     extra["ms_per_step"] = round(1e3 * step_s, 3)
+    extra["first_step_s"] = round(first_step_s, 3)
+    if args.compile:
+        extra["compile_s"] = round(first_step_s - step_s, 3)
     extra["train_gflop_per_image"] = round(3 * flops / 1e9, 4)
     if device.type == "cuda":
         extra["peak_gpu_mem_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)

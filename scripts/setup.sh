@@ -24,6 +24,8 @@ set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # shellcheck source=scripts/phase.sh
 source "$repo_root/scripts/phase.sh"
+# shellcheck source=scripts/debian_packages.sh
+source "$repo_root/scripts/debian_packages.sh"
 deps_only=0
 train=0
 for arg in "$@"; do
@@ -82,25 +84,9 @@ else
 fi
 
 phase packages "checking $which ${#packages[@]} Debian packages"
-missing=()
-for pkg in "${packages[@]}"; do
-  status="$(dpkg-query -W -f='${db:Status-Status}' "$pkg" 2>/dev/null || true)"
-  [[ "$status" == "installed" ]] || missing+=("$pkg")
-done
-if ((${#missing[@]} > 0)); then
-  echo "setup.sh: installing ${missing[*]}"
-  as_root=()
-  if [[ "$(id -u)" != 0 ]]; then
-    if ! command -v sudo >/dev/null; then
-      echo "setup.sh: need root (or sudo) to install: ${missing[*]}" >&2
-      exit 1
-    fi
-    as_root=(sudo)
-  fi
-  "${as_root[@]}" apt-get update
-  "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive \
-    apt-get install -y --no-install-recommends "${missing[@]}"
-  phase_done "${#missing[@]} installed"
+install_missing_packages setup.sh "${packages[@]}"
+if ((${#missing_packages[@]} > 0)); then
+  phase_done "${#missing_packages[@]} installed"
 else
   phase_done "all already installed"
 fi
