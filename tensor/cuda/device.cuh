@@ -5,6 +5,9 @@
 //   EMBER_SHARED(type, name, [dims])    the block's shared type name[dims]
 //   EMBER_DYNAMIC_SHARED(type, name)    the block's dynamic shared memory as type name[]
 //   EMBER_KERNELS_BEGIN / EMBER_KERNELS_END    open / close the kernels' namespace
+//   EMBER_REGISTER_CUDA_KERNEL(kernels, fn)    an op's own CUDA kernel (kernel_table.h's
+//       EMBER_REGISTER_OWN_KERNEL); nothing when emulated, where a test reaches fn directly
+//       and libember's real kernel stays registered
 // Private to tensor/cuda/.
 #pragma once
 
@@ -22,4 +25,11 @@
 #define EMBER_DYNAMIC_SHARED(type, name) extern __shared__ __align__(16) type name[]
 #define EMBER_KERNELS_BEGIN namespace ember::detail {
 #define EMBER_KERNELS_END }
+#endif
+
+#if defined(EMBER_CUDA_EMULATED)
+#define EMBER_REGISTER_CUDA_KERNEL(kernels, fn) static_assert(true)
+#else
+#define EMBER_REGISTER_CUDA_KERNEL(kernels, fn) \
+  EMBER_REGISTER_OWN_KERNEL(kernels, DeviceType::kCUDA, fn)
 #endif

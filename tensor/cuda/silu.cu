@@ -1,10 +1,9 @@
 // CUDA kernels of silu (tensor/detail/silu.h): one grid-stride pass over contiguous elements.
 #include "../detail/dispatch.h"
 #include "../detail/silu.h"
-#include "cuda_context.h"
 #include "launch.cuh"
 
-namespace ember::detail {
+EMBER_KERNELS_BEGIN
 namespace {
 
 template <typename T>
@@ -27,8 +26,8 @@ void silu_forward(const Tensor& out, const Tensor& in) {
   KernelContext ctx(out);
   dispatch_floating(out.dtype(), "silu", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    silu_forward_kernel<T>
-        <<<grid_for(n), kBlockSize, 0, ctx.stream>>>(out.data_ptr<T>(), in.data_ptr<T>(), n);
+    EMBER_LAUNCH(grid_for(n), kBlockSize, 0, ctx.stream, silu_forward_kernel<T>)
+    (out.data_ptr<T>(), in.data_ptr<T>(), n);
   });
   EMBER_CUDA_CHECK_LAUNCH();
 }
@@ -39,15 +38,15 @@ void silu_backward(const Tensor& grad_in, const Tensor& grad_out, const Tensor& 
   KernelContext ctx(grad_in);
   dispatch_floating(grad_in.dtype(), "silu_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    silu_backward_kernel<T><<<grid_for(n), kBlockSize, 0, ctx.stream>>>(
-        grad_in.data_ptr<T>(), grad_out.data_ptr<T>(), in.data_ptr<T>(), n);
+    EMBER_LAUNCH(grid_for(n), kBlockSize, 0, ctx.stream, silu_backward_kernel<T>)
+    (grad_in.data_ptr<T>(), grad_out.data_ptr<T>(), in.data_ptr<T>(), n);
   });
   EMBER_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
 
-EMBER_REGISTER_OWN_KERNEL(silu_forward_kernels, DeviceType::kCUDA, silu_forward);
-EMBER_REGISTER_OWN_KERNEL(silu_backward_kernels, DeviceType::kCUDA, silu_backward);
+EMBER_REGISTER_CUDA_KERNEL(silu_forward_kernels, silu_forward);
+EMBER_REGISTER_CUDA_KERNEL(silu_backward_kernels, silu_backward);
 
-}  // namespace ember::detail
+EMBER_KERNELS_END  // namespace ember::detail
