@@ -11,6 +11,10 @@ namespace {
 
 constexpr const char* kOp = "silu";
 
+// t dense in the layout PyTorch's silu keeps (a channels_last input stays channels_last). The
+// kernels walk memory in order, so input, gradient and output share this one layout.
+Tensor dense(const Tensor& t) { return t.contiguous(t.suggest_memory_format()); }
+
 // grad * silu'(x): the fused kernel, or (when the backward itself is recorded, create_graph)
 // the same formula in differentiable ops.
 Tensor silu_backward(const Tensor& grad, const Tensor& x) {
@@ -18,8 +22,9 @@ Tensor silu_backward(const Tensor& grad, const Tensor& x) {
     const Tensor s = sigmoid(x);
     return grad * (s * (1.0 + x * (1.0 - s)));
   }
-  const Tensor g = grad.to(x.dtype()).contiguous(), in = x.contiguous();
-  Tensor grad_in = empty(x.sizes(), x.options());
+  const Tensor in = dense(x);
+  const Tensor g = grad.to(x.dtype()).contiguous(in.suggest_memory_format());
+  Tensor grad_in = empty_like(in);
   if (grad_in.numel() > 0) {
     detail::require_kernel(detail::silu_backward_kernels.get(x.device().type), x.device(), kOp)(
         grad_in, g, in);
@@ -44,8 +49,8 @@ Tensor silu(const Tensor& input) {
   detail::check_defined(input, kOp);
   EMBER_CHECK(input.is_floating_point(), kOp, "expected a floating input, got ", input.dtype());
   detail::AutogradScope scope(kSiluOp, {&input});
-  const Tensor in = input.contiguous();
-  Tensor out = empty(input.sizes(), input.options());
+  const Tensor in = dense(input);
+  Tensor out = empty_like(in);
   if (out.numel() > 0) {
     detail::require_kernel(detail::silu_forward_kernels.get(input.device().type), input.device(),
                            kOp)(out, in);

@@ -167,6 +167,20 @@ TEST(GptLayersGradcheck, Silu) {
   expect_gradcheck([](const auto& v) { return silu(v[0]); }, {x});
 }
 
+// As PyTorch's silu, a channels_last input gives a channels_last output (and gradient), with
+// the values of the contiguous computation.
+TEST(GptLayersGradcheck, SiluKeepsChannelsLast) {
+  const Tensor x = leaf({2, 3, 4, 5}, 4, -6.0, 6.0);
+  const Tensor xl = x.detach().contiguous(MemoryFormat::ChannelsLast).requires_grad_(true);
+  const Tensor y = silu(x), yl = silu(xl);
+  EXPECT_TRUE(yl.is_contiguous(MemoryFormat::ChannelsLast));
+  expect_close(yl, y, 0.0, 0.0);
+  autograd::backward({silu(x).sum()});
+  autograd::backward({silu(xl).sum()});
+  EXPECT_TRUE(xl.grad().is_contiguous(MemoryFormat::ChannelsLast));
+  expect_close(xl.grad(), x.grad(), 0.0, 0.0);
+}
+
 // With create_graph the gradient is itself recorded (silu's formula in differentiable ops), with
 // the fused kernel's values.
 TEST(GptLayersGradcheck, SiluBackwardIsRecordedUnderCreateGraph) {
