@@ -35,7 +35,7 @@ while (($#)); do
     --build) build="$2"; shift 2 ;;
     --width) width="$2"; shift 2 ;;
     --height) height="$2"; shift 2 ;;
-    -h | --help) sed -n '2,12p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,13p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "trace_screenshot.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
