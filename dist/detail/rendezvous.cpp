@@ -246,6 +246,10 @@ int64_t stored_number(const std::string& key, const std::string& text, int64_t l
   return value;
 }
 
+// The most launchers that may join one elastic job, and rounds it may have: a bound on what
+// the master scans (the store's counters are untrusted without a job secret).
+constexpr int64_t kMostJoins = 1 << 20;
+
 // "2.5 s" for 2500 ms.
 std::string in_seconds(std::chrono::milliseconds ms) {
   std::ostringstream out;
@@ -493,6 +497,13 @@ std::string LauncherRendezvous::key(int round, const std::string& name) const {
 
 int64_t LauncherRendezvous::counter(const std::string& name) { return add(name, 0); }
 
+int64_t LauncherRendezvous::join_count() {
+  const int64_t ids = counter("ember-run/ids");
+  EMBER_CHECK(ids >= 0 && ids <= kMostJoins, "ember-run", "the launchers' store holds ", ids,
+              " at ember-run/ids, not a number of launchers from 0 to ", kMostJoins);
+  return ids;
+}
+
 std::string LauncherRendezvous::node_name(int64_t id) {
   auto it = names_.find(id);
   if (it == names_.end()) {
@@ -608,7 +619,7 @@ void LauncherRendezvous::leave(int round, int64_t wall_ns, const std::string& wh
 std::vector<std::pair<int64_t, bool>> LauncherRendezvous::watch_heartbeats() {
   std::vector<std::pair<int64_t, bool>> fresh;
   const auto now = std::chrono::steady_clock::now();
-  const int64_t ids = counter("ember-run/ids");
+  const int64_t ids = join_count();
   for (int64_t id = 1; id <= ids; ++id) {
     if (lost_.count(id) > 0) continue;
     const std::string lost_key = "ember-run/lost/" + std::to_string(id);
@@ -643,7 +654,7 @@ void LauncherRendezvous::oversee(int round) {
                        in_seconds(e_.heartbeat_timeout) + " (--heartbeat-timeout)");
   }
   if (newcomer_round_ == round || in_round.size() >= static_cast<size_t>(e_.max_nodes)) return;
-  const int64_t ids = counter("ember-run/ids");
+  const int64_t ids = join_count();
   for (int64_t id = 1; id <= ids; ++id) {
     if (lost_.count(id) > 0 || refused_.count(id) > 0 || member(id)) continue;
     if (counter("ember-run/want/" + std::to_string(id)) - 1 <= round) continue;  // not asking
@@ -659,7 +670,11 @@ void LauncherRendezvous::oversee(int round) {
 }
 
 int LauncherRendezvous::first_round() {
-  return master_ ? 0 : static_cast<int>(counter("ember-run/closed"));
+  if (master_) return 0;
+  const int64_t closed = counter("ember-run/closed");
+  EMBER_CHECK(closed >= 0 && closed <= kMostJoins, "ember-run", "the launchers' store holds ",
+              closed, " at ember-run/closed, not a number of rounds from 0 to ", kMostJoins);
+  return static_cast<int>(closed);
 }
 
 void LauncherRendezvous::close_round(int round, const std::vector<int64_t>& ids) {
@@ -709,7 +724,7 @@ RoundPlan LauncherRendezvous::begin_round(int round) {
     for (;;) {
       watch_heartbeats();
       std::vector<int64_t> asked{0};
-      const int64_t ids = counter("ember-run/ids");
+      const int64_t ids = join_count();
       for (int64_t id = 1; id <= ids; ++id) {
         if (lost_.count(id) > 0 || refused_.count(id) > 0) continue;
         if (counter("ember-run/want/" + std::to_string(id)) >= round + 1) asked.push_back(id);

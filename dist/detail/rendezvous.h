@@ -187,6 +187,8 @@ class LauncherRendezvous {
   std::string get(const std::string& name);
   Error store_gone(const std::string& why);
   int64_t counter(const std::string& name);
+  // How many launchers took a join number (bounded: ember::Error past 2^20).
+  int64_t join_count();
   // "the launcher joined as #2 (pid 123 on host)", for messages.
   std::string node_name(int64_t id);
   // Elastic, not the master: ember::Error when the store stopped answering, or this launcher
