@@ -339,12 +339,17 @@ class Launcher {
   }
 
   // This launcher cannot go on (its program cannot be started, say): the other nodes stop too
-  // rather than wait for its ranks until their own timeouts.
+  // rather than wait for its ranks until their own timeouts; in elastic mode a launcher other
+  // than the master leaves instead, and the others go on without it.
   void abandon(int round, const std::string& why) {
     if (!rendezvous_ || !rendezvous_->can_report()) return;
+    const std::string what = "the launcher of " + node() + " failed: " + why;
     try {
-      rendezvous_->report_failure(round, wall_clock_ns(),
-                                  "the launcher of " + node() + " failed: " + why, true);
+      if (rendezvous_->elastic() && !rendezvous_->master()) {
+        rendezvous_->leave(round, wall_clock_ns(), what);
+        return;
+      }
+      rendezvous_->report_failure(round, wall_clock_ns(), what, true);
       rendezvous_->settle_failure(round);
     } catch (const std::exception&) {  // the store may be what failed
     }

@@ -107,8 +107,8 @@ struct RoundPlan {
 //     round has room ends it to be admitted (refused, and told so, when no restarts are left).
 //     A lost member or a newcomer is recorded as the round's failure, so every launcher stops
 //     its workers and the next round begins: a restart like any other;
-//   - a launcher stopped by SIGINT or SIGTERM leaves: it records that as the round's failure
-//     and marks itself lost;
+//   - a launcher stopped by SIGINT or SIGTERM, or that cannot start its workers, leaves: it
+//     records that as the round's failure and marks itself lost;
 //   - a launcher that finds the round full waits for a later one as a spare;
 //   - the store lives in the master launcher: if its node is lost the job cannot go on, and
 //     each other launcher gives up when its requests get no reply within the heartbeat
@@ -166,8 +166,8 @@ class LauncherRendezvous {
   void finish(bool succeeded);
   // Called in every wait (every 20 ms): the launcher's check for a signal, which may throw.
   void set_interrupt(std::function<void()> check) { interrupt_ = std::move(check); }
-  // Elastic, not the master: this launcher leaves the job (it was stopped by a signal at
-  // `wall_ns`). When it is a member of `round`, the leave is recorded as the round's failure
+  // Elastic, not the master: this launcher leaves the job (it was stopped by a signal, or
+  // cannot go on, at `wall_ns`). When it is a member of `round`, the leave is recorded as the round's failure
   // (`what`), and the master ends the round without it.
   void leave(int round, int64_t wall_ns, const std::string& what);
   // False (elastic) once this launcher's requests to the store went unanswered or it was

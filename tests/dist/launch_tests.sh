@@ -11,7 +11,8 @@
 # elastic (--nnodes 1:2: a node stopped mid-run is dropped by heartbeat, the job goes on alone
 # from its snapshot, a node started later joins), elastic_master_lost (the master launcher's
 # node stopped: the other gives up within the heartbeat timeout), elastic_leave (SIGTERM takes
-# a node out; a launcher arriving with no restarts left is refused), elastic_spare (a launcher
+# a node out; a launcher arriving with no restarts left is refused), elastic_bad_program (a
+# launcher that cannot start its program leaves), elastic_spare (a launcher
 # that finds the round full waits), elastic_args (refusals).
 # Every launcher runs under `timeout`, so no case can hang; each case takes seconds.
 set -u
@@ -97,7 +98,7 @@ now() { date +%s.%N; }
 elastic_pair() {
   timeout -k 5 80 "$run" "$@" >"$work/a.log" 2>&1 &
   pid_a=$!
-  wait_until grep -q "serving the launchers' store" "$work/a.log"
+  wait_until grep -qs "serving the launchers' store" "$work/a.log"
   timeout -k 5 80 "$run" "$@" >"$work/b.log" 2>&1 &
   pid_b=$!
 }
@@ -466,6 +467,25 @@ elastic_leave)
   [ ! -e "$work/job/round2.rank0" ] || fail "a round 2 ran"
   [ "$(cat "$work/job/final.txt")" = "step 50 world 1" ] || fail "final: $(cat "$work/job/final.txt")"
   ;;
+elastic_bad_program)
+  # B cannot start its program: it leaves, and A goes on alone (its one restart) to the end.
+  shared_secret
+  mkdir -p "$work/job"
+  port=$(free_port)
+  opts=(--nnodes 1:2 --master-port "$port" --nproc-per-node 1 --max-restarts 1
+    --heartbeat-timeout 2 --rdzv-last-call 2 --rdzv-timeout 30)
+  timeout -k 5 60 "$run" "${opts[@]}" "$worker" elastic "$work/job" 20 50 >"$work/a.log" 2>&1 &
+  pid_a=$!
+  wait_until grep -qs "serving the launchers' store" "$work/a.log"
+  timeout -k 5 60 "$run" "${opts[@]}" "$work/no-such-program" >"$work/b.log" 2>&1
+  status_b=$?
+  wait "$pid_a"
+  status_a=$?
+  [ "$status_a" -eq 0 ] && [ "$status_b" -ne 0 ] || fail "launchers exited with $status_a, $status_b"
+  grep -q "restarting the workers (restart 1 of 1) after: the launcher of node 1 failed: launch: cannot run $work/no-such-program" \
+    "$work/a.log" || fail "A does not name B's failure"
+  [ "$(cat "$work/job/final.txt")" = "step 20 world 1" ] || fail "final: $(cat "$work/job/final.txt")"
+  ;;
 elastic_spare)
   # --nnodes 1:1: a second launcher finds the round full and waits as a spare; when the job
   # finishes it says so and exits 0.
@@ -532,7 +552,7 @@ elastic_args)
   timeout -k 5 60 "$run" --nnodes 2:2 --master-port "$port" --rdzv-timeout 10 "$worker" wait \
     "$work" >"$work/a.log" 2>&1 &
   pid_a=$!
-  wait_until grep -q "serving the launchers' store" "$work/a.log"
+  wait_until grep -qs "serving the launchers' store" "$work/a.log"
   expect_refused "this launcher has --nproc-per-node 1 --nnodes 2:2 --max-restarts 1 but the master launcher (serving 127.0.0.1:$port) has --nproc-per-node 1 --nnodes 2:2 --max-restarts 0" \
     --nnodes 2:2 --master-port "$port" --max-restarts 1
   kill -TERM "$(launcher_of "$pid_a")"
