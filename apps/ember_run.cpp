@@ -82,6 +82,7 @@ struct RunOptions {
   bool elastic = false;
   int node_rank = 0;
   bool node_rank_given = false;
+  bool elastic_only_given = false;  // --heartbeat-timeout or --rdzv-last-call
   std::string master_addr = "127.0.0.1";
   int master_port = 0;  // 0: single node, a free port per round; several nodes: 29500
   int max_restarts = 0;
@@ -463,6 +464,7 @@ int parse(int argc, char** argv, RunOptions& o) {
   }
   if (own < argc && std::string(argv[own]) == "--") ++own;
   o.node_rank_given = app.count("--node-rank") > 0;
+  o.elastic_only_given = app.count("--heartbeat-timeout") > 0 || app.count("--rdzv-last-call") > 0;
   for (int i = own; i < argc; ++i) o.command.emplace_back(argv[i]);
   if (o.command.empty()) {
     std::fprintf(stderr, "ember-run: no program to run\n%s", app.help().c_str());
@@ -487,6 +489,10 @@ void parse_nnodes(RunOptions& o) {
   o.min_nodes = o.elastic ? number(text.substr(0, colon)) : o.nnodes;
   EMBER_CHECK(o.min_nodes <= o.nnodes, "ember-run", "--nnodes ", text,
               " is not N or MIN:MAX with 1 <= MIN <= MAX");
+  EMBER_CHECK(o.elastic || !o.elastic_only_given, "ember-run",
+              "--heartbeat-timeout and --rdzv-last-call are for elastic mode (--nnodes MIN:MAX; "
+              "--nnodes ",
+              text, ":", text, " keeps the size fixed), not --nnodes ", text);
   EMBER_CHECK(!o.elastic || !o.node_rank_given, "ember-run", "--node-rank ", o.node_rank,
               " with --nnodes ", text,
               ": in elastic mode each round numbers its nodes (the master launcher, which "

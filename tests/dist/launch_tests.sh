@@ -546,6 +546,8 @@ elastic_args)
   expect_refused "--nnodes 1:x is not N or MIN:MAX" --nnodes 1:x --no-secret
   expect_refused "in elastic mode each round numbers its nodes" --nnodes 1:2 --node-rank 1 --no-secret
   expect_refused "needs the same job secret on every node" --nnodes 1:2
+  expect_refused "--heartbeat-timeout and --rdzv-last-call are for elastic mode" --nnodes 2 \
+    --heartbeat-timeout 3 --no-secret
   # a launcher whose settings differ from the master's is refused, naming both
   shared_secret
   port=$(free_port)
