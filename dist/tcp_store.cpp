@@ -461,10 +461,11 @@ TcpStore::TcpStore(const std::string& host, int port, int world_size, bool is_se
   timeout = timeout_;
   options_.max_value_bytes = max_value_bytes(options_.max_value_bytes);
   EMBER_CHECK(options_.max_connections >= 1 && options_.request_timeout.count() > 0 &&
-                  options_.shutdown_grace.count() >= 0,
+                  options_.shutdown_grace.count() >= 0 && options_.reply_timeout.count() >= 0,
               "tcp_store", "max_connections (", options_.max_connections, ") and request_timeout (",
               options_.request_timeout.count(), " ms) must be positive, shutdown_grace (",
-              options_.shutdown_grace.count(), " ms) not negative");
+              options_.shutdown_grace.count(), " ms) and reply_timeout (",
+              options_.reply_timeout.count(), " ms) not negative");
   EMBER_CHECK(world_size >= 1, "tcp_store", "world size must be at least 1, got ", world_size);
   EMBER_CHECK(port >= 0 && port <= 65535, "tcp_store", "port ", port, " is out of range");
   EMBER_CHECK(is_server || port > 0, "tcp_store", "a client needs the server's port");
@@ -499,7 +500,8 @@ TcpStore::TcpStore(const std::string& host, int port, int world_size, bool is_se
   const int one = 1;
   ::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   // A server that vanished mid-request must not block a client forever.
-  const auto limit = timeout + std::chrono::seconds(5);
+  const auto limit = options_.reply_timeout.count() > 0 ? options_.reply_timeout
+                                                        : timeout + std::chrono::seconds(5);
   timeval tv{};
   tv.tv_sec = static_cast<time_t>(limit.count() / 1000);
   tv.tv_usec = static_cast<suseconds_t>((limit.count() % 1000) * 1000);
@@ -531,7 +533,16 @@ std::string TcpStore::request(uint8_t op, const std::string& key, const std::str
   std::string message(1, static_cast<char>(op));
   append_blob(message, key);
   append_blob(message, payload);
-  bool ok = write_all(fd_, message.data(), message.size()) && read_all(fd_, &status, 1);
+  bool ok = false;
+  try {
+    ok = write_all(fd_, message.data(), message.size()) && read_all(fd_, &status, 1);
+  } catch (const Error&) {  // the receive timeout: a server that stopped answering
+    ::close(fd_);           // a late reply must not pass for the next request's
+    fd_ = -1;
+    throw Error("tcp_store: the store at " + where(host_, port_) +
+                " sent no reply to a request for \"" + key +
+                "\" in time (it stopped answering: its host or process is gone or stopped)");
+  }
   // A store that wants a job secret greets with its challenge ("EMBA...") instead.
   EMBER_CHECK(!ok || status <= kNotACounter, "tcp_store", "the store at ", where(host_, port_),
               " answered with something other than a reply: it wants a job secret "

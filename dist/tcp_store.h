@@ -34,6 +34,10 @@ struct TcpStoreOptions {
   // At shutdown the server waits this long at most for clients that have used it to hang up;
   // connections that never made a request are closed at once.
   std::chrono::milliseconds shutdown_grace = std::chrono::seconds(5);
+  // A client's longest wait for a reply, after which the request fails ("no reply in time"):
+  // a server that stopped (its host gone, its process stopped) is noticed within this. 0: the
+  // timeout plus 5 s. A get() of a key not yet set waits on the server: keep it shorter.
+  std::chrono::milliseconds reply_timeout = std::chrono::milliseconds(0);
   // The job secret; unset: from the environment (detail::job_secret()); "": none.
   std::optional<std::string> secret;
 };

@@ -246,6 +246,18 @@ int64_t stored_number(const std::string& key, const std::string& text, int64_t l
   return value;
 }
 
+// The most launchers that may join one elastic job, and rounds it may have: a bound on what
+// the master scans (the store's counters are untrusted without a job secret).
+constexpr int64_t kMostJoins = 1 << 20;
+
+// "2.5 s" for 2500 ms.
+std::string in_seconds(std::chrono::milliseconds ms) {
+  std::ostringstream out;
+  out.precision(3);
+  out << static_cast<double>(ms.count()) / 1000 << " s";
+  return out.str();
+}
+
 }  // namespace
 
 InitMethod parse_init_method(const std::string& url) {
@@ -353,10 +365,16 @@ StoreAddress rendezvous(const InitMethod& method, const LaunchEnv& self, const s
   return address;
 }
 
+int64_t wall_clock_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
 LauncherRendezvous::LauncherRendezvous(const std::string& host, int port, int nnodes, int node_rank,
                                        int nproc_per_node, std::chrono::milliseconds timeout,
                                        const std::string& secret)
-    : host_(host), nnodes_(nnodes), node_rank_(node_rank), timeout_(timeout) {
+    : host_(host), port_(port), nnodes_(nnodes), node_rank_(node_rank), timeout_(timeout) {
   TcpStoreOptions options;
   options.secret = secret;
   store_ = std::make_unique<TcpStore>(host, port, nnodes, node_rank == 0, timeout, options);
@@ -377,64 +395,438 @@ LauncherRendezvous::LauncherRendezvous(const std::string& host, int port, int nn
   }
 }
 
-LauncherRendezvous::~LauncherRendezvous() = default;
+LauncherRendezvous::LauncherRendezvous(const std::string& host, int port,
+                                       const ElasticOptions& elastic, int nproc_per_node,
+                                       std::chrono::milliseconds timeout, const std::string& secret)
+    : host_(host),
+      port_(port),
+      nnodes_(elastic.max_nodes),
+      node_rank_(-1),
+      timeout_(timeout),
+      elastic_(true),
+      e_(elastic) {
+  EMBER_CHECK(e_.min_nodes >= 1 && e_.min_nodes <= e_.max_nodes, "ember-run", "--nnodes ",
+              e_.min_nodes, ":", e_.max_nodes, " needs 1 <= MIN <= MAX");
+  EMBER_CHECK(e_.heartbeat_timeout >= std::chrono::milliseconds(100), "ember-run",
+              "--heartbeat-timeout of ", e_.heartbeat_timeout.count(),
+              " ms is too short (0.1 s at least)");
+  TcpStoreOptions options;
+  options.secret = secret;
+  // A master that stopped answering is noticed within the heartbeat timeout.
+  options.reply_timeout = e_.heartbeat_timeout;
+  options.shutdown_grace = std::chrono::seconds(2);  // the others poll every 20-100 ms
+  std::string not_served;
+  try {
+    store_ = std::make_unique<TcpStore>(host, port, e_.max_nodes, true, timeout, options);
+    master_ = true;
+  } catch (const Error& e) {  // another launcher serves it, or the address is another host's
+    not_served = e.what();
+  }
+  if (!master_) {
+    try {
+      store_ = std::make_unique<TcpStore>(host, port, e_.max_nodes, false, timeout, options);
+    } catch (const Error& e) {
+      throw Error("ember-run: could neither serve the launchers' store on " + host + ":" +
+                  std::to_string(port) + " (" + not_served + ") nor reach it (" + e.what() + ")");
+    }
+  }
+  const std::string config = "--nproc-per-node " + std::to_string(nproc_per_node) + " --nnodes " +
+                             std::to_string(e_.min_nodes) + ":" + std::to_string(e_.max_nodes) +
+                             " --max-restarts " + std::to_string(e_.max_restarts);
+  if (master_) {
+    set("ember-run/config", config);
+    add("ember-run/config/set", 1);
+  } else {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (counter("ember-run/config/set") == 0) {
+      EMBER_CHECK(std::chrono::steady_clock::now() < deadline, "ember-run", "the store at ", host,
+                  ":", port, " is not an elastic ember-run's (--nnodes MIN:MAX on every node)");
+      pause();
+    }
+    const std::string theirs = get("ember-run/config");
+    EMBER_CHECK(theirs == config, "ember-run", "this launcher has ", config,
+                " but the master launcher (serving ", host, ":", port, ") has ", theirs);
+    id_ = add("ember-run/ids", 1);
+  }
+  char name[256] = {};
+  ::gethostname(name, sizeof(name) - 1);
+  set("ember-run/info/" + std::to_string(id_), "pid " + std::to_string(::getpid()) + " on " + name);
+  if (master_) return;
+  beat_store_ = std::make_unique<TcpStore>(host, port, e_.max_nodes, false, timeout, options);
+  beat_ = std::thread([this] { heartbeat_loop(); });
+}
+
+LauncherRendezvous::~LauncherRendezvous() {
+  if (beat_.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(beat_mutex_);
+      beat_stop_ = true;
+    }
+    beat_cv_.notify_all();
+    beat_.join();
+  }
+}
+
+void LauncherRendezvous::heartbeat_loop() {
+  const std::string beat_key = "ember-run/hb/" + std::to_string(id_);
+  const auto every =
+      std::max<std::chrono::milliseconds>(e_.heartbeat_timeout / 5, std::chrono::milliseconds(20));
+  std::unique_lock<std::mutex> lock(beat_mutex_);
+  while (!beat_stop_) {
+    lock.unlock();
+    try {
+      beat_store_->add(beat_key, 1);
+    } catch (const std::exception& e) {
+      lock.lock();
+      store_lost_ = e.what();
+      return;
+    }
+    lock.lock();
+    beat_cv_.wait_for(lock, every, [&] { return beat_stop_; });
+  }
+}
+
+bool LauncherRendezvous::can_report() {
+  std::lock_guard<std::mutex> lock(beat_mutex_);
+  return store_lost_.empty() && !dropped_;
+}
 
 std::string LauncherRendezvous::key(int round, const std::string& name) const {
   return "ember-run/round/" + std::to_string(round) + "/" + name;
 }
 
-int LauncherRendezvous::begin_round(int round) {
-  store_->add(key(round, "arrived"), 1);
-  const auto deadline = std::chrono::steady_clock::now() + timeout_;
-  for (int64_t arrived = 0; (arrived = store_->add(key(round, "arrived"), 0)) < nnodes_;) {
-    if (failed(round)) throw Error("ember-run: " + settle_failure(round));
-    EMBER_CHECK(std::chrono::steady_clock::now() < deadline, "ember-run", "node ", node_rank_,
-                ": only ", arrived, " of ", nnodes_, " launchers reached round ", round, " within ",
-                timeout_.count(), " ms");
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+int64_t LauncherRendezvous::counter(const std::string& name) { return add(name, 0); }
+
+int64_t LauncherRendezvous::join_count() {
+  const int64_t ids = counter("ember-run/ids");
+  EMBER_CHECK(ids >= 0 && ids <= kMostJoins, "ember-run", "the launchers' store holds ", ids,
+              " at ember-run/ids, not a number of launchers from 0 to ", kMostJoins);
+  return ids;
+}
+
+std::string LauncherRendezvous::node_name(int64_t id) {
+  auto it = names_.find(id);
+  if (it == names_.end()) {
+    const std::string info = get("ember-run/info/" + std::to_string(id));
+    it = names_.emplace(id, info.substr(0, 200)).first;
   }
-  if (node_rank_ == 0) {
-    const int port = pick_free_port(host_);
-    store_->set(key(round, "port"), std::to_string(port));
-    return port;
+  return (id == 0 ? "the master launcher ("
+                  : "the launcher joined as #" + std::to_string(id) + " (") +
+         it->second + ")";
+}
+
+Error LauncherRendezvous::store_gone(const std::string& why) {
+  std::lock_guard<std::mutex> lock(beat_mutex_);
+  if (store_lost_.empty()) store_lost_ = why;
+  return Error("ember-run: the launchers' store at " + host_ + ":" + std::to_string(port_) +
+               ", served by the master launcher, stopped answering (" + store_lost_ +
+               "). The master launcher's node is the job's single point of failure, as "
+               "torchrun's c10d store host: the job cannot go on without it");
+}
+
+int64_t LauncherRendezvous::add(const std::string& name, int64_t delta) {
+  try {
+    return store_->add(name, delta);
+  } catch (const Error& e) {
+    if (!elastic_ || master_) throw;
+    throw store_gone(e.what());
   }
+}
+
+void LauncherRendezvous::set(const std::string& name, const std::string& value) {
+  try {
+    store_->set(name, value);
+  } catch (const Error& e) {
+    if (!elastic_ || master_) throw;
+    throw store_gone(e.what());
+  }
+}
+
+std::string LauncherRendezvous::get(const std::string& name) {
+  try {
+    return store_->get(name);
+  } catch (const Error& e) {
+    if (!elastic_ || master_) throw;
+    throw store_gone(e.what());
+  }
+}
+
+void LauncherRendezvous::check_standing() {
+  if (master_) return;
+  {
+    std::unique_lock<std::mutex> lock(beat_mutex_);
+    if (!store_lost_.empty()) {
+      const std::string why = store_lost_;
+      lock.unlock();
+      throw store_gone(why);
+    }
+  }
+  const std::string me = std::to_string(id_);
+  if (counter("ember-run/lost/" + me) > 0) {
+    std::lock_guard<std::mutex> lock(beat_mutex_);
+    dropped_ = true;
+  }
+  EMBER_CHECK(!dropped_, "ember-run", "this launcher (#", id_,
+              ") was dropped from the job: the master launcher saw no heartbeat from it for ",
+              in_seconds(e_.heartbeat_timeout),
+              " (--heartbeat-timeout; was it stopped or cut off?). Start it again to rejoin");
+  EMBER_CHECK(counter("ember-run/refused/" + me) == 0, "ember-run",
+              "the job has no restarts left (--max-restarts ", e_.max_restarts,
+              ") to start a round that admits this launcher");
+}
+
+const std::vector<int64_t>& LauncherRendezvous::members(int round) {
+  auto it = members_.find(round);
+  if (it != members_.end()) return it->second;
+  static const std::vector<int64_t> none;
+  if (counter("ember-run/closed") <= round) return none;  // not formed yet
+  const std::string list_key = key(round, "members");
+  const std::string list = get(list_key);
+  std::vector<int64_t> ids;
+  size_t start = 0;
+  while (start <= list.size()) {
+    const size_t comma = std::min(list.find(',', start), list.size());
+    ids.push_back(stored_number(list_key, list.substr(start, comma - start), 0,
+                                std::numeric_limits<int64_t>::max()));
+    EMBER_CHECK(ids.size() <= static_cast<size_t>(e_.max_nodes), "ember-run",
+                "the launchers' store holds more than ", e_.max_nodes, " members at ", list_key);
+    start = comma + 1;
+  }
+  return members_.emplace(round, std::move(ids)).first->second;
+}
+
+int64_t LauncherRendezvous::expected(int round) {
+  if (!elastic_) return nnodes_;
+  return static_cast<int64_t>(members(round).size()) - counter(key(round, "lost"));
+}
+
+void LauncherRendezvous::pause() {
+  if (interrupt_) interrupt_();
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+}
+
+void LauncherRendezvous::leave(int round, int64_t wall_ns, const std::string& what) {
+  if (!elastic_ || master_ || !can_report()) return;
+  const std::vector<int64_t>& in_round = members(round);
+  if (std::find(in_round.begin(), in_round.end(), id_) != in_round.end()) {
+    report_failure(round, wall_ns, what);  // before the master counts it lost: settled by then
+  }
+  add("ember-run/lost/" + std::to_string(id_), 1);
+  std::lock_guard<std::mutex> lock(beat_mutex_);
+  dropped_ = true;
+}
+
+std::vector<std::pair<int64_t, bool>> LauncherRendezvous::watch_heartbeats() {
+  std::vector<std::pair<int64_t, bool>> fresh;
+  const auto now = std::chrono::steady_clock::now();
+  const int64_t ids = join_count();
+  for (int64_t id = 1; id <= ids; ++id) {
+    if (lost_.count(id) > 0) continue;
+    const std::string lost_key = "ember-run/lost/" + std::to_string(id);
+    const int64_t beats = counter("ember-run/hb/" + std::to_string(id));
+    Seen& seen = seen_[id];
+    if (counter(lost_key) > 0) {  // it left
+      lost_.insert(id);
+      fresh.emplace_back(id, true);
+    } else if (seen.beats != beats) {  // it moved since the last look: alive now
+      seen = {beats, now};
+    } else if (now - seen.since > e_.heartbeat_timeout) {
+      lost_.insert(id);
+      add(lost_key, 1);
+      fresh.emplace_back(id, false);
+    }
+  }
+  return fresh;
+}
+
+void LauncherRendezvous::oversee(int round) {
+  const auto fresh = watch_heartbeats();
+  const std::vector<int64_t>& in_round = members(round);
+  auto member = [&](int64_t id) {
+    return std::find(in_round.begin(), in_round.end(), id) != in_round.end();
+  };
+  for (const auto& [id, left] : fresh) {
+    if (!member(id)) continue;
+    add(key(round, "lost"), 1);
+    if (left) continue;  // it recorded why itself (leave)
+    report_failure(round, wall_clock_ns(),
+                   node_name(id) + " was lost: no heartbeat for " +
+                       in_seconds(e_.heartbeat_timeout) + " (--heartbeat-timeout)");
+  }
+  if (newcomer_round_ == round || in_round.size() >= static_cast<size_t>(e_.max_nodes)) return;
+  const int64_t ids = join_count();
+  for (int64_t id = 1; id <= ids; ++id) {
+    if (lost_.count(id) > 0 || refused_.count(id) > 0 || member(id)) continue;
+    if (counter("ember-run/want/" + std::to_string(id)) - 1 <= round) continue;  // not asking
+    if (round < e_.max_restarts) {
+      newcomer_round_ = round;
+      report_failure(round, wall_clock_ns(),
+                     node_name(id) + " asks to join: the next round admits it");
+      return;
+    }
+    refused_.insert(id);
+    add("ember-run/refused/" + std::to_string(id), 1);
+  }
+}
+
+int LauncherRendezvous::first_round() {
+  if (master_) return 0;
+  const int64_t closed = counter("ember-run/closed");
+  EMBER_CHECK(closed >= 0 && closed <= kMostJoins, "ember-run", "the launchers' store holds ",
+              closed, " at ember-run/closed, not a number of rounds from 0 to ", kMostJoins);
+  return static_cast<int>(closed);
+}
+
+void LauncherRendezvous::close_round(int round, const std::vector<int64_t>& ids) {
+  std::string list;
+  for (const int64_t id : ids) {
+    if (!list.empty()) list += ',';
+    list += std::to_string(id);
+  }
+  set(key(round, "port"), std::to_string(pick_free_port(host_)));
+  set(key(round, "members"), list);
+  members_[round] = ids;
+  add("ember-run/closed", 1);  // the others read the round's keys once this moves
+}
+
+RoundPlan LauncherRendezvous::begin_round(int round) {
+  if (!elastic_) {
+    add(key(round, "arrived"), 1);
+    const auto deadline = std::chrono::steady_clock::now() + timeout_;
+    for (int64_t arrived = 0; (arrived = add(key(round, "arrived"), 0)) < nnodes_;) {
+      if (failed(round)) throw Error("ember-run: " + settle_failure(round));
+      EMBER_CHECK(std::chrono::steady_clock::now() < deadline, "ember-run", "node ", node_rank_,
+                  ": only ", arrived, " of ", nnodes_, " launchers reached round ", round,
+                  " within ", timeout_.count(), " ms");
+      pause();
+    }
+    RoundPlan plan;
+    plan.node_rank = node_rank_;
+    plan.nnodes = nnodes_;
+    if (node_rank_ == 0) {
+      plan.port = pick_free_port(host_);
+      set(key(round, "port"), std::to_string(plan.port));
+    } else {
+      const std::string port_key = key(round, "port");
+      plan.port = static_cast<int>(stored_number(port_key, get(port_key), 1, 65535));
+    }
+    return plan;
+  }
+  check_standing();
+  add("ember-run/want/" + std::to_string(id_), round + 1 - wanted_);
+  wanted_ = round + 1;
+  RoundPlan plan;
+  if (master_) {
+    using Clock = std::chrono::steady_clock;
+    const auto deadline = Clock::now() + timeout_;
+    bool enough = false;  // min_nodes have asked, since enough_since
+    Clock::time_point enough_since{};
+    for (;;) {
+      watch_heartbeats();
+      std::vector<int64_t> asked{0};
+      const int64_t ids = join_count();
+      for (int64_t id = 1; id <= ids; ++id) {
+        if (lost_.count(id) > 0 || refused_.count(id) > 0) continue;
+        if (counter("ember-run/want/" + std::to_string(id)) >= round + 1) asked.push_back(id);
+      }
+      bool pending = false;  // a live member of the round before, still stopping its workers
+      if (round > 0) {
+        for (const int64_t id : members(round - 1)) {
+          pending = pending || (lost_.count(id) == 0 &&
+                                std::find(asked.begin(), asked.end(), id) == asked.end());
+        }
+      }
+      const auto now = Clock::now();
+      if (asked.size() >= static_cast<size_t>(e_.max_nodes)) {
+        asked.resize(static_cast<size_t>(e_.max_nodes));
+        close_round(round, asked);
+        break;
+      }
+      if (asked.size() >= static_cast<size_t>(e_.min_nodes)) {
+        if (!enough) enough_since = now;
+        enough = true;
+        if ((!pending && now - enough_since >= e_.last_call) || now >= deadline) {
+          close_round(round, asked);
+          break;
+        }
+      } else {
+        enough = false;
+        EMBER_CHECK(now < deadline, "ember-run", "only ", asked.size(), " of at least ",
+                    e_.min_nodes, " launchers (--nnodes ", e_.min_nodes, ":", e_.max_nodes,
+                    ") reached round ", round, " within ", timeout_.count(), " ms");
+      }
+      pause();
+    }
+  } else {
+    for (;;) {
+      check_standing();
+      if (const int64_t over = counter("ember-run/over"); over > 0) {
+        plan.job_over = true;
+        plan.job_succeeded = over == 1;
+        return plan;
+      }
+      if (counter("ember-run/closed") > round) break;
+      pause();
+    }
+  }
+  const std::vector<int64_t>& in_round = members(round);
+  plan.nnodes = static_cast<int>(in_round.size());
+  const auto me = std::find(in_round.begin(), in_round.end(), id_);
+  if (me == in_round.end()) return plan;  // the round is full: a spare
+  plan.node_rank = static_cast<int>(me - in_round.begin());
   const std::string port_key = key(round, "port");
-  return static_cast<int>(stored_number(port_key, store_->get(port_key), 1, 65535));
+  plan.port = static_cast<int>(stored_number(port_key, get(port_key), 1, 65535));
+  return plan;
 }
 
 void LauncherRendezvous::report_failure(int round, int64_t wall_ns, const std::string& what,
                                         bool final) {
-  if (final) store_->add("ember-run/stopped", 1);
-  const int64_t n = store_->add(key(round, "failures"), 1);
-  store_->set(key(round, "failure/" + std::to_string(n)), std::to_string(wall_ns) + " " + what);
-  store_->add(key(round, "failed"), 1);
+  if (final) add("ember-run/stopped", 1);
+  const int64_t n = add(key(round, "failures"), 1);
+  set(key(round, "failure/" + std::to_string(n)), std::to_string(wall_ns) + " " + what);
+  add(key(round, "failed"), 1);
 }
 
-bool LauncherRendezvous::failed(int round) { return store_->add(key(round, "failed"), 0) > 0; }
+bool LauncherRendezvous::failed(int round) { return add(key(round, "failed"), 0) > 0; }
 
-bool LauncherRendezvous::stopped() { return store_->add("ember-run/stopped", 0) > 0; }
+bool LauncherRendezvous::poll(int round) {
+  if (elastic_) {
+    if (master_)
+      oversee(round);
+    else
+      check_standing();
+  }
+  return failed(round);
+}
+
+bool LauncherRendezvous::stopped() { return add("ember-run/stopped", 0) > 0; }
 
 std::string LauncherRendezvous::settle_failure(int round) {
-  store_->add(key(round, "settled"), 1);
+  add(key(round, "settled"), 1);
   // A launcher that died (SIGKILL, its host gone) never settles: after a short wait the
-  // failures recorded so far name the cause.
+  // failures recorded so far name the cause. In elastic mode the master drops it sooner, when
+  // its heartbeat stops.
   const auto wait = std::min<std::chrono::milliseconds>(timeout_, std::chrono::seconds(30));
   const auto deadline = std::chrono::steady_clock::now() + wait;
   std::string missing;
-  for (int64_t settled = 0; (settled = store_->add(key(round, "settled"), 0)) < nnodes_;) {
+  for (int64_t settled = 0; (settled = add(key(round, "settled"), 0)) < expected(round);) {
     if (std::chrono::steady_clock::now() > deadline) {
-      missing = " (" + std::to_string(nnodes_ - settled) + " of " + std::to_string(nnodes_) +
+      const int64_t all = elastic_ ? static_cast<int64_t>(members(round).size()) : nnodes_;
+      missing = " (" + std::to_string(expected(round) - settled) + " of " + std::to_string(all) +
                 " launchers did not answer within " + std::to_string(wait.count()) + " ms)";
       break;
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (master_ && elastic_) oversee(round);
+    pause();
   }
-  // Every launcher records its failure (one at most a round) before it settles: all are in now.
-  const int64_t n = std::min<int64_t>(store_->add(key(round, "failures"), 0), nnodes_);
+  // Every launcher records its failure (one at most a round; the elastic master also one per
+  // lost member and one for a newcomer) before it settles: all are in now.
+  const int64_t most = elastic_ ? 2 * int64_t{nnodes_} + 1 : nnodes_;
+  const int64_t n = std::min<int64_t>(add(key(round, "failures"), 0), most);
   std::pair<int64_t, std::string> first{INT64_MAX, "a failure nobody recorded"};
   for (int64_t i = 1; i <= n; ++i) {
     const std::string record_key = key(round, "failure/" + std::to_string(i));
-    const std::string record = store_->get(record_key);
+    const std::string record = get(record_key);
     const size_t space = std::min(record.find(' '), record.size());
     const int64_t when =
         stored_number(record_key, record.substr(0, space), 0, std::numeric_limits<int64_t>::max());
@@ -444,11 +836,13 @@ std::string LauncherRendezvous::settle_failure(int round) {
 }
 
 int LauncherRendezvous::report_done(int round) {
-  return static_cast<int>(store_->add(key(round, "done"), 1));
+  return static_cast<int>(add(key(round, "done"), 1));
 }
 
-int LauncherRendezvous::done(int round) {
-  return static_cast<int>(store_->add(key(round, "done"), 0));
+int LauncherRendezvous::done(int round) { return static_cast<int>(add(key(round, "done"), 0)); }
+
+void LauncherRendezvous::finish(bool succeeded) {
+  if (elastic_ && master_) add("ember-run/over", succeeded ? 1 : 2);
 }
 
 }  // namespace ember::dist::detail

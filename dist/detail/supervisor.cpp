@@ -317,6 +317,11 @@ void Supervisor::catch_signals() {
   ::sigaction(SIGTERM, &action, nullptr);
 }
 
+int Supervisor::caught_signal() {
+  unsigned char sig = 0;
+  return g_signal_pipe[0] >= 0 && ::read(g_signal_pipe[0], &sig, 1) == 1 ? sig : 0;
+}
+
 int pick_free_port(const std::string& host) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;

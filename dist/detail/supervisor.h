@@ -82,6 +82,9 @@ class Supervisor {
   // From now on SIGINT and SIGTERM sent to this process are caught and reported by wait()
   // (as kSignal) instead of ending it. For a launcher; a library leaves signals alone.
   static void catch_signals();
+  // A signal caught since (and not yet reported by wait()), taken; 0 when none. For a
+  // launcher's waits without workers.
+  static int caught_signal();
 
  private:
   struct Worker {

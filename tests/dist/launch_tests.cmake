@@ -41,3 +41,15 @@ if(TARGET ember-train)
   set_tests_properties(dist_ember_run_train PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77
                                                        LABELS "dist;tcp;launch;apps" PROCESSORS 2)
 endif()
+
+# Elastic ember-run (--nnodes MIN:MAX): a node lost by heartbeat and a node joining, a node
+# leaving on SIGTERM or when its program cannot start, a spare, the master launcher's node
+# lost, and the refused settings.
+foreach(case elastic elastic_leave elastic_bad_program elastic_spare elastic_master_lost
+             elastic_args)
+  add_test(NAME dist_ember_run_${case}
+    COMMAND ${EMBER_LAUNCH_TESTS} ${case} $<TARGET_FILE:ember-run>
+            $<TARGET_FILE:ember_dist_launch_worker>)
+  set_tests_properties(dist_ember_run_${case} PROPERTIES TIMEOUT 90 LABELS "dist;tcp;launch"
+                                                         PROCESSORS 3)
+endforeach()

@@ -7,7 +7,13 @@
 # fail, fail_nodes (no restarts: every launcher exits non-zero naming the dead rank), sigterm,
 # sigint (forwarded: the workers end, ember-run exits 128 + the signal),
 # launcher_killed (SIGKILL to ember-run: its workers die too), secret, train (ember-train under ember-run; exits 77 without Fashion-MNIST),
-# threads (OMP_NUM_THREADS and ember's thread count as each worker sees them).
+# threads (OMP_NUM_THREADS and ember's thread count as each worker sees them),
+# elastic (--nnodes 1:2: a node stopped mid-run is dropped by heartbeat, the job goes on alone
+# from its snapshot, a node started later joins), elastic_master_lost (the master launcher's
+# node stopped: the other gives up within the heartbeat timeout), elastic_leave (SIGTERM takes
+# a node out; a launcher arriving with no restarts left is refused), elastic_bad_program (a
+# launcher that cannot start its program leaves), elastic_spare (a launcher
+# that finds the round full waits), elastic_args (refusals).
 # Every launcher runs under `timeout`, so no case can hang; each case takes seconds.
 set -u
 case_name=$1
@@ -70,6 +76,34 @@ two_nodes() {
   wait "$pid1"
   status1=$?
 }
+# Waits up to 30 s until the command given succeeds.
+wait_until() {
+  local i
+  for ((i = 0; i < 300; ++i)); do
+    "$@" && return 0
+    sleep 0.1
+  done
+  fail "timed out waiting for: $*"
+}
+# The worker's step file reads "round R world W step S": true when it is at least $1, $2, $3.
+at_step() {
+  local line
+  line=$(cat "$work/job/step" 2>/dev/null) || return 1
+  read -r _ r _ w _ s <<<"$line"
+  [ "$r" -ge "$1" ] && [ "$w" -eq "$2" ] && [ "$s" -ge "$3" ]
+}
+now() { date +%s.%N; }
+# Elastic launchers with the ember-run arguments given: A, the master (a.log, $pid_a), then B
+# (b.log, $pid_b).
+elastic_pair() {
+  timeout -k 5 80 "$run" "$@" >"$work/a.log" 2>&1 &
+  pid_a=$!
+  wait_until grep -qs "serving the launchers' store" "$work/a.log"
+  timeout -k 5 80 "$run" "$@" >"$work/b.log" 2>&1 &
+  pid_b=$!
+}
+# The launcher a `timeout ... ember-run` job started as $1, and its workers.
+launcher_of() { pgrep -P "$1" -x ember-run || echo "$1"; }
 shared_secret() {
   (umask 077 && head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$work/secret")
   export EMBER_JOB_SECRET_FILE="$work/secret"
@@ -345,6 +379,186 @@ train)
   grep -q " 2 rank(s) on cpu (tcp)" "$work/train.log" || fail "not 2 ranks over TCP"
   grep -q "^done: 4 steps" "$work/train.log" || fail "did not finish 4 steps"
   test -s "$work/out/metrics.jsonl" || fail "no metrics"
+  ;;
+elastic)
+  # --nnodes 1:2, one worker per node: A serves the store, B joins; B's launcher and worker
+  # are stopped (SIGSTOP) mid-run: A drops B within the heartbeat timeout (the workers' own
+  # collective timeout is 60 s), restarts its worker alone (world 1) from the snapshot; C,
+  # started then, joins at the next round (world 2) and the job finishes; B, continued, finds
+  # itself dropped and exits.
+  shared_secret
+  mkdir -p "$work/job"
+  port=$(free_port)
+  hb=2
+  args=(--nnodes 1:2 --master-port "$port" --nproc-per-node 1 --max-restarts 3
+    --heartbeat-timeout "$hb" --rdzv-last-call 2 --grace 1 --rdzv-timeout 30
+    "$worker" elastic "$work/job" 60 100)
+  elastic_pair "${args[@]}"
+  wait_until at_step 0 2 3
+  launcher_b=$(launcher_of "$pid_b")
+  workers_b=$(pgrep -P "$launcher_b")
+  kill -STOP "$launcher_b" $workers_b
+  stopped=$(now)
+  wait_until grep -q "was lost: no heartbeat for $hb s" "$work/a.log"
+  noticed=$(awk -v a="$stopped" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }')
+  awk -v t="$noticed" -v hb="$hb" 'BEGIN { exit !(t <= hb + 1.5) }' ||
+    fail "B's loss was noticed after $noticed s (heartbeat timeout $hb s)"
+  wait_until test -e "$work/job/round1.rank0"
+  timeout -k 5 80 "$run" "${args[@]}" >"$work/c.log" 2>&1 &
+  pid_c=$!
+  kill -CONT "$launcher_b" $workers_b
+  wait "$pid_b"
+  status_b=$?
+  wait "$pid_a"
+  status_a=$?
+  wait "$pid_c"
+  status_c=$?
+  [ "$status_a" -eq 0 ] && [ "$status_c" -eq 0 ] || fail "A and C exited with $status_a, $status_c"
+  [ "$status_b" -ne 0 ] || fail "B, dropped, exited with 0"
+  grep -q "was dropped from the job: the master launcher saw no heartbeat" "$work/b.log" ||
+    fail "B does not say it was dropped"
+  for pid in $workers_b; do kill -0 "$pid" 2>/dev/null && fail "B's worker $pid outlived it"; done
+  grep -q "restarting the workers (restart 1 of 3) after: the launcher joined as #1 (pid [0-9]* on .*) was lost" \
+    "$work/a.log" || fail "A did not restart for B's loss"
+  grep -q "restarting the workers (restart 2 of 3) after: the launcher joined as #2 (pid [0-9]* on .*) asks to join" \
+    "$work/a.log" || fail "A did not restart for C's arrival"
+  grep -q "node 1, round 2: started ranks 1..1 of 2" "$work/c.log" || fail "C is not node 1 of round 2"
+  for r in 0 1; do
+    grep -q "^world 2 resumed -1$" "$work/job/round0.rank$r" || fail "round 0, rank $r: $(cat "$work/job/round0.rank$r")"
+  done
+  read -r _ w1 _ resumed1 <"$work/job/round1.rank0"
+  [ "$w1" = 1 ] && [ "$resumed1" -ge 3 ] || fail "round 1: world $w1 resumed at $resumed1"
+  [ ! -e "$work/job/round1.rank1" ] || fail "round 1 has a second rank"
+  for r in 0 1; do
+    read -r _ w2 _ resumed2 <"$work/job/round2.rank$r"
+    [ "$w2" = 2 ] && [ "$resumed2" -ge "$resumed1" ] || fail "round 2, rank $r: world $w2 resumed at $resumed2"
+  done
+  [ "$(cat "$work/job/final.txt")" = "step 60 world 2" ] || fail "final: $(cat "$work/job/final.txt")"
+  echo "B's loss noticed after $noticed s (heartbeat timeout $hb s); round 1 resumed at step $resumed1, round 2 at $resumed2"
+  ;;
+elastic_leave)
+  # --max-restarts 1: SIGTERM to B's launcher takes its node out; A goes on alone from the
+  # snapshot (the one restart) and finishes; C, arriving with no restarts left, is refused.
+  shared_secret
+  mkdir -p "$work/job"
+  port=$(free_port)
+  args=(--nnodes 1:2 --master-port "$port" --nproc-per-node 1 --max-restarts 1
+    --heartbeat-timeout 2 --rdzv-last-call 2 --grace 1 --rdzv-timeout 30
+    "$worker" elastic "$work/job" 50 100)
+  elastic_pair "${args[@]}"
+  wait_until at_step 0 2 3
+  kill -TERM "$(launcher_of "$pid_b")"
+  wait "$pid_b"
+  status_b=$?
+  [ "$status_b" -eq 143 ] || fail "B exited with $status_b, not 143 (128 + SIGTERM)"
+  wait_until test -e "$work/job/round1.rank0"
+  timeout -k 5 30 "$run" "${args[@]}" >"$work/c.log" 2>&1
+  status_c=$?
+  wait "$pid_a"
+  status_a=$?
+  [ "$status_a" -eq 0 ] || fail "A exited with $status_a"
+  [ "$status_c" -ne 0 ] || fail "C, with no restarts left, exited with 0"
+  grep -q "the job has no restarts left (--max-restarts 1) to start a round that admits this launcher" \
+    "$work/c.log" || fail "C does not say why it was refused"
+  grep -q "restarting the workers (restart 1 of 1) after: the launcher of node 1 was stopped by SIGTERM, which takes its node out of the job" \
+    "$work/a.log" || fail "A does not name B's leaving"
+  read -r _ w1 _ resumed1 <"$work/job/round1.rank0"
+  [ "$w1" = 1 ] && [ "$resumed1" -ge 3 ] || fail "round 1: world $w1 resumed at $resumed1"
+  [ ! -e "$work/job/round2.rank0" ] || fail "a round 2 ran"
+  [ "$(cat "$work/job/final.txt")" = "step 50 world 1" ] || fail "final: $(cat "$work/job/final.txt")"
+  ;;
+elastic_bad_program)
+  # B cannot start its program: it leaves, and A goes on alone (its one restart) to the end.
+  shared_secret
+  mkdir -p "$work/job"
+  port=$(free_port)
+  opts=(--nnodes 1:2 --master-port "$port" --nproc-per-node 1 --max-restarts 1
+    --heartbeat-timeout 2 --rdzv-last-call 2 --rdzv-timeout 30)
+  timeout -k 5 60 "$run" "${opts[@]}" "$worker" elastic "$work/job" 20 50 >"$work/a.log" 2>&1 &
+  pid_a=$!
+  wait_until grep -qs "serving the launchers' store" "$work/a.log"
+  timeout -k 5 60 "$run" "${opts[@]}" "$work/no-such-program" >"$work/b.log" 2>&1
+  status_b=$?
+  wait "$pid_a"
+  status_a=$?
+  [ "$status_a" -eq 0 ] && [ "$status_b" -ne 0 ] || fail "launchers exited with $status_a, $status_b"
+  grep -q "restarting the workers (restart 1 of 1) after: the launcher of node 1 failed: launch: cannot run $work/no-such-program" \
+    "$work/a.log" || fail "A does not name B's failure"
+  [ "$(cat "$work/job/final.txt")" = "step 20 world 1" ] || fail "final: $(cat "$work/job/final.txt")"
+  ;;
+elastic_spare)
+  # --nnodes 1:1: a second launcher finds the round full and waits as a spare; when the job
+  # finishes it says so and exits 0.
+  shared_secret
+  mkdir -p "$work/job"
+  port=$(free_port)
+  args=(--nnodes 1:1 --master-port "$port" --nproc-per-node 1 --rdzv-timeout 30
+    "$worker" elastic "$work/job" 20 100)
+  elastic_pair "${args[@]}"
+  wait "$pid_a"
+  status_a=$?
+  wait "$pid_b"
+  status_b=$?
+  [ "$status_a" -eq 0 ] && [ "$status_b" -eq 0 ] || fail "launchers exited with $status_a, $status_b"
+  grep -q "the job runs (round 0: 1 of at most 1 nodes): waiting as a spare for a place" \
+    "$work/b.log" || fail "B does not say it waits as a spare"
+  grep -q "the job finished before this launcher got a place in it" "$work/b.log" ||
+    fail "B does not say the job finished without it"
+  [ "$(cat "$work/job/final.txt")" = "step 20 world 1" ] || fail "final: $(cat "$work/job/final.txt")"
+  ;;
+elastic_master_lost)
+  # The store lives in the master launcher: its node stopped, the other launcher gives up
+  # within the heartbeat timeout, saying why, and stops its workers.
+  shared_secret
+  port=$(free_port)
+  hb=2
+  args=(--nnodes 1:2 --master-port "$port" --nproc-per-node 1 --heartbeat-timeout "$hb"
+    --grace 1 --rdzv-timeout 30 "$worker" wait "$work")
+  elastic_pair "${args[@]}"
+  wait_files "$work/ready0" "$work/ready1"
+  launcher_a=$(launcher_of "$pid_a")
+  workers_a=$(pgrep -P "$launcher_a")
+  kill -STOP "$launcher_a" $workers_a
+  stopped=$(now)
+  wait "$pid_b"
+  status_b=$?
+  took=$(awk -v a="$stopped" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }')
+  kill -KILL "$launcher_a" $workers_a
+  wait "$pid_a"
+  [ "$status_b" -ne 0 ] || fail "B exited with 0"
+  awk -v t="$took" -v hb="$hb" 'BEGIN { exit !(t <= hb + 3) }' ||
+    fail "B gave up after $took s (heartbeat timeout $hb s)"
+  grep -q "served by the master launcher, stopped answering.*single point of failure" \
+    "$work/b.log" || fail "B does not say the master's store is gone"
+  pid=$(cat "$work/pid1")
+  ! kill -0 "$pid" 2>/dev/null || fail "B's worker $pid outlived it"
+  echo "B gave up $took s after the master's node stopped (heartbeat timeout $hb s)"
+  ;;
+elastic_args)
+  expect_refused() { # MESSAGE ARGS...
+    local message=$1 out
+    shift
+    out=$(timeout -k 5 30 "$run" "$@" "$worker" check "$work" 2>&1) && fail "ran: $*"
+    grep -q -- "$message" <<<"$out" || fail "ember-run $*: $out"
+  }
+  expect_refused "--nnodes 3:2 is not N or MIN:MAX" --nnodes 3:2 --no-secret
+  expect_refused "--nnodes 0:2 is not N or MIN:MAX" --nnodes 0:2 --no-secret
+  expect_refused "--nnodes 1:x is not N or MIN:MAX" --nnodes 1:x --no-secret
+  expect_refused "in elastic mode each round numbers its nodes" --nnodes 1:2 --node-rank 1 --no-secret
+  expect_refused "needs the same job secret on every node" --nnodes 1:2
+  expect_refused "--heartbeat-timeout and --rdzv-last-call are for elastic mode" --nnodes 2 \
+    --heartbeat-timeout 3 --no-secret
+  # a launcher whose settings differ from the master's is refused, naming both
+  shared_secret
+  port=$(free_port)
+  timeout -k 5 60 "$run" --nnodes 2:2 --master-port "$port" --rdzv-timeout 10 "$worker" wait \
+    "$work" >"$work/a.log" 2>&1 &
+  pid_a=$!
+  wait_until grep -qs "serving the launchers' store" "$work/a.log"
+  expect_refused "this launcher has --nproc-per-node 1 --nnodes 2:2 --max-restarts 1 but the master launcher (serving 127.0.0.1:$port) has --nproc-per-node 1 --nnodes 2:2 --max-restarts 0" \
+    --nnodes 2:2 --master-port "$port" --max-restarts 1
+  kill -TERM "$(launcher_of "$pid_a")"
+  wait "$pid_a"
   ;;
 *)
   echo "unknown case $case_name" >&2

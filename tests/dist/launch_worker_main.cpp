@@ -9,6 +9,11 @@
 //       in the first round (EMBER_RESTART_COUNT=0) rank KILL_RANK sends itself SIGKILL in the
 //       middle of step KILL_STEP. Rank 0 writes the final parameters to OUTDIR/final.bin; a
 //       rank that resumed writes the step it resumed at to OUTDIR/resumed<R>.
+//   launch_worker elastic OUTDIR STEPS PAUSE_MS   as train (without the kill), for an elastic
+//       job whose world size changes between rounds: resumes from the snapshot, pauses PAUSE_MS
+//       after each step, writes OUTDIR/round<C>.rank<R> ("world W resumed S", S = -1 when it
+//       started afresh; C: EMBER_RESTART_COUNT) at start, OUTDIR/step (rank 0: "round C world
+//       W step S") after each step and OUTDIR/final.txt (rank 0: "step S world W") at the end.
 //   launch_worker die OUTDIR RANK    writes OUTDIR/pid<R>; rank RANK then sends itself SIGKILL,
 //       the others wait in a barrier (the group timeout is 60 s: only the launcher ends them).
 //   launch_worker wait OUTDIR        writes OUTDIR/pid<R> and OUTDIR/ready<R> (the job secret's
@@ -20,6 +25,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -106,9 +112,12 @@ int check(const std::string& out) {
   return 0;
 }
 
-int train(const std::string& out, int steps, int kill_rank, int kill_step) {
-  init(20);
-  const int rank = get_rank();
+// train, and elastic when pause_ms >= 0 (see the modes above).
+int train(const std::string& out, int steps, int kill_rank, int kill_step, int pause_ms = -1) {
+  const bool elastic = pause_ms >= 0;
+  init(elastic ? 60 : 20);  // elastic: far above the launchers' heartbeat timeout
+  const int rank = get_rank(), world = get_world_size();
+  const std::string round = std::to_string(env_int("EMBER_RESTART_COUNT"));
   manual_seed(7);
   auto net = std::make_shared<nn::Linear>(4, 3);
   auto ddp = std::make_shared<DistributedDataParallel>(net, get_default_group());
@@ -120,11 +129,17 @@ int train(const std::string& out, int steps, int kill_rank, int kill_step) {
   ck.model = &ddp->module();
   ck.optimizer = &sgd;
   const std::string snapshot = out + "/snapshot.ckpt";
+  int64_t resumed = -1;
   if (std::filesystem::exists(snapshot)) {
     load_checkpoint(snapshot, ck);
-    write_file(out + "/resumed" + std::to_string(rank), std::to_string(ck.step));
+    resumed = ck.step;
+    if (!elastic) write_file(out + "/resumed" + std::to_string(rank), std::to_string(ck.step));
   }
-  const bool first_round = env_int("EMBER_RESTART_COUNT") == 0;
+  if (elastic) {
+    write_file(out + "/round" + round + ".rank" + std::to_string(rank),
+               "world " + std::to_string(world) + " resumed " + std::to_string(resumed) + "\n");
+  }
+  const bool first_round = round == "0";
   while (ck.step < steps) {
     Generator gen(1000 + static_cast<uint64_t>(ck.step) * 64 + static_cast<uint64_t>(rank));
     const Tensor x = randn({8, 4}, kF32, &gen);
@@ -136,6 +151,12 @@ int train(const std::string& out, int steps, int kill_rank, int kill_step) {
     sgd.step();
     ++ck.step;
     save_checkpoint(snapshot, ck, get_default_group().get());
+    if (!elastic) continue;
+    if (rank == 0) {
+      write_file(out + "/step", "round " + round + " world " + std::to_string(world) + " step " +
+                                    std::to_string(ck.step) + "\n");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
   }
   if (rank == 0) {
     std::string bytes;
@@ -144,6 +165,10 @@ int train(const std::string& out, int steps, int kill_rank, int kill_step) {
       bytes.append(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));
     }
     write_file(out + "/final.bin", bytes);
+    if (elastic) {
+      write_file(out + "/final.txt",
+                 "step " + std::to_string(ck.step) + " world " + std::to_string(world) + "\n");
+    }
   }
   destroy_process_group();
   return 0;
@@ -208,6 +233,9 @@ int main(int argc, char** argv) {
     if (mode == "train" && (argc == 4 || argc == 6)) {
       return train(argv[2], std::atoi(argv[3]), argc == 6 ? std::atoi(argv[4]) : -1,
                    argc == 6 ? std::atoi(argv[5]) : -1);
+    }
+    if (mode == "elastic" && argc == 5) {
+      return train(argv[2], std::atoi(argv[3]), -1, -1, std::max(0, std::atoi(argv[4])));
     }
     if (mode == "die" && argc == 4) return die(argv[2], std::atoi(argv[3]));
     if (mode == "wait" && argc == 3) return wait_for_stop(argv[2]);

@@ -29,6 +29,21 @@ using namespace std::chrono_literals;
 
 using testing::free_port;
 
+// A loopback listener that nobody accepts from (the kernel completes up to `backlog`
+// connections itself); its port in `port`.
+int silent_listener(int backlog, int& port) {
+  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  EXPECT_EQ(::listen(listener, backlog), 0);
+  socklen_t length = sizeof(addr);
+  ::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &length);
+  port = ntohs(addr.sin_port);
+  return listener;
+}
+
 // The sockets open in this process that a child started with exec would inherit.
 std::vector<std::string> inheritable_sockets() {
   std::vector<std::string> found;
@@ -158,14 +173,12 @@ TEST(TcpStore, ConnectGivesUpAfterTheTimeout) {
 TEST(TcpStore, ConnectToAHostThatNeverAnswersGivesUpAtTheTimeout) {
   // A listener that never accepts, its queue filled: further connection attempts get no
   // answer at all (the kernel drops their SYNs), like a host behind a firewall.
-  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  int port = 0;
+  const int listener = silent_listener(0, port);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  ASSERT_EQ(::listen(listener, 0), 0);
-  socklen_t length = sizeof(addr);
-  ::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &length);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
   std::vector<int> queued;
   for (int i = 0; i < 2; ++i) {
     queued.push_back(::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0));
@@ -173,10 +186,32 @@ TEST(TcpStore, ConnectToAHostThatNeverAnswersGivesUpAtTheTimeout) {
   }
   std::this_thread::sleep_for(50ms);
   const auto start = std::chrono::steady_clock::now();
-  EXPECT_EMBER_ERROR(TcpStore("127.0.0.1", ntohs(addr.sin_port), 2, false, 500ms),
+  EXPECT_EMBER_ERROR(TcpStore("127.0.0.1", port, 2, false, 500ms),
                      "could not connect to 127.0.0.1:");
   EXPECT_LT(std::chrono::steady_clock::now() - start, 10s);  // not the kernel's minutes
   for (const int fd : queued) ::close(fd);
+  ::close(listener);
+}
+
+// A store whose process stopped (SIGSTOP, a frozen host) keeps its connections open but never
+// answers: reply_timeout bounds the wait, and the connection is not used again.
+TEST(TcpStore, AServerThatStopsAnsweringFailsARequestAtTheReplyTimeout) {
+  int port = 0;
+  const int listener = silent_listener(4, port);  // connections complete; nobody reads
+  TcpStore store("127.0.0.1", port, 2, false, 10s,
+                 TcpStoreOptions{.reply_timeout = 300ms, .secret = ""});
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EMBER_ERROR(store.add("ember/k", 1), "the store at 127.0.0.1:" + std::to_string(port) +
+                                                  " sent no reply to a request for \"ember/k\" "
+                                                  "in time");
+  const auto waited = std::chrono::steady_clock::now() - start;
+  EXPECT_GE(waited, 250ms);
+  EXPECT_LT(waited, 5s);  // not the timeout plus 5 s
+  EXPECT_EMBER_ERROR(store.set("ember/k", "v"), "lost the connection to 127.0.0.1:");
+  EXPECT_EMBER_ERROR(
+      TcpStore("127.0.0.1", port, 2, false, 1s,
+               TcpStoreOptions{.reply_timeout = std::chrono::milliseconds(-1), .secret = ""}),
+      "reply_timeout (-1 ms) not negative");
   ::close(listener);
 }
 
@@ -551,6 +586,20 @@ TEST(LauncherRendezvous, ForgedRecordsAreRefusedByName) {
   stranger.set("ember-run/round/0/failure/1", "soon it broke");
   EXPECT_EMBER_ERROR(launchers.settle_failure(0),
                      "the launchers' store holds \"soon\" at ember-run/round/0/failure/1");
+}
+
+// Elastic mode: the master scans the join numbers the store counts; a forged count is refused
+// by name before anything is sized or scanned from it.
+TEST(LauncherRendezvous, ElasticForgedCountsAreRefusedByName) {
+  const int port = detail::pick_free_port("127.0.0.1");
+  detail::ElasticOptions elastic;
+  elastic.max_nodes = 2;
+  detail::LauncherRendezvous master("127.0.0.1", port, elastic, 1, 10s, "");
+  ASSERT_TRUE(master.master());
+  TcpStore stranger("127.0.0.1", port, 1, false, 5s, TcpStoreOptions{.secret = ""});
+  stranger.add("ember-run/ids", int64_t{1} << 40);
+  EXPECT_EMBER_ERROR(master.begin_round(0),
+                     "the launchers' store holds 1099511627776 at ember-run/ids");
 }
 
 }  // namespace
