@@ -33,7 +33,8 @@ using namespace ember;
 
 namespace {
 
-int run(const apps::TrainOptions& o) {
+int run(const apps::TrainOptions& options) {
+  apps::TrainOptions o = options;
   // --- processes and devices ---------------------------------------------------------------
   const bool want_cuda =
       o.device == "cuda" || (o.device == "auto" && !o.deterministic && cuda::is_available());
@@ -51,6 +52,7 @@ int run(const apps::TrainOptions& o) {
   const Device device = want_cuda ? cuda_device(group->local_rank() % cuda::device_count()) : kCPU;
   const bool leader = group->rank() == 0;
   dist::RankZeroLogger log(*group);
+  o.batch_size = apps::per_rank_batch(o, group->size());  // --global-batch-size / world size
 
   // --- data ----------------------------------------------------------------------------------
   const apps::DataSplits d = apps::load_data(o);
@@ -103,6 +105,7 @@ int run(const apps::TrainOptions& o) {
   } else {
     model = nn::resnet(o.model, d.classes, d.channels);
   }
+  if (o.dtype == "f64") model->to(kF64);  // the Trainer casts the batches to match
   if (o.sync_bn && group->size() > 1) model = dist::convert_sync_batchnorm(model, group);
   model->to(device);
   // Batches stay NCHW: the first convolution lays its input out as its weight's format.
@@ -187,6 +190,9 @@ int run(const apps::TrainOptions& o) {
           device.str() + " (" + group->backend() + ")" +
           (device.is_cuda() ? "" : ", " + std::to_string(get_num_threads()) + " thread(s) each") +
           ", batch " + std::to_string(o.batch_size) + " per rank" +
+          (o.global_batch_size > 0
+               ? " (--global-batch-size " + std::to_string(o.global_batch_size) + ")"
+               : "") +
           (o.accum_steps > 1 ? " in " + std::to_string(o.accum_steps) + " micro-batches" : "") +
           ", " + length + ", precision " + amp.name() +
           (apps::use_channels_last(o, device.is_cuda()) ? ", channels_last" : ""));

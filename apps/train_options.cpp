@@ -1,5 +1,6 @@
 #include "train_options.h"
 
+#include <ember/tensor/error.h>
 #include <ember/tensor/parallel.h>
 #include <ember/tensor/version.h>
 #include <CLI/CLI.hpp>
@@ -71,6 +72,11 @@ int parse_train_options(int argc, char** argv, TrainOptions& o, SampleOptions* s
                  "(a transformer language model on --data text)");
   app.add_option("--epochs", o.epochs)->check(kPositive);
   app.add_option("--batch-size", o.batch_size, "Images per rank and step")->check(kPositive);
+  app.add_option("--global-batch-size", o.global_batch_size,
+                 "Images per step over all ranks: each rank takes this / the number of ranks, "
+                 "so a run resumed on another number of ranks keeps its recipe")
+      ->check(kPositive)
+      ->excludes("--batch-size");
   app.add_option("--optimizer", o.optimizer)->check(CLI::IsMember({"sgd", "adamw"}));
   app.add_option("--lr", o.lr, "Learning rate for a global batch of 128 (scaled linearly)")
       ->check(kPositive);
@@ -92,6 +98,10 @@ int parse_train_options(int argc, char** argv, TrainOptions& o, SampleOptions* s
                  "fp32 | tf32 | bf16 (autocast) | fp16 (autocast + loss scaling); auto: bf16 on "
                  "a GPU of compute capability 8.0 or later, else fp32")
       ->check(CLI::IsMember({"auto", "fp32", "tf32", "bf16", "fp16"}));
+  app.add_option("--dtype", o.dtype,
+                 "f32, or f64 for the parameters and batches (as model.double(); --precision "
+                 "fp32 only)")
+      ->check(CLI::IsMember({"f32", "f64"}));
   app.add_option("--threads", o.threads,
                  "CPU threads per rank (0: OMP_NUM_THREADS when set, else under a launcher "
                  "(ember-run, torchrun, mpirun) this rank's share of the node's CPUs, else all)")
@@ -244,13 +254,25 @@ int parse_train_options(int argc, char** argv, TrainOptions& o, SampleOptions* s
   }
   if (o.checkpoint_dir.empty() && (o.save_every_steps > 0 || !o.resume.empty()))
     o.checkpoint_dir = o.out_dir;  // snapshots beside the metrics
-  if (o.batch_size % o.accum_steps != 0) {
+  if (o.global_batch_size > 0 && o.global_batch_size % o.accum_steps != 0) {
+    std::fprintf(stderr,
+                 "ember-train: --global-batch-size %ld is not a multiple of --accum-steps %ld\n",
+                 static_cast<long>(o.global_batch_size), static_cast<long>(o.accum_steps));
+    return 2;
+  }
+  if (o.global_batch_size == 0 && o.batch_size % o.accum_steps != 0) {
     std::fprintf(stderr,
                  "ember-train: --batch-size %ld is not a multiple of --accum-steps %ld (each "
                  "batch is split into equal micro-batches)\n",
                  static_cast<long>(o.batch_size), static_cast<long>(o.accum_steps));
     return 2;
   }
+  if (o.dtype == "f64" && o.precision != "fp32" && o.precision != "auto") {
+    std::fprintf(stderr, "ember-train: --dtype f64 runs in --precision fp32, not %s\n",
+                 o.precision.c_str());
+    return 2;
+  }
+  if (o.dtype == "f64") o.precision = "fp32";  // no autocast, no TF32 around f64
   if (o.trace_end <= o.trace_start) {
     std::fprintf(stderr, "ember-train: --trace-end %ld must be after --trace-start %ld\n",
                  static_cast<long>(o.trace_end), static_cast<long>(o.trace_start));
@@ -261,6 +283,19 @@ int parse_train_options(int argc, char** argv, TrainOptions& o, SampleOptions* s
     return 2;
   }
   return -1;
+}
+
+int64_t per_rank_batch(const TrainOptions& options, int world_size) {
+  const int64_t global = options.global_batch_size;
+  if (global <= 0) return options.batch_size;
+  EMBER_CHECK(global % world_size == 0, "ember-train", "--global-batch-size ", global,
+              " does not divide among ", world_size, " ranks; give a multiple of ", world_size,
+              " (or run on a number of ranks that divides ", global, ")");
+  const int64_t each = global / world_size;
+  EMBER_CHECK(each % options.accum_steps == 0, "ember-train", "--global-batch-size ", global,
+              " gives ", each, " per rank on ", world_size, " ranks, which does not split into ",
+              "--accum-steps ", options.accum_steps, " equal micro-batches");
+  return each;
 }
 
 }  // namespace ember::apps

@@ -17,7 +17,9 @@ struct TrainOptions {
   std::string bad_images = "fail";  // --dataset folder: fail | skip (named, counted)
   std::string model = "resnet20";
   int64_t epochs = 10;
-  int64_t batch_size = 128;       // per rank
+  int64_t batch_size = 128;  // per rank
+  // --global-batch-size: over all ranks (each takes it / world size); 0: batch_size per rank.
+  int64_t global_batch_size = 0;
   std::string optimizer = "sgd";  // sgd | adamw
   double lr = 0.1;                // for a global batch of 128; scaled linearly
   double momentum = 0.9;
@@ -30,7 +32,10 @@ struct TrainOptions {
   double label_smoothing = 0.0;
   std::string device = "auto";     // auto | cpu | cuda
   std::string precision = "auto";  // auto | fp32 | tf32 | bf16 | fp16 (see precision.h)
-  int threads = 0;                 // 0: see threads_to_set
+  // --dtype: the model's parameters and the batches, f32 or f64 (as model.double(); with
+  // --precision fp32 only, for checks to f64 rounding).
+  std::string dtype = "f32";
+  int threads = 0;  // 0: see threads_to_set
   int workers = 2;
   uint64_t seed = 0;  // a fixed default, as PyTorch scripts have: runs repeat unless changed
   bool deterministic = false;
@@ -96,6 +101,11 @@ inline optim::WeightDecayRule weight_decay_rule(const TrainOptions& options) {
 inline bool use_channels_last(const TrainOptions& options, bool cuda) {
   return options.channels_last < 0 ? cuda : options.channels_last == 1;
 }
+
+// Images per rank and step on `world_size` ranks: --batch-size, or --global-batch-size /
+// world_size, an ember::Error saying so when that does not divide (or not into --accum-steps
+// micro-batches).
+int64_t per_rank_batch(const TrainOptions& options, int world_size);
 
 // The CPU thread count to set for --threads `threads`: itself when positive. For 0, this
 // process's share of its CPUs (cpu_share) among the processes a launcher started on this node

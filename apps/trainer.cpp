@@ -59,7 +59,18 @@ Trainer::Trainer(const TrainOptions& options, nn::Module& model, nn::Module& tra
       optimizer_(optimizer),
       schedule_(schedule),
       group_(group),
-      device_(device) {}
+      device_(device),
+      initial_schedule_(schedule != nullptr ? schedule->state_dict() : optim::StateDict{}) {
+  for (const Tensor& p : model.parameters()) {
+    if (!is_floating(p.dtype())) continue;
+    input_dtype_ = p.dtype();
+    break;
+  }
+}
+
+Tensor Trainer::model_input(const Tensor& x) const {
+  return input_dtype_ == kF64 && is_floating(x.dtype()) ? x.to(kF64) : x;
+}
 
 std::string cuda_graphs_refusal(const TrainOptions& options, Device device, int world_size) {
   if (!device.is_cuda()) return "CUDA graphs need a CUDA device";
@@ -76,7 +87,7 @@ void Trainer::forward_backward(const Tensor& x, const Tensor& target, double sca
   {
     const trace::Range traced(trace::Category::kUser, "forward", traced_device());
     const auto autocast = precision_ != nullptr ? precision_->autocast() : nullptr;
-    std::tie(logits, y) = per_target(call_model(x), target, is_gpt(options_));
+    std::tie(logits, y) = per_target(call_model(model_input(x)), target, is_gpt(options_));
     loss = cross_entropy(logits, y, {.label_smoothing = options_.label_smoothing});
   }
   const Tensor mean_part = scale == 1.0 ? loss : loss * scale;
@@ -287,7 +298,7 @@ EvalResult Trainer::evaluate() {
   double loss_sum = 0, correct = 0, count = 0;
   test_loader_->set_epoch(0);  // the same evaluation set (GPT: the same windows) every time
   for (const data::Batch& batch : *test_loader_) {
-    const Tensor x = batch.data.to(device_, true);
+    const Tensor x = model_input(batch.data.to(device_, true));
     const auto autocast = precision_ != nullptr ? precision_->autocast() : nullptr;
     const auto [logits, y] =
         per_target(trained_.forward(x), batch.target.to(device_, true), is_gpt(options_));
@@ -454,7 +465,12 @@ void Trainer::save_snapshot(int64_t epoch) {
   Tensor sums = from_vector<double>({sums_.loss_sum, sums_.correct, sums_.seen});
   group_.allreduce(sums, dist::ReduceOp::kAvg)->wait();
   const auto v = sums.to_vector<double>();
-  checkpoint_->values = {{"epoch_loss_sum", v[0]}, {"epoch_correct", v[1]}, {"epoch_seen", v[2]}};
+  checkpoint_->values = {{"epoch_loss_sum", v[0]},
+                         {"epoch_correct", v[1]},
+                         {"epoch_seen", v[2]},
+                         {"world_size", static_cast<double>(group_.size())},
+                         {"global_batch", static_cast<double>(global_batch())}};
+  checkpoint_->texts["model"] = options_.model;
   checkpoint_->epoch = whole ? epoch + 1 : epoch;
   checkpoint_->step = step_;
   checkpoint_->sampler_consumed =
@@ -476,16 +492,88 @@ void Trainer::delete_old_snapshots() const {
   }
 }
 
+void Trainer::check_continuable(const std::string& path,
+                                const std::map<std::string, std::string>& metadata) const {
+  const auto model = metadata.find("texts.model");
+  EMBER_CHECK(model == metadata.end() || model->second == options_.model, "Trainer::resume", path,
+              " is a snapshot of --model ", model->second, " and this run trains --model ",
+              options_.model, ": resume it with --model ", model->second,
+              ", or start afresh in another --checkpoint-dir");
+  if (checkpoint_->sampler == nullptr || metadata.count("sampler.epoch") == 0) return;
+  const dist::SamplerState state = checkpoint_->sampler->state_from_strings(metadata, "sampler.");
+  const std::string why = checkpoint_->sampler->refusal(state);
+  EMBER_CHECK(why.empty(), "Trainer::resume", path,
+              ": this run's data cannot continue the snapshot's epoch: ", why);
+}
+
 int64_t Trainer::load_snapshot(const std::string& path) {
   EMBER_CHECK(checkpoint_ != nullptr, "Trainer::load_snapshot", "attach() a checkpoint first");
+  check_continuable(path, dist::read_checkpoint_metadata(path));
   dist::load_checkpoint(path, *checkpoint_, device_, &group_);  // each rank its own random state
   step_ = checkpoint_->step;
-  auto value = [this](const char* key) {
+  auto value = [this](const char* key, double otherwise) {
     const auto it = checkpoint_->values.find(key);
-    return it == checkpoint_->values.end() ? 0.0 : it->second;
+    return it == checkpoint_->values.end() ? otherwise : it->second;
   };
-  sums_ = {value("epoch_loss_sum"), value("epoch_correct"), value("epoch_seen"), 0, 0};
+  sums_ = {value("epoch_loss_sum", 0), value("epoch_correct", 0), value("epoch_seen", 0), 0, 0};
+  // Snapshots from before these values were taken on this world with this batch.
+  follow_resize(static_cast<int64_t>(value("world_size", group_.size())),
+                static_cast<int64_t>(value("global_batch", static_cast<double>(global_batch()))),
+                checkpoint_->epoch,
+                checkpoint_->sampler != nullptr ? checkpoint_->sampler->epoch() : 0);
   return checkpoint_->epoch;
+}
+
+int64_t Trainer::global_batch() const {
+  return train_loader_->options().batch_size * group_.size();
+}
+
+void Trainer::follow_resize(int64_t saved_world, int64_t saved_global, int64_t first_epoch,
+                            uint64_t sampler_epoch) {
+  using ember::detail::str_cat;
+  resize_note_.clear();
+  const int64_t world = group_.size(), global = global_batch();
+  if (saved_world == world && saved_global == global) return;
+  const std::string where =
+      str_cat("the snapshot was taken on ", saved_world, " rank(s) with a global batch of ",
+              saved_global, "; this run has ", world, " rank(s) with a global batch of ", global,
+              " (", train_loader_->options().batch_size, " per rank). ");
+  const std::string data =
+      checkpoint_->sampler != nullptr
+          ? str_cat("The rest of epoch ", first_epoch + 1, " is split among the ", world,
+                    " rank(s), each of its samples read once. ")
+          : std::string();
+  if (saved_global == global) {
+    resize_note_ = "resized: " + where + data +
+                   "The global batch is the same, so the step counter (" + std::to_string(step_) +
+                   ") and the learning-rate schedule continue unchanged.";
+    return;
+  }
+  EMBER_CHECK(options_.max_steps <= 0, "Trainer::resume", "the snapshot's global batch is ",
+              saved_global, " and this run's ", global,
+              ": --max-steps counts optimizer steps, whose size changed; resume with the same "
+              "global batch (--global-batch-size ",
+              saved_global, ") or without --max-steps");
+  // The schedule built for this run, moved to the same point of the run in samples: whole
+  // epochs, and the batches of this epoch that the consumed samples make at this global batch.
+  const double saved_lr = current_lr();
+  const int64_t per_epoch = steps_per_epoch();
+  const int64_t done =
+      sampler_epoch == static_cast<uint64_t>(first_epoch) ? per_epoch - train_loader_->size() : 0;
+  const int64_t at = first_epoch * per_epoch + done;
+  if (schedule_ != nullptr) {
+    schedule_->load_state_dict(initial_schedule_);
+    for (int64_t i = 0; i < at; ++i) schedule_->step();
+  }
+  resize_note_ =
+      "resized: " + where + data +
+      str_cat("The learning rate follows the new global batch: the schedule is the one built for ",
+              "this run (", per_epoch, " steps per epoch; ember-train scales a ResNet's peak lr ",
+              "with the global batch, lr x global batch / 128) and continues at its step ", at,
+              ", the same point of the run in samples; the lr is now ", current_lr(),
+              " where the snapshot's schedule had ", saved_lr, ". The step counter (", step_,
+              ") keeps counting optimizer steps. Pass --global-batch-size ", saved_global,
+              " to keep the snapshot's recipe.");
 }
 
 int64_t Trainer::resume() {
@@ -501,6 +589,8 @@ int64_t Trainer::resume() {
     std::vector<std::string> problems;
     const std::vector<SnapshotFile> files = list_snapshots(options_.checkpoint_dir, &problems);
     for (size_t i = 0; i < files.size() && loaded.empty(); ++i) {
+      // Another model or data is this run's mistake, not a damaged file: never skipped.
+      check_continuable(files[i].path, dist::read_checkpoint_metadata(files[i].path));
       try {
         epoch = load_snapshot(files[i].path);
         loaded = files[i].path;
@@ -526,6 +616,7 @@ int64_t Trainer::resume() {
   } else {
     log.log("resumed from " + loaded + " at step " + std::to_string(step_) + " (epoch " +
             std::to_string(epoch + 1) + ")");
+    if (!resize_note_.empty()) log.log(resize_note_);
   }
   return epoch;
 }

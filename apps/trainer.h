@@ -13,10 +13,23 @@
 // steps, where no gradient is accumulated, so gradient accumulation restarts at its first
 // micro-batch as it would have. Names: checkpoint-epoch-N.safetensors after N whole epochs,
 // checkpoint-step-S.safetensors mid-epoch after optimizer step S.
+//
+// Changing the number of ranks: a snapshot holds the sampler's position in global terms (the
+// samples of the epoch consumed, dist::DistributedSampler::state), the world size and global
+// batch it was taken with, and the model's name. Loaded on another number of ranks, the rest of
+// the epoch is split among the new ranks (each sample once). With the same global batch
+// (ember-train --global-batch-size) the step counter and schedule continue unchanged, so the
+// run follows the uninterrupted run's recipe. With another global batch, the schedule as built
+// for this run (its state when the trainer was made: the lr for the new global batch, laid over
+// this run's steps per epoch) is moved to the same point of the run in samples, and the step
+// counter keeps counting optimizer steps (refused with max_steps, which counts them). resume()
+// says which happened. A snapshot of another model or of data the sampler cannot continue is
+// an ember::Error naming why, with --resume auto too (never skipped as damaged).
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -77,7 +90,9 @@ std::vector<SnapshotFile> list_snapshots(const std::string& dir,
 class Trainer {
  public:
   // model: the bare module (its parameters are clipped); trained: what forward runs, the
-  // model itself or its DistributedDataParallel wrapper. schedule may be null (a fixed lr).
+  // model itself or its DistributedDataParallel wrapper. schedule may be null (a fixed lr);
+  // its state now is taken as its start (a resume with another global batch restarts it from
+  // there). A model with f64 parameters gets its floating batches in f64.
   // Uses options.accum_steps, grad_clip, label_smoothing, max_steps, log_every,
   // eval_every_steps, checkpoint_dir, checkpoint_interval, save_every_steps, keep, resume,
   // epochs, cuda_graphs and model; the others are ember-train's. `options` is held by
@@ -130,7 +145,9 @@ class Trainer {
   // snapshots beyond options.keep (when > 0).
   void save_snapshot(int64_t epoch);
   // Restores a snapshot (every rank): returns the epoch to continue, which run_epoch
-  // continues from the saved batch when the snapshot was taken mid-epoch.
+  // continues from the saved batch when the snapshot was taken mid-epoch. Taken on another
+  // number of ranks or global batch: see "Changing the number of ranks" above (resume() says
+  // what happened).
   int64_t load_snapshot(const std::string& path);
   // options.resume: "" starts afresh (returns 0); a path loads that file; "auto" loads the
   // newest snapshot that loads (a damaged one is skipped with a warning on stderr naming it
@@ -168,6 +185,15 @@ class Trainer {
     int64_t seen_images = 0;   // of this pass, over all ranks
   };
   double current_lr() const;
+  int64_t global_batch() const;  // the train loader's batch x world size
+  // ember::Error when the snapshot at `path` (its header `metadata`) cannot be continued by
+  // this run: another model, or a sampler state this run's sampler refuses.
+  void check_continuable(const std::string& path,
+                         const std::map<std::string, std::string>& metadata) const;
+  // After loading a snapshot of global batch `saved_global` on `saved_world` ranks: the
+  // schedule moved (another global batch) and resize_note_ written.
+  void follow_resize(int64_t saved_world, int64_t saved_global, int64_t first_epoch,
+                     uint64_t sampler_epoch);
   // One micro-batch's forward, loss (scaled by `scale`) and backward; its loss and right
   // answers added to `result` on the device.
   // A GPT's logits [B, T, V] against targets [B, T] count per token ([B * T, V]); other
@@ -180,6 +206,8 @@ class Trainer {
   void advance();
   // A batch tensor (pinned on CUDA runs) on the training device, copied without waiting.
   Tensor to_device(const Tensor& t);
+  // Floating input in the dtype of the model's parameters (f64 for a model.to(kF64)).
+  Tensor model_input(const Tensor& x) const;
   // --cuda-graphs: whether this batch runs through the graph (deciding once whether graphs
   // are allowed), and the capture of a step (false, after saying why, when it failed).
   bool use_cuda_graph(const data::Batch& batch);
@@ -212,6 +240,7 @@ class Trainer {
   optim::LRScheduler* schedule_;
   dist::ProcessGroup& group_;
   Device device_;
+  DType input_dtype_ = kF32;  // the model's first floating parameter's
   data::DataLoader* train_loader_ = nullptr;
   data::DataLoader* test_loader_ = nullptr;
   dist::Checkpoint* checkpoint_ = nullptr;
@@ -219,6 +248,10 @@ class Trainer {
   PrecisionContext* precision_ = nullptr;
   Progress* progress_ = nullptr;
   int64_t step_ = 0, steps_per_epoch_ = 0;
+  optim::StateDict initial_schedule_;  // the schedule as built (follow_resize restarts it)
+  // After a load_snapshot of another world size or global batch: what changed and how the
+  // schedule follows ("" otherwise); resume() prints it.
+  std::string resize_note_;
   EpochSums sums_;
   struct Window {  // the steps since the last metrics record
     double loss = 0;

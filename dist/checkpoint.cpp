@@ -335,8 +335,8 @@ void write_checkpoint(const std::string& path, const Checkpoint& c,
     EMBER_CHECK(c.sampler_consumed >= 0 && c.sampler_consumed <= c.sampler->size(),
                 "save_checkpoint", "sampler_consumed ", c.sampler_consumed, " is outside [0, ",
                 c.sampler->size(), "] (the sampler's remaining indices)");
-    meta["sampler.epoch"] = std::to_string(c.sampler->epoch());
-    meta["sampler.position"] = std::to_string(c.sampler->position() + c.sampler_consumed);
+    for (const auto& [key, text] : c.sampler->state(c.sampler_consumed).to_strings())
+      meta["sampler." + key] = text;  // in global terms: it loads on any number of ranks
   }
   for (const auto& [key, v] : c.values) meta["values." + key] = number(v);
   for (const auto& [key, text] : c.texts) {
@@ -530,33 +530,42 @@ void load_checkpoint(const std::string& path, Checkpoint& c, Device device,
   const int64_t epoch = static_cast<int64_t>(integer("epoch"));
   const int64_t step = static_cast<int64_t>(integer("step"));
   std::map<std::string, std::pair<uint64_t, uint64_t>> rng;
-  const auto saved_ranks = static_cast<int64_t>(
-      file.metadata.count(kRngRanks) != 0 ? std::max<uint64_t>(integer(kRngRanks), 1) : 1);
-  const int64_t from = rank < saved_ranks ? rank : 0;  // ranks the file lacks take rank 0's
-  for (const auto& [name, gen] : c.generators)
-    rng[name] = {integer(rng_key(name, from, "seed")), integer(rng_key(name, from, "offset"))};
-  if (!c.generators.empty() && saved_ranks > 1 && saved_ranks != size && rank == 0) {
+  const bool per_rank = file.metadata.count(kRngRanks) != 0;
+  const auto saved_ranks =
+      static_cast<int64_t>(per_rank ? std::max<uint64_t>(integer(kRngRanks), 1) : 1);
+  for (const auto& [name, gen] : c.generators) {
+    const uint64_t seed0 = integer(rng_key(name, 0, "seed"));
+    if (rank < saved_ranks)
+      rng[name] = {integer(rng_key(name, rank, "seed")), integer(rng_key(name, rank, "offset"))};
+    else  // a rank the run did not have: a fresh state derived from rank 0's seed
+      rng[name] = per_rank ? std::pair{seed0 + static_cast<uint64_t>(rank), uint64_t{0}}
+                           : std::pair{seed0, integer(rng_key(name, 0, "offset"))};
+  }
+  if (!c.generators.empty() && per_rank && saved_ranks != size && rank == 0) {
     auto ranks = [](int64_t first, int64_t last) {
       return first == last ? "rank " + std::to_string(first)
                            : ember::detail::str_cat("ranks ", first, " to ", last);
     };
-    const std::string what =
-        size > saved_ranks ? ranks(saved_ranks, size - 1) +
-                                 (size - saved_ranks == 1 ? " starts" : " start") + " from rank 0's"
-                           : "the states of " + ranks(size, saved_ranks - 1) + " go unused";
+    const std::string what = size > saved_ranks
+                                 ? ranks(saved_ranks, size - 1) +
+                                       (size - saved_ranks == 1 ? " starts" : " start") +
+                                       " afresh (rank 0's seed + the rank, offset 0)"
+                                 : "the states of " + ranks(size, saved_ranks - 1) + " go unused";
     std::fprintf(stderr,
-                 "ember: warning: load_checkpoint: %s holds the random states of %lld ranks and "
+                 "ember: warning: load_checkpoint: %s holds the random states of %lld rank%s and "
                  "is loaded on %lld: %s\n",
-                 path.c_str(), static_cast<long long>(saved_ranks), static_cast<long long>(size),
-                 what.c_str());
+                 path.c_str(), static_cast<long long>(saved_ranks), saved_ranks == 1 ? "" : "s",
+                 static_cast<long long>(size), what.c_str());
   }
-  uint64_t sampler_epoch = 0, sampler_position = 0;
+  SamplerState sampler_state;
   if (c.sampler != nullptr) {
-    sampler_epoch = integer("sampler.epoch");
-    sampler_position = integer("sampler.position");
-    if (sampler_position > static_cast<uint64_t>(c.sampler->num_samples()))
-      throw fail("sampler position ", sampler_position, " exceeds the sampler's ",
-                 c.sampler->num_samples(), " samples per rank");
+    try {
+      sampler_state = c.sampler->state_from_strings(file.metadata, "sampler.");
+    } catch (const Error& e) {
+      throw fail(e.what());
+    }
+    const std::string why = c.sampler->refusal(sampler_state);
+    if (!why.empty()) throw fail("the sampler cannot continue: ", why);
   }
   nn::NamedTensors model_state;
   if (c.model != nullptr) {
@@ -583,8 +592,7 @@ void load_checkpoint(const std::string& path, Checkpoint& c, Device device,
   }
   for (const auto& [name, gen] : c.generators) gen->set_state(rng[name].first, rng[name].second);
   if (c.sampler != nullptr) {
-    c.sampler->set_epoch(sampler_epoch);
-    c.sampler->set_position(static_cast<int64_t>(sampler_position));
+    c.sampler->load_state(sampler_state);
     c.sampler_consumed = 0;
   }
   c.values = values.scalars;

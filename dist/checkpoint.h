@@ -37,13 +37,18 @@
 //
 // Random states: rank r of the loading group (`group`, else the default group, else a single
 // process: rank 0 of 1) takes the states rank r saved. A file from a grouped save over N ranks
-// holds N ranks' states; one from save_checkpoint(path, ck), a single process or ember before
-// per-rank states holds rank 0's alone, and every loading rank takes those (every rank then
-// draws the same numbers; save with the group to keep each rank's). Loaded on M ranks where
-// the file holds N > 1: ranks below N take their own, ranks N and up take rank 0's, and rank 0
-// prints a warning naming both counts when M != N. Keys: "rng.NAME.seed" / ".offset" (rank
-// 0's, as in every ember checkpoint), "rng_rank.R.NAME.seed" / ".offset" (rank R >= 1's) and
-// "rng_ranks" (N; absent means 1).
+// holds N ranks' states (a single process's or save_checkpoint(path, ck)'s: N = 1, rank 0's).
+// Loaded on M ranks: ranks below N take their own; ranks N and up, which the saving run did
+// not have, start afresh from a state derived from the seed (rank 0's seed + the rank, offset
+// 0), distinct for each rank; rank 0 prints a warning naming both counts when M != N. A file
+// from ember before per-rank states (no "rng_ranks") holds rank 0's alone, and every loading
+// rank takes those. Keys: "rng.NAME.seed" / ".offset" (rank 0's, as in every ember
+// checkpoint), "rng_rank.R.NAME.seed" / ".offset" (rank R >= 1's) and "rng_ranks" (N).
+//
+// The sampler's position is saved in global terms (DistributedSampler::state: the epoch and
+// the samples of its global order consumed), so a file loads on any number of ranks: the rest
+// of the epoch is split among the loading ranks; a sampler that cannot continue it (another
+// dataset size, order or seed) is refused, naming why.
 #pragma once
 
 #include <cstdint>
@@ -72,8 +77,9 @@ struct Checkpoint {
   // fp16 loss scaling: saved when set (and enabled); loaded when the file holds a scaler's
   // state, else left as it is (a checkpoint of an fp32 or bf16 run loads into an fp16 one).
   optim::GradScaler* grad_scaler = nullptr;
-  // Saved: the sampler's position() plus this many samples of its current indices() already
-  // consumed. Loading restores the sampler's epoch and position and resets this to 0.
+  // Saved: the sampler's state(sampler_consumed), i.e. its position plus this many samples of
+  // its current indices() already consumed, in global terms. Loading continues that state on
+  // this group's ranks (DistributedSampler::load_state) and resets this to 0.
   int64_t sampler_consumed = 0;
   int64_t epoch = 0;
   int64_t step = 0;

@@ -1,5 +1,7 @@
 #include "distributed_sampler.h"
 
+#include <algorithm>
+#include <charconv>
 #include <numeric>
 
 #include <ember/tensor/error.h>
@@ -17,18 +19,27 @@ DistributedSampler::DistributedSampler(int64_t dataset_size, int num_replicas, i
               num_replicas);
   EMBER_CHECK(rank >= 0 && rank < num_replicas, "DistributedSampler", "rank ", rank,
               " is outside [0, ", num_replicas, ")");
-  const int64_t world = num_replicas;
-  if (options.drop_last && dataset_size % world != 0) {
-    num_samples_ = dataset_size / world;  // drop the tail so every rank gets the same count
-    total_size_ = num_samples_ * world;
-  } else if (!options.pad && !options.drop_last) {
-    // Positions rank, rank + world, ... below dataset_size: no index is repeated.
-    num_samples_ = dataset_size / world + (rank < dataset_size % world ? 1 : 0);
-    total_size_ = dataset_size;
-  } else {
-    num_samples_ = (dataset_size + world - 1) / world;
-    total_size_ = num_samples_ * world;
+  split();
+}
+
+DistributedSampler::Split DistributedSampler::split_from(int64_t start) const {
+  const int64_t world = num_replicas_, rest = dataset_size_ - start;
+  if (options_.drop_last && rest % world != 0) {
+    const int64_t each = rest / world;  // drop the tail so every rank gets the same count
+    return {each, start + each * world};
   }
+  if (!options_.pad && !options_.drop_last) {
+    // Positions start + rank, start + rank + world, ... below dataset_size: no repeats.
+    return {rest / world + (rank_ < rest % world ? 1 : 0), dataset_size_};
+  }
+  const int64_t each = (rest + world - 1) / world;
+  return {each, start + each * world};
+}
+
+void DistributedSampler::split() {
+  const Split s = split_from(start_);
+  num_samples_ = s.num_samples;
+  total_size_ = s.total_size;
 }
 
 DistributedSampler::DistributedSampler(int64_t dataset_size, const ProcessGroup& group,
@@ -59,7 +70,12 @@ std::shared_ptr<ProcessGroup> DistributedSampler::default_group(const char* op) 
 }
 
 void DistributedSampler::on_set_epoch(uint64_t previous, uint64_t epoch) {
-  if (epoch != previous) position_ = 0;
+  if (epoch == previous) return;
+  position_ = 0;
+  if (start_ != 0) {
+    start_ = 0;  // another epoch is read from its beginning
+    split();
+  }
 }
 
 void DistributedSampler::set_position(int64_t position) {
@@ -68,7 +84,7 @@ void DistributedSampler::set_position(int64_t position) {
   position_ = position;
 }
 
-std::vector<int64_t> DistributedSampler::indices() const {
+std::vector<int64_t> DistributedSampler::global_order(int64_t length) const {
   std::vector<int64_t> order;
   if (options_.shuffle) {
     order = data::random_permutation(dataset_size_, options_.seed + epoch(), 0);
@@ -76,7 +92,7 @@ std::vector<int64_t> DistributedSampler::indices() const {
     order.resize(static_cast<size_t>(dataset_size_));
     std::iota(order.begin(), order.end(), int64_t{0});
   }
-  const auto total = static_cast<size_t>(total_size());
+  const auto total = static_cast<size_t>(length);
   if (order.size() > total) {
     order.resize(total);
   } else {
@@ -84,11 +100,111 @@ std::vector<int64_t> DistributedSampler::indices() const {
     const size_t n = order.size();
     for (size_t i = 0; order.size() < total && n > 0; ++i) order.push_back(order[i % n]);
   }
+  return order;
+}
+
+std::vector<int64_t> DistributedSampler::indices() const {
+  const std::vector<int64_t> order = global_order(total_size_);
   std::vector<int64_t> shard;
-  for (size_t i = static_cast<size_t>(rank_ + position_ * num_replicas_); i < order.size();
+  for (auto i = static_cast<size_t>(start_ + rank_ + position_ * num_replicas_); i < order.size();
        i += static_cast<size_t>(num_replicas_))
     shard.push_back(order[i]);
   return shard;
+}
+
+std::map<std::string, std::string> SamplerState::to_strings() const {
+  return {{"epoch", std::to_string(epoch)},
+          {"consumed", std::to_string(consumed)},
+          {"dataset_size", std::to_string(dataset_size)},
+          {"seed", std::to_string(seed)},
+          {"order", order},
+          {"world_size", std::to_string(world_size)},
+          {"position", std::to_string(world_size > 0 ? consumed / world_size : 0)}};
+}
+
+SamplerState DistributedSampler::state(int64_t consumed_here) const {
+  EMBER_CHECK(consumed_here >= 0 && consumed_here <= size(), "DistributedSampler::state",
+              "consumed ", consumed_here, " is outside [0, ", size(),
+              "] (the sampler's remaining indices)");
+  SamplerState s;
+  s.epoch = epoch();
+  s.consumed = std::min(start_ + (position_ + consumed_here) * num_replicas_, total_size_);
+  s.dataset_size = dataset_size_;
+  s.seed = options_.seed;
+  s.order = order_name();
+  s.world_size = num_replicas_;
+  return s;
+}
+
+std::string DistributedSampler::refusal(const SamplerState& s) const {
+  using ember::detail::str_cat;
+  if (s.dataset_size != dataset_size_)
+    return str_cat("the state is of an epoch of ", s.dataset_size,
+                   " samples and this sampler's epoch has ", dataset_size_,
+                   " (another dataset, or another number of samples per epoch)");
+  if (s.order != order_name())
+    return str_cat("the state's order is ", s.order, " and this sampler's is ", order_name());
+  if (s.order != "sequential" && s.seed != options_.seed)
+    return str_cat("the state's order was drawn with seed ", s.seed, " and this sampler's with ",
+                   options_.seed);
+  // A padded epoch's last row may run past the dataset by less than one world.
+  if (s.consumed < 0 || s.consumed > dataset_size_ + std::max(s.world_size, 1))
+    return str_cat("the state has consumed ", s.consumed, " samples of an epoch of ",
+                   dataset_size_);
+  return "";
+}
+
+void DistributedSampler::load_state(const SamplerState& s) {
+  const std::string why = refusal(s);
+  EMBER_CHECK(why.empty(), "DistributedSampler::load_state", why);
+  set_epoch(s.epoch);
+  const int64_t consumed = std::min(s.consumed, dataset_size_);
+  // A count that divides among the ranks is a position in the shards from the epoch's start
+  // (the same indices as a split from `consumed`).
+  const bool whole_rows = consumed % num_replicas_ == 0;
+  start_ = whole_rows ? 0 : consumed;
+  split();
+  position_ = whole_rows ? consumed / num_replicas_ : 0;
+}
+
+SamplerState DistributedSampler::state_from_strings(
+    const std::map<std::string, std::string>& strings, const std::string& prefix) const {
+  auto text = [&](const char* key) -> const std::string* {
+    const auto it = strings.find(prefix + key);
+    return it == strings.end() ? nullptr : &it->second;
+  };
+  auto number = [&](const char* key) -> int64_t {
+    const std::string* t = text(key);
+    EMBER_CHECK(t != nullptr, "DistributedSampler", "the sampler state has no \"", key, "\"");
+    int64_t v = 0;
+    const auto [end, error] = std::from_chars(t->data(), t->data() + t->size(), v);
+    EMBER_CHECK(error == std::errc() && end == t->data() + t->size() && v >= 0,
+                "DistributedSampler", "the sampler state's \"", key, "\" = \"", *t,
+                "\" is not a count");
+    return v;
+  };
+  SamplerState s;
+  s.epoch = static_cast<uint64_t>(number("epoch"));
+  if (text("consumed") == nullptr) {  // ember before global states: this world's position
+    s.consumed = number("position") * num_replicas_;
+    s.dataset_size = dataset_size_;
+    s.seed = options_.seed;
+    s.order = order_name();
+    s.world_size = num_replicas_;
+    return s;
+  }
+  s.consumed = number("consumed");
+  s.dataset_size = number("dataset_size");
+  s.world_size = static_cast<int>(std::min<int64_t>(number("world_size"), 1 << 30));
+  const std::string* order = text("order");
+  EMBER_CHECK(order != nullptr, "DistributedSampler", "the sampler state has no \"order\"");
+  s.order = *order;
+  const std::string seed = text("seed") != nullptr ? *text("seed") : std::string();
+  const auto [end, error] = std::from_chars(seed.data(), seed.data() + seed.size(), s.seed);
+  EMBER_CHECK(!seed.empty() && error == std::errc() && end == seed.data() + seed.size(),
+              "DistributedSampler", "the sampler state's \"seed\" = \"", seed,
+              "\" is not a 64-bit seed");
+  return s;
 }
 
 }  // namespace ember::dist

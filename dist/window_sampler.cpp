@@ -1,5 +1,7 @@
 #include "window_sampler.h"
 
+#include <algorithm>
+
 #include <ember/tensor/error.h>
 
 namespace ember::dist {
@@ -26,13 +28,18 @@ DistributedWindowSampler::DistributedWindowSampler(int64_t num_windows, int64_t 
     : DistributedWindowSampler(num_windows, num_samples, *default_group("DistributedWindowSampler"),
                                options) {}
 
-std::vector<int64_t> DistributedWindowSampler::indices() const {
-  const std::vector<int64_t> starts =
-      data::random_window_starts(num_windows_, total_size(), seed_, epoch());
-  std::vector<int64_t> shard;
-  for (int64_t k = position(); k < num_samples(); ++k)
-    shard.push_back(starts[static_cast<size_t>(rank() + k * num_replicas())]);
-  return shard;
+std::vector<int64_t> DistributedWindowSampler::global_order(int64_t length) const {
+  return data::random_window_starts(num_windows_, length, seed_, epoch());
+}
+
+std::string DistributedWindowSampler::refusal(const SamplerState& s) const {
+  std::string why = DistributedSampler::refusal(s);
+  if (!why.empty()) return why;
+  const int64_t total = split_from(std::min(s.consumed, dataset_size())).total_size;
+  if (total > num_windows_)
+    return ember::detail::str_cat("continued on ", num_replicas(), " ranks the epoch needs ", total,
+                                  " distinct windows, but the dataset has ", num_windows_);
+  return "";
 }
 
 }  // namespace ember::dist

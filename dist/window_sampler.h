@@ -10,11 +10,13 @@
 // the DataLoader's workers.
 //
 // It is a DistributedSampler: set_epoch() (select the epoch before each one: passes repeat the
-// selected epoch's windows), set_position() and checkpoints (dist::Checkpoint's sampler, epoch
-// and position) work unchanged.
+// selected epoch's windows), set_position(), state()/load_state() on another number of ranks
+// (the draw is the epoch's global order: a larger draw begins with a smaller one, so a resized
+// split continues the same draw) and checkpoints work unchanged.
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "distributed_sampler.h"
@@ -39,10 +41,15 @@ class DistributedWindowSampler : public DistributedSampler {
   DistributedWindowSampler(int64_t num_windows, int64_t num_samples,
                            WindowSamplerOptions options = {});
 
-  // This rank's window starts for epoch(), from position() on.
-  std::vector<int64_t> indices() const override;
   int64_t num_windows() const { return num_windows_; }
   bool shuffles() const override { return true; }
+  // DistributedSampler's, and a split that would need more windows than there are.
+  std::string refusal(const SamplerState& s) const override;
+
+ protected:
+  // The first `length` window starts of the epoch's draw.
+  std::vector<int64_t> global_order(int64_t length) const override;
+  std::string order_name() const override { return "windows of " + std::to_string(num_windows_); }
 
  private:
   int64_t num_windows_;

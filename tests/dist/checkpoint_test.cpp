@@ -496,11 +496,13 @@ TEST(Checkpoint, RandomStatesLoadedOnAnotherNumberOfRanks) {
   };
   EXPECT_EQ(load_as(2, 3), std::make_tuple(uint64_t{12}, uint64_t{3}, std::string()));
   EXPECT_EQ(load_as(1, 4), std::make_tuple(uint64_t{11}, uint64_t{2}, std::string()));
-  EXPECT_EQ(load_as(3, 4), std::make_tuple(uint64_t{10}, uint64_t{1}, std::string()));
+  // A rank the saving run did not have starts afresh: rank 0's seed + its rank, offset 0.
+  EXPECT_EQ(load_as(3, 4), std::make_tuple(uint64_t{13}, uint64_t{0}, std::string()));
+  EXPECT_EQ(load_as(4, 5), std::make_tuple(uint64_t{14}, uint64_t{0}, std::string()));
   EXPECT_EQ(std::get<2>(load_as(0, 4)),
             "ember: warning: load_checkpoint: " + path.string() +
-                " holds the random states of 3 ranks and is loaded on 4: rank 3 starts from rank "
-                "0's\n");
+                " holds the random states of 3 ranks and is loaded on 4: rank 3 starts afresh "
+                "(rank 0's seed + the rank, offset 0)\n");
   EXPECT_EQ(std::get<2>(load_as(0, 1)),
             "ember: warning: load_checkpoint: " + path.string() +
                 " holds the random states of 3 ranks and is loaded on 1: the states of ranks 1 to "
