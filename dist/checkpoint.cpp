@@ -19,12 +19,6 @@ namespace {
 
 constexpr const char* kFormat = "ember.checkpoint.v1";
 
-std::string number(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.17g", v);
-  return buf;
-}
-
 template <typename... Parts>
 Error load_error(const std::string& path, const Parts&... parts) {
   return detail::file_error("load_checkpoint", path, parts...);
@@ -91,15 +85,15 @@ void write_checkpoint(const std::string& path, const Checkpoint& c,
   if (c.optimizer != nullptr) {
     const optim::StateDict sd = c.optimizer->state_dict();
     for (const auto& [key, t] : sd.tensors) tensors["optimizer." + key] = t;
-    for (const auto& [key, v] : sd.scalars) meta["optimizer." + key] = number(v);
+    for (const auto& [key, v] : sd.scalars) meta["optimizer." + key] = detail::format_number(v);
   }
   if (c.scheduler != nullptr) {
     for (const auto& [key, v] : c.scheduler->state_dict().scalars)
-      meta["scheduler." + key] = number(v);
+      meta["scheduler." + key] = detail::format_number(v);
   }
   if (c.grad_scaler != nullptr) {
     for (const auto& [key, v] : c.grad_scaler->state_dict().scalars)
-      meta["grad_scaler." + key] = number(v);
+      meta["grad_scaler." + key] = detail::format_number(v);
   }
   if (!c.generators.empty()) {
     meta[kRngRanks] = std::to_string(rng.size());
@@ -121,7 +115,7 @@ void write_checkpoint(const std::string& path, const Checkpoint& c,
     meta["sampler.epoch"] = std::to_string(c.sampler->epoch());
     meta["sampler.position"] = std::to_string(c.sampler->position() + c.sampler_consumed);
   }
-  for (const auto& [key, v] : c.values) meta["values." + key] = number(v);
+  for (const auto& [key, v] : c.values) meta["values." + key] = detail::format_number(v);
   for (const auto& [key, text] : c.texts) {
     bool utf8 = true;  // the header is JSON, whose strings are UTF-8
     try {
@@ -210,22 +204,16 @@ void load_checkpoint(const std::string& path, Checkpoint& c, Device device,
   };
   auto integer = [&](const std::string& key) -> uint64_t {
     const std::string& s = meta(key);
-    try {
-      size_t used = 0;
-      const uint64_t v = std::stoull(s, &used);
-      if (used == s.size()) return v;
-    } catch (const std::exception&) {
-    }
-    throw fail("metadata \"", key, "\" = \"", s, "\" is not an unsigned integer");
+    uint64_t v = 0;
+    if (!detail::parse_count(s, v))
+      throw fail("metadata \"", key, "\" = \"", s, "\" is not an unsigned integer");
+    return v;
   };
   auto real = [&](const std::string& key, const std::string& s) -> double {
-    try {
-      size_t used = 0;
-      const double v = std::stod(s, &used);
-      if (used == s.size()) return v;
-    } catch (const std::exception&) {
-    }
-    throw fail("metadata \"", key, "\" = \"", s, "\" is not a number");
+    double v = 0;
+    if (!detail::parse_number(s, v))
+      throw fail("metadata \"", key, "\" = \"", s, "\" is not a number");
+    return v;
   };
   auto with_prefix = [&](const std::string& prefix) {
     optim::StateDict sd;

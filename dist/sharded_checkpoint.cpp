@@ -54,15 +54,6 @@ bool is_reserved(const std::string& key) {
   return key == "format" || key == "checksum" || key.rfind(kPrefix, 0) == 0;
 }
 
-bool parse_uint(const std::string& s, uint64_t& out) {
-  if (s.empty() || s.size() > 20 ||
-      !std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; }))
-    return false;
-  errno = 0;
-  out = std::strtoull(s.c_str(), nullptr, 10);
-  return errno == 0;
-}
-
 int64_t numel_of(const Shape& shape) {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
@@ -134,7 +125,7 @@ ShardHeader describe_shard(const detail::SafetensorsFile& file) {
   };
   auto integer = [&](const std::string& key, uint64_t most = INT64_MAX) {
     uint64_t v = 0;
-    if (!parse_uint(field(key), v) || v > most)
+    if (!detail::parse_count(field(key), v) || v > most)
       throw fail("metadata \"", key, "\" = \"", field(key), "\" is not an unsigned integer");
     return v;
   };
@@ -322,6 +313,21 @@ std::pair<int64_t, int64_t> even_split(int64_t numel, int64_t rank, int64_t worl
   const int64_t base = numel / world_size, extra = numel % world_size;
   const int64_t begin = rank * base + std::min(rank, extra);
   return {begin, begin + base + (rank < extra ? 1 : 0)};
+}
+
+void add_state_dict(ShardedState& state, const optim::StateDict& dict, const std::string& prefix) {
+  auto check = [&state](const std::string& key) {
+    EMBER_CHECK(state.replicated.count(key) == 0 && state.sharded.count(key) == 0 &&
+                    state.metadata.count(key) == 0,
+                "add_state_dict", "\"", key, "\" is in the state already");
+  };
+  for (const auto& [key, t] : dict.tensors) {
+    EMBER_CHECK(t.defined(), "add_state_dict", "tensor \"", key, "\" is undefined");
+    check(prefix + key);
+  }
+  for (const auto& [key, v] : dict.scalars) check(prefix + key);
+  for (const auto& [key, t] : dict.tensors) state.sharded[prefix + key] = {t.sizes(), 0, t};
+  for (const auto& [key, v] : dict.scalars) state.metadata[prefix + key] = detail::format_number(v);
 }
 
 void save_sharded_checkpoint(const std::string& dir, const ShardedState& state,
@@ -591,6 +597,24 @@ void ShardedCheckpoint::read_into(const std::string& name, int64_t begin, Tensor
   const Tensor values = read(name, begin, end);
   NoGradGuard no_grad;
   out.copy_(values.view(out.sizes()));
+}
+
+optim::StateDict ShardedCheckpoint::read_state_dict(
+    const std::string& prefix, const std::function<bool(const std::string&)>& wanted) const {
+  optim::StateDict out;
+  for (const auto& [key, value] : impl_->metadata) {
+    if (key.rfind(prefix, 0) != 0) continue;
+    double v = 0;
+    if (!detail::parse_number(value, v))
+      throw impl_->fail("metadata \"", key, "\" = \"", value, "\" is not a number");
+    out.scalars[key.substr(prefix.size())] = v;
+  }
+  for (const auto& [key, info] : impl_->infos) {
+    if (key.rfind(prefix, 0) != 0) continue;
+    const std::string name = key.substr(prefix.size());
+    if (!wanted || wanted(name)) out.tensors[name] = read(key);
+  }
+  return out;
 }
 
 void ShardedCheckpoint::load_module(nn::Module& module, const std::string& prefix) const {

@@ -23,12 +23,14 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
 #include <utility>
 
 #include <ember/nn/module.h>
+#include <ember/optim/optimizer.h>
 
 #include "process_group.h"
 
@@ -56,6 +58,14 @@ struct ShardedState {
   // one value). Keys "format", "checksum" and "ember.*" are reserved.
   std::map<std::string, std::string> metadata{};
 };
+
+// Adds an optimizer state dict (optim::Optimizer::state_dict()'s format), or the part of one
+// this rank holds, under `prefix`: its tensors as sharded tensors this rank holds whole, its
+// scalars as metadata (exact decimal). For a ZeRO rank: the state of the parameters it owns,
+// keyed by their index in the whole optimizer, and the groups' options (alike on every rank).
+// A key already in `state` is an ember::Error naming it.
+void add_state_dict(ShardedState& state, const optim::StateDict& dict,
+                    const std::string& prefix = "optimizer.");
 
 // Elements [first, second) of `numel` that rank `rank` of `world_size` holds when a tensor is
 // split evenly (sizes differ by one at most, the larger first).
@@ -106,6 +116,12 @@ class ShardedCheckpoint {
   // Fills `out` (any device, dtype and layout) with elements [begin, begin + out.numel()) of
   // `name`, in row-major order, converted as copy_ converts.
   void read_into(const std::string& name, int64_t begin, Tensor out) const;
+  // A state dict saved by add_state_dict under `prefix`: every scalar, and each tensor whose
+  // key (without the prefix) `wanted` accepts (every one without `wanted`), read whole: a ZeRO
+  // rank of any world size asks for its own parameters' state alone.
+  optim::StateDict read_state_dict(
+      const std::string& prefix = "optimizer.",
+      const std::function<bool(const std::string& key)>& wanted = nullptr) const;
   // Loads the module's parameters and buffers from tensors `prefix` + their names, strictly
   // (missing, unexpected or differently shaped tensors: an error naming them, before anything
   // changes), reading each straight into the module's own tensor. A shard found damaged midway

@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <bit>
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -131,6 +133,31 @@ bool parse_shape(const nlohmann::json& sizes, Shape& shape, int64_t& numel) {
   }
   numel = static_cast<int64_t>(count);
   return true;
+}
+
+std::string format_number(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.17g", v);
+  return buf;
+}
+
+bool parse_number(const std::string& s, double& out) {
+  try {
+    size_t used = 0;
+    out = std::stod(s, &used);
+    return used == s.size();
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+bool parse_count(const std::string& s, uint64_t& out) {
+  if (s.empty() || s.size() > 20 ||
+      !std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; }))
+    return false;
+  errno = 0;
+  out = std::strtoull(s.c_str(), nullptr, 10);
+  return errno == 0;
 }
 
 const char* safetensors_dtype(DType t) {

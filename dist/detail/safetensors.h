@@ -33,6 +33,12 @@ bool parse_safetensors_dtype(const std::string& name, DType& out);
 // nonzero sizes, which the strides reach) fits in an int64_t; false otherwise.
 bool parse_shape(const nlohmann::json& sizes, Shape& shape, int64_t& numel);
 
+// Numbers in metadata strings: doubles exactly ("%.17g"), counts as plain decimal digits. The
+// parsers take the whole string or fail.
+std::string format_number(double v);
+bool parse_number(const std::string& s, double& out);
+bool parse_count(const std::string& s, uint64_t& out);
+
 // FNV-1a over `n` bytes, continuing from `h`: the data checksums kept in the metadata.
 inline constexpr uint64_t kChecksumSeed = 14695981039346656037ull;
 uint64_t checksum(const char* data, size_t n, uint64_t h = kChecksumSeed);

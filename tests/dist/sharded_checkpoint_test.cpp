@@ -11,6 +11,7 @@
 
 #include <ember/dist/checkpoint.h>
 #include <ember/dist/sharded_checkpoint.h>
+#include <ember/optim/adam.h>
 #include <ember/tensor/allocator.h>
 
 #include "dist_test_util.h"
@@ -141,6 +142,69 @@ TEST(ShardedCheckpoint, LoadModuleReadsEveryTensorStrictly) {
                      "keys: 0.bias, 0.weight, 1.bias, ");
   EXPECT_EMBER_ERROR(snapshot.load_module(*linear, "model.x."),
                      "x.\"): missing keys: weight, bias");
+}
+
+// The parameter a state dict key "state.K.*" belongs to, or -1 for other keys.
+int64_t parameter_of(const std::string& key) {
+  if (key.rfind("state.", 0) != 0) return -1;
+  return std::stoll(key.substr(6, key.find('.', 6) - 6));
+}
+
+// An optimizer's state sharded as ZeRO shards it (parameter k's state on rank k % size, the
+// options on every rank), saved, and read back whole or by a rank of another world size.
+TEST(ShardedCheckpoint, OptimizerStateSavedByItsOwnersAndReadBackByAnyRank) {
+  auto pg = world();
+  testing::SharedDir folder(*pg, "ember_sharded_test_");
+  manual_seed(5);
+  auto model = std::make_shared<nn::Sequential>(std::initializer_list<std::shared_ptr<nn::Module>>{
+      std::make_shared<nn::Linear>(6, 5), std::make_shared<nn::Linear>(5, 3)});
+  optim::AdamW adam(model->parameters(), optim::AdamWOptions{.lr = 0.01});
+  for (int i = 0; i < 2; ++i) {
+    adam.zero_grad();
+    mse_loss(model->forward(randn({4, 6})), randn({4, 3})).backward();
+    adam.step();
+  }
+  optim::StateDict full = adam.state_dict();
+  for (auto& [key, t] : full.tensors) t = t.clone();  // the live state goes on below
+  optim::StateDict own;                               // what this rank would hold under ZeRO
+  for (const auto& [key, t] : full.tensors) {
+    if (parameter_of(key) % pg->size() == pg->rank()) own.tensors[key] = t;
+  }
+  for (const auto& [key, v] : full.scalars) {
+    if (parameter_of(key) < 0 || parameter_of(key) % pg->size() == pg->rank()) own.scalars[key] = v;
+  }
+  ShardedState state;
+  add_state_dict(state, own);
+  EXPECT_EMBER_ERROR(add_state_dict(state, {{}, {{"param_groups.0.lr", 1.0}}}),
+                     "add_state_dict: \"optimizer.param_groups.0.lr\" is in the state already");
+  const std::string dir = folder.file("adam");
+  save_sharded_checkpoint(dir, state, *pg);
+
+  const ShardedCheckpoint snapshot(dir);
+  const optim::StateDict read = snapshot.read_state_dict();
+  EXPECT_EQ(read.scalars, full.scalars);
+  ASSERT_EQ(read.tensors.size(), full.tensors.size());
+  for (const auto& [key, t] : full.tensors) EXPECT_TRUE(equal(read.tensors.at(key), t)) << key;
+  // A fresh optimizer takes it and steps as the saved one does.
+  auto copy = std::make_shared<nn::Sequential>(std::initializer_list<std::shared_ptr<nn::Module>>{
+      std::make_shared<nn::Linear>(6, 5), std::make_shared<nn::Linear>(5, 3)});
+  copy->load_state_dict(model->state_dict());
+  optim::AdamW resumed(copy->parameters(), optim::AdamWOptions{.lr = 0.5});
+  resumed.load_state_dict(read);
+  const Tensor x = randn({4, 6}), y = randn({4, 3});
+  auto step = [&x, &y](optim::Optimizer& optimizer, nn::Module& net) {
+    optimizer.zero_grad();
+    mse_loss(net.forward(x), y).backward();
+    optimizer.step();
+  };
+  step(adam, *model);
+  step(resumed, *copy);
+  testing::expect_same_state(*copy, *model, 0, 0);
+  // Rank 1 of 3 asks for its own parameters' state alone.
+  const optim::StateDict mine = snapshot.read_state_dict(
+      "optimizer.", [](const std::string& key) { return parameter_of(key) % 3 == 1; });
+  EXPECT_EQ(mine.tensors.size(), 2u);  // parameter 1's exp_avg and exp_avg_sq
+  EXPECT_TRUE(equal(mine.tensors.at("state.1.exp_avg"), full.tensors.at("state.1.exp_avg")));
 }
 
 // Each shard alone is a safetensors file: the same reader as whole checkpoints opens it, and
