@@ -87,9 +87,10 @@ void save_sharded_checkpoint(const std::string& dir, const ShardedState& state,
 // Memory: a read allocates what it returns and nothing more from ember's allocators (the bytes
 // pass through one buffer of at most 1 MiB); read_into() into a contiguous CPU tensor of the
 // saved dtype allocates nothing, into any other tensor one temporary of its size. So a rank
-// loading its share of a state saved on fewer ranks holds at most the largest shard plus one
-// tensor more than what it keeps. Each piece read is checked whole against its checksum, so a
-// rank wanting part of a piece reads all of that piece's bytes (through the buffer).
+// taking its even share on at least as many ranks as saved the snapshot allocates at most the
+// largest shard plus one parameter, and nothing is ever gathered whole on one rank. Each piece
+// read is checked whole against its checksum, so a rank wanting part of a piece reads all of
+// that piece's bytes (through the buffer).
 class ShardedCheckpoint {
  public:
   struct TensorInfo {
