@@ -6,7 +6,8 @@
 // "optimizer.<key>" (optimizer state buffers). Everything else lives in "__metadata__" as
 // strings: optimizer and scheduler scalars, epoch, step, RNG states (seed and offset per
 // named generator, for each rank of a grouped save), the sampler's epoch and position, and a
-// checksum of the data.
+// checksum of the data. (State split across ranks, as ZeRO's, is saved one file per rank
+// instead: sharded_checkpoint.h. Both read and write the format through detail/safetensors.h.)
 //
 // Saving, in two forms:
 //   save_checkpoint(path, ck)         not collective, like torch.save: rank 0 of the default

@@ -16,6 +16,7 @@
 #include <ember/dist/mpi_process_group.h>
 #include <ember/dist/nccl_process_group.h>
 #include <ember/dist/process_group.h>
+#include <ember/dist/sharded_checkpoint.h>
 #include <ember/dist/single_process_group.h>
 #include <ember/dist/spawn.h>
 #include <ember/dist/sync_batch_norm.h>

@@ -18,6 +18,8 @@
 #include <ember/dist/metrics.h>
 
 #include "dist_test_util.h"
+#include "raw_safetensors.h"
+#include "shared_dir.h"
 
 namespace ember::dist {
 namespace {
@@ -25,26 +27,10 @@ namespace {
 namespace fs = std::filesystem;
 using testing::world;
 
-// A folder every rank agrees on (rank 0's pid names it), emptied at the end.
-class SharedDir {
+// A folder every rank agrees on, emptied at the end.
+class SharedDir : public testing::SharedDir {
  public:
-  explicit SharedDir(ProcessGroup& pg) : pg_(pg) {
-    Tensor pid = from_vector<int64_t>({static_cast<int64_t>(::getpid())}, {1});
-    pg.broadcast(pid, 0)->wait();
-    path_ = fs::path(::testing::TempDir()) /
-            ("ember_checkpoint_test_" + std::to_string(pid.item<int64_t>()));
-    fs::create_directories(path_);
-  }
-  ~SharedDir() {
-    pg_.barrier()->wait();
-    if (pg_.rank() == 0) fs::remove_all(path_);
-  }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-  const fs::path& path() const { return path_; }
-
- private:
-  ProcessGroup& pg_;
-  fs::path path_;
+  explicit SharedDir(ProcessGroup& pg) : testing::SharedDir(pg, "ember_checkpoint_test_") {}
 };
 
 // One training setup: model (with dropout, so the RNG state matters), SGD with momentum, a
@@ -147,13 +133,8 @@ TEST(Checkpoint, FileIsSafetensors) {
   const std::string path = dir.file("plain.safetensors");
   save_checkpoint(path, run.ck, pg.get());
 
-  std::ifstream in(path, std::ios::binary);
-  uint64_t length = 0;
-  in.read(reinterpret_cast<char*>(&length), 8);
-  EXPECT_EQ(length % 8, 0u);
-  std::string text(length, '\0');
-  in.read(text.data(), static_cast<std::streamsize>(length));
-  const auto header = nlohmann::json::parse(text);
+  const testing::RawSafetensors raw(path);
+  const auto& header = raw.header;
   const auto& w = header.at("model.0.weight");
   EXPECT_EQ(w.at("dtype"), "F32");
   EXPECT_EQ(w.at("shape"), nlohmann::json({6, 4}));
@@ -161,12 +142,8 @@ TEST(Checkpoint, FileIsSafetensors) {
   EXPECT_TRUE(header.contains("optimizer.state.0.momentum_buffer"));
   EXPECT_EQ(header.at("__metadata__").at("epoch"), "4");
   // The weight's bytes are the weight's values.
-  const auto offsets = w.at("data_offsets").get<std::vector<uint64_t>>();
-  std::vector<float> values((offsets[1] - offsets[0]) / 4);
-  in.seekg(static_cast<std::streamoff>(8 + length + offsets[0]));
-  in.read(reinterpret_cast<char*>(values.data()), static_cast<std::streamsize>(values.size() * 4));
   const Tensor weight = run.ddp->module().named_parameters()[0].second;
-  EXPECT_EQ(values, weight.to_vector<float>());
+  EXPECT_EQ(raw.floats("model.0.weight"), weight.to_vector<float>());
 
   const CheckpointFile file = read_checkpoint(path);
   EXPECT_EQ(file.tensors.at("model.0.weight").sizes(), (Shape{6, 4}));
@@ -243,6 +220,33 @@ TEST(Checkpoint, DamagedOrMismatchedFilesAreRejected) {
   const std::string size = dir.file(mine + "size");
   write_raw(size, R"({"a":{"dtype":"F64","shape":[2],"data_offsets":[0,8]}})", "12345678");
   EXPECT_EMBER_ERROR(read_checkpoint(size), "needs 16 bytes but data_offsets span 8");
+  // Empty tensors sit at the offset of the next one, in any order of the header.
+  const std::string empties = dir.file(mine + "empties");
+  write_raw(empties,
+            R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+            R"("b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]},)"
+            R"("c":{"dtype":"F32","shape":[0,2],"data_offsets":[4,4]}})",
+            "12345678");
+  EXPECT_EQ(read_checkpoint(empties).tensors.at("c").sizes(), (Shape{0, 2}));
+  // Sizes whose product overflows are refused before anything is allocated from them, as is
+  // a header longer than safetensors allows (a sparse file, cheap to make).
+  const std::string huge = dir.file(mine + "huge");
+  write_raw(huge, R"({"a":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,0]}})",
+            "");
+  EXPECT_EMBER_ERROR(read_checkpoint(huge), "tensor \"a\" has shape [4294967296,4294967296]");
+  write_raw(huge, R"({"a":{"dtype":"F32","shape":[0,4611686018427387904,4],"data_offsets":[0,0]}})",
+            "");
+  EXPECT_EMBER_ERROR(read_checkpoint(huge), "tensor \"a\" has shape [0,4611686018427387904,4]");
+  {
+    std::ofstream out(huge, std::ios::binary | std::ios::trunc);
+    const uint64_t length = 150'000'000;
+    out.write(reinterpret_cast<const char*>(&length), 8);
+  }
+  fs::resize_file(huge, 150'000'100);
+  EXPECT_EMBER_ERROR(
+      read_checkpoint_metadata(huge),
+      "the header claims 150000000 bytes, more than safetensors' limit of 100000000");
+  fs::remove(huge);
   const std::string foreign = dir.file(mine + "foreign");
   write_raw(foreign, R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}})", "x");
   EXPECT_EQ(read_checkpoint(foreign).tensors.at("a").item<int64_t>(), 'x');

@@ -98,3 +98,13 @@ add_test(NAME dist_init_method_mpirun_np2
           --gtest_filter=UnderMpirun.*)
 set_tests_properties(dist_init_method_mpirun_np2 PROPERTIES TIMEOUT 120 LABELS "dist;mpi"
                                                            PROCESSORS 2)
+
+# A sharded snapshot saved by 3 ranks and loaded by 2, 4 and 1, each a torchrun-style job
+# (sharded_resize.sh): equal values, every element read once, bounded memory on load.
+add_executable(ember_sharded_resize ${CMAKE_CURRENT_LIST_DIR}/sharded_resize_main.cpp)
+target_link_libraries(ember_sharded_resize PRIVATE ember::ember ember_warnings)
+add_dependencies(ember_dist_tests ember_sharded_resize)
+add_test(NAME dist_tcp_sharded_resize
+  COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/sharded_resize.sh $<TARGET_FILE:ember_sharded_resize>)
+set_tests_properties(dist_tcp_sharded_resize PROPERTIES TIMEOUT 180 LABELS "dist;tcp"
+                                                        PROCESSORS 4)
