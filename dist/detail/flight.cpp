@@ -345,8 +345,11 @@ constexpr auto kAnswerPoll = std::chrono::milliseconds(20);
 
 // Checks `text`, what the store holds as rank `rank`'s dump (untrusted: any client of the
 // store could have written it), before it is written: bounded, a dump, and that rank's.
+// What a rank that left answers for good (StoreFlightDumps::leave).
+constexpr int64_t kLeft = int64_t{1} << 50;
+
 void check_peer_dump(const std::string& text, int rank) {
-  if (text.empty()) throw Error("it could write none");
+  if (text.empty()) throw Error("it had ended, or could write none");
   if (text.size() > kMaxFlightDumpBytes) {
     throw Error("the store holds " + std::to_string(text.size()) +
                 " bytes for it, more than a dump may take (" + std::to_string(kMaxFlightDumpBytes) +
@@ -437,6 +440,18 @@ void StoreFlightDumps::request(std::chrono::milliseconds wait) noexcept {
                  "ember::dist: rank %d could not ask its peers for their flight records: %s\n",
                  rank_, e.what());
     std::fflush(stderr);
+  }
+}
+
+void StoreFlightDumps::leave() noexcept {
+  try {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (answered_ >= kLeft) return;
+    store_->set(key("dump", rank_), "");
+    store_->add(key("answered", rank_), kLeft - answered_);
+    answered_ = kLeft;
+  } catch (const std::exception&) {
+    // The store is gone: nobody can ask any more.
   }
 }
 

@@ -161,6 +161,9 @@ class StoreFlightDumps {
   // that asked itself publishes the dump it wrote then. False once the store cannot be
   // reached (its server ended): nobody can ask any more.
   bool answer(std::chrono::milliseconds wait) noexcept;
+  // This process ends and answers no more: every request, this one's and later ones, reads
+  // as answered without a dump, so no asker waits for it.
+  void leave() noexcept;
 
  private:
   std::string key(const char* kind, int rank) const;

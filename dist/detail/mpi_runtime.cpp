@@ -1,12 +1,23 @@
 #include "mpi_runtime.h"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <thread>
 #include <vector>
+
+#include <ember/dist/flight_recorder.h>
+
+#include "flight.h"
+#include "shared_store.h"
 
 namespace ember::dist::detail {
 
@@ -173,6 +184,159 @@ void abort_mpi_job() {
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   MPI_Abort(MPI_COMM_WORLD, 1);
   std::abort();  // MPI_Abort does not return; should it, the process still ends
+}
+
+// --- the job's store --------------------------------------------------------------------------
+
+namespace {
+
+// A client of the job's store must reach it within this (or the timeout when shorter): rank 0
+// serves it before its address goes out, so only an unreachable address takes long.
+constexpr auto kJobStoreConnect = std::chrono::seconds(30);
+// How often each rank looks for requests for its flight records, and how long one that asked
+// waits for the answers.
+constexpr auto kDumpCheck = std::chrono::milliseconds(250);
+constexpr auto kDumpWait = std::chrono::seconds(3);
+// The address's share of the broadcast: the port, then the host's name, NUL-terminated.
+constexpr size_t kHostBytes = 256;
+
+// This process's part of the job's store: the store (rank 0 serves it) and the thread that
+// answers requests for flight records. Destroyed at exit before MPI is finalised (made after
+// MPI was initialised), so the thread stops and the store's server says goodbye first.
+struct JobStore {
+  std::mutex mutex;                 // one mpi_job_store at a time; guards the next three
+  std::shared_ptr<TcpStore> store;  // the first one made
+  std::string host;                 // where rank 0 serves it
+  std::shared_ptr<StoreFlightDumps> dumps;
+  std::mutex watch_mutex;  // guards stopping
+  std::condition_variable watch_cv;
+  bool stopping = false;
+  std::thread watcher;
+
+  ~JobStore() {
+    {
+      std::lock_guard<std::mutex> lock(watch_mutex);
+      stopping = true;
+    }
+    watch_cv.notify_all();
+    if (watcher.joinable()) watcher.join();
+    set_job_flight_dumps(nullptr);
+    if (dumps != nullptr) dumps->leave();  // a rank that asks now need not wait for this one
+  }
+  // The watcher: answers the peers' requests for this rank's flight records, also while the
+  // rank's other threads are stuck (in its own code, or in MPI).
+  void watch(std::shared_ptr<StoreFlightDumps> answering) {
+    std::unique_lock<std::mutex> lock(watch_mutex);
+    while (!watch_cv.wait_for(lock, kDumpCheck, [&] { return stopping; })) {
+      lock.unlock();
+      const bool reachable = answering->answer(kDumpWait);
+      lock.lock();
+      if (!reachable) return;  // the store ended with rank 0: nobody can ask any more
+    }
+  }
+};
+JobStore& job_store() {
+  static JobStore instance;
+  return instance;
+}
+
+std::string job_store_host() {
+  if (const char* addr = std::getenv("MASTER_ADDR"); addr != nullptr && addr[0] != '\0') {
+    return addr;
+  }
+  char name[kHostBytes] = {};
+  EMBER_CHECK(::gethostname(name, sizeof(name) - 1) == 0, "mpi_job_store",
+              "gethostname failed: ", std::strerror(errno));
+  return name;
+}
+
+}  // namespace
+
+std::shared_ptr<TcpStore> mpi_job_store(MPI_Comm comm, std::span<char> payload,
+                                        std::chrono::milliseconds timeout) {
+  ensure_mpi_initialized();
+  int rank = 0, size = 1, world = 1;
+  {
+    MpiLock lock;
+    check_mpi(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
+    check_mpi(MPI_Comm_size(comm, &size), "MPI_Comm_size");
+    check_mpi(MPI_Comm_size(MPI_COMM_WORLD, &world), "MPI_Comm_size");
+  }
+  EMBER_ASSERT(size == world, "mpi_job_store: a communicator of ", size, " ranks, not the job's ",
+               world);
+  const auto connect = std::min<std::chrono::milliseconds>(timeout, kJobStoreConnect);
+  JobStore& job = job_store();
+  std::lock_guard<std::mutex> job_lock(job.mutex);
+  std::string failure;  // why this rank has no store
+  std::vector<char> message(sizeof(int32_t) + kHostBytes + payload.size(), '\0');
+  if (rank == 0) {
+    try {
+      if (job.store == nullptr) {
+        job.host = job_store_host();
+        EMBER_CHECK(job.host.size() < kHostBytes, "mpi_job_store", "the host name \"", job.host,
+                    "\" is longer than ", kHostBytes - 1, " bytes");
+        job.store = serve_shared_store(job.host, size, connect);
+      }
+      const auto port = static_cast<int32_t>(job.store->port());
+      std::memcpy(message.data(), &port, sizeof(port));
+      std::memcpy(message.data() + sizeof(port), job.host.data(), job.host.size());
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+    if (!payload.empty()) {
+      std::memcpy(message.data() + sizeof(int32_t) + kHostBytes, payload.data(), payload.size());
+    }
+  }
+  {
+    MpiLock lock;
+    check_mpi(MPI_Bcast(message.data(), static_cast<int>(message.size()), MPI_BYTE, 0, comm),
+              "init_process_group: MPI_Bcast of the job's store address");
+  }
+  int32_t port = 0;
+  std::memcpy(&port, message.data(), sizeof(port));
+  const char* name = message.data() + sizeof(port);
+  const std::string host(name, strnlen(name, kHostBytes - 1));
+  if (rank != 0 && !payload.empty()) {
+    std::memcpy(payload.data(), message.data() + sizeof(int32_t) + kHostBytes, payload.size());
+  }
+  std::shared_ptr<TcpStore> store;
+  if (rank == 0) {
+    if (failure.empty()) store = job.store;
+  } else if (port > 0 && port <= 65535) {
+    try {
+      store = shared_store(host, port, size, rank, connect);
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+  } else {
+    failure = "rank 0 serves none";
+  }
+  int everyone = store != nullptr ? 1 : 0;
+  {
+    MpiLock lock;
+    check_mpi(MPI_Allreduce(MPI_IN_PLACE, &everyone, 1, MPI_INT, MPI_MIN, comm),
+              "init_process_group: MPI_Allreduce over the ranks that reached the job's store");
+  }
+  if (!everyone) {
+    if (!failure.empty()) {
+      std::fprintf(stderr,
+                   "ember::dist: rank %d has no store for this MPI job (%s:%d): %s; the job runs "
+                   "without one (no always-on check of NCCL collectives, no goodbyes there, and "
+                   "flight records stay where each rank wrote them)\n",
+                   rank, host.c_str(), static_cast<int>(port), failure.c_str());
+      std::fflush(stderr);
+    }
+    return nullptr;
+  }
+  if (job.store == nullptr) job.store = store;
+  if (job.dumps == nullptr && size > 1 && flight_recorder_enabled()) {
+    job.dumps = std::make_shared<StoreFlightDumps>(
+        job.store, "ember/mpi/flight/", rank, size,
+        "a rank of the MPI job asked, its group having broken or timed out");
+    set_job_flight_dumps(job.dumps);
+    job.watcher = std::thread([&job, dumps = job.dumps] { job.watch(dumps); });
+  }
+  return store;
 }
 
 namespace {
