@@ -345,8 +345,9 @@ constexpr auto kAnswerPoll = std::chrono::milliseconds(20);
 
 // Checks `text`, what the store holds as rank `rank`'s dump (untrusted: any client of the
 // store could have written it), before it is written: bounded, a dump, and that rank's.
-// What a rank that left answers for good (StoreFlightDumps::leave).
-constexpr int64_t kLeft = int64_t{1} << 50;
+// The count of a rank whose answer stands for every request, later ones included: one that
+// asked itself (its dump, written when its group broke) or whose process ended (none).
+constexpr int64_t kForGood = int64_t{1} << 50;
 
 void check_peer_dump(const std::string& text, int rank) {
   if (text.empty()) throw Error("it had ended, or could write none");
@@ -433,7 +434,7 @@ void StoreFlightDumps::request(std::chrono::milliseconds wait) noexcept {
     seen_.fetch_add(1);  // before the count grows: not this rank's to answer
     asked_.store(true);
     const int64_t number = store_->add(prefix_ + "requests", 1);
-    publish(number);
+    publish(kForGood);  // a peer that asks too need not wait for this rank's thread
     gather(number, wait);
   } catch (const std::exception& e) {
     std::fprintf(stderr,
@@ -446,10 +447,10 @@ void StoreFlightDumps::request(std::chrono::milliseconds wait) noexcept {
 void StoreFlightDumps::leave() noexcept {
   try {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (answered_ >= kLeft) return;
+    if (answered_ >= kForGood) return;
     store_->set(key("dump", rank_), "");
-    store_->add(key("answered", rank_), kLeft - answered_);
-    answered_ = kLeft;
+    store_->add(key("answered", rank_), kForGood - answered_);
+    answered_ = kForGood;
   } catch (const std::exception&) {
     // The store is gone: nobody can ask any more.
   }
@@ -461,10 +462,7 @@ bool StoreFlightDumps::answer(std::chrono::milliseconds wait) noexcept {
     int64_t seen = seen_.load();
     // Once per request, whichever of the threads that poll takes it.
     if (requests <= seen || !seen_.compare_exchange_strong(seen, requests)) return true;
-    if (asked_.load()) {
-      publish(requests);  // its own dump, written when its group broke, says more
-      return true;
-    }
+    if (asked_.load()) return true;  // its own dump, written when its group broke, answers
     dump_flight_records(answer_reason_);
     publish(requests);
     if (rank_ == 0) gather(requests, wait);  // the job's folder holds them all

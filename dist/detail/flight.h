@@ -152,14 +152,15 @@ class StoreFlightDumps {
   StoreFlightDumps(const StoreFlightDumps&) = delete;
   StoreFlightDumps& operator=(const StoreFlightDumps&) = delete;
 
-  // Publishes this rank's last dump, asks every peer for theirs, waits for them at most
-  // `wait` (a peer that died never answers) and writes those that came. Reports on stderr
-  // what it gathered, or why it could not ask; never throws.
+  // Publishes this rank's last dump as its answer to every request, asks every peer for
+  // theirs, waits for them at most `wait` (a peer that died never answers; one that asked too,
+  // or whose process ended, has answered) and writes those that came. Reports on stderr what
+  // it gathered, or why it could not ask; never throws.
   void request(std::chrono::milliseconds wait) noexcept;
   // Called now and then: when a peer asked since the last call, dumps this process's records
   // and publishes them (rank 0 then also gathers everyone's answers, at most `wait`); a rank
-  // that asked itself publishes the dump it wrote then. False once the store cannot be
-  // reached (its server ended): nobody can ask any more.
+  // that asked itself has answered every request with the dump it wrote then. False once the
+  // store cannot be reached (its server ended): nobody can ask any more.
   bool answer(std::chrono::milliseconds wait) noexcept;
   // This process ends and answers no more: every request, this one's and later ones, reads
   // as answered without a dump, so no asker waits for it.
@@ -179,7 +180,7 @@ class StoreFlightDumps {
   std::mutex mutex_;              // one publish at a time
   int64_t answered_ = 0;          // under mutex_: the requests this rank answered through
   std::atomic<int64_t> seen_{0};  // requests this rank took note of (its own included)
-  // This rank asked (its group broke): its own dump answers every later request as it is.
+  // This rank asked (its group broke): its own dump answers every request.
   std::atomic<bool> asked_{false};
 };
 

@@ -1,16 +1,20 @@
 #include "mpi_runtime.h"
 
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
-#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <sstream>
 #include <thread>
 #include <vector>
 
@@ -190,14 +194,16 @@ void abort_mpi_job() {
 
 namespace {
 
-// A client of the job's store must reach it within this (or the timeout when shorter): rank 0
-// serves it before its address goes out, so only an unreachable address takes long.
+// A client of the job's store must reach it within this (or the timeout when shorter), trying
+// each of rank 0's addresses for at most kJobStoreTry: rank 0 serves it before its addresses
+// go out, so only an address of another host, or none, takes long.
 constexpr auto kJobStoreConnect = std::chrono::seconds(30);
+constexpr auto kJobStoreTry = std::chrono::milliseconds(3000);
 // How often each rank looks for requests for its flight records, and how long one that asked
 // waits for the answers.
 constexpr auto kDumpCheck = std::chrono::milliseconds(250);
 constexpr auto kDumpWait = std::chrono::seconds(3);
-// The address's share of the broadcast: the port, then the host's name, NUL-terminated.
+// The address's share of the broadcast: the port, then rank 0's addresses, NUL-terminated.
 constexpr size_t kHostBytes = 256;
 
 // This process's part of the job's store: the store (rank 0 serves it) and the thread that
@@ -206,7 +212,7 @@ constexpr size_t kHostBytes = 256;
 struct JobStore {
   std::mutex mutex;                 // one mpi_job_store at a time; guards the next three
   std::shared_ptr<TcpStore> store;  // the first one made
-  std::string host;                 // where rank 0 serves it
+  std::string host;                 // rank 0: its addresses, as they travel
   std::shared_ptr<StoreFlightDumps> dumps;
   std::mutex watch_mutex;  // guards stopping
   std::condition_variable watch_cv;
@@ -240,14 +246,65 @@ JobStore& job_store() {
   return instance;
 }
 
-std::string job_store_host() {
+// Where rank 0 serves the job's store, and the addresses its peers try, in order: MASTER_ADDR
+// when set; else every address (any port) and this host's IPv4 addresses outside loopback, in
+// the order of its interfaces, then loopback (a job on one host).
+struct JobStoreAddress {
+  std::string bind;
+  std::vector<std::string> candidates;
+};
+JobStoreAddress job_store_address() {
   if (const char* addr = std::getenv("MASTER_ADDR"); addr != nullptr && addr[0] != '\0') {
-    return addr;
+    return {addr, {addr}};
   }
-  char name[kHostBytes] = {};
-  EMBER_CHECK(::gethostname(name, sizeof(name) - 1) == 0, "mpi_job_store",
-              "gethostname failed: ", std::strerror(errno));
-  return name;
+  JobStoreAddress out{"0.0.0.0", {}};
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) == 0) {
+    for (const ifaddrs* a = list; a != nullptr; a = a->ifa_next) {
+      if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET ||
+          (a->ifa_flags & IFF_UP) == 0 || (a->ifa_flags & IFF_LOOPBACK) != 0)
+        continue;
+      char text[INET_ADDRSTRLEN] = {};
+      ::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(a->ifa_addr)->sin_addr, text,
+                  sizeof(text));
+      out.candidates.emplace_back(text);
+    }
+    ::freeifaddrs(list);
+  }
+  out.candidates.emplace_back("127.0.0.1");
+  return out;
+}
+
+// Rank 0's addresses as they travel: separated by spaces, within kHostBytes (those that do
+// not fit are left out).
+std::string join_candidates(const std::vector<std::string>& candidates) {
+  std::string out;
+  for (const std::string& c : candidates) {
+    if (out.size() + c.size() + 1 >= kHostBytes) break;
+    out += (out.empty() ? "" : " ") + c;
+  }
+  return out;
+}
+
+// A client of the store at one of `candidates`:`port`, each tried for at most `per_try` (a
+// refused one at once costs that too: the client retries), within `limit` in all.
+std::shared_ptr<TcpStore> reach_job_store(const std::string& candidates, int port, int size,
+                                          int rank, std::chrono::milliseconds limit) {
+  std::istringstream words(candidates);
+  std::string host, failures;
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (words >> host) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) break;
+    try {
+      return shared_store(host, port, size, rank, std::min(left, kJobStoreTry));
+    } catch (const std::exception& e) {
+      failures += (failures.empty() ? "" : "; ") + std::string(e.what());
+    }
+  }
+  throw Error("could not reach rank 0's store at any of " + candidates + " (port " +
+              std::to_string(port) + "): " + failures);
 }
 
 }  // namespace
@@ -272,10 +329,9 @@ std::shared_ptr<TcpStore> mpi_job_store(MPI_Comm comm, std::span<char> payload,
   if (rank == 0) {
     try {
       if (job.store == nullptr) {
-        job.host = job_store_host();
-        EMBER_CHECK(job.host.size() < kHostBytes, "mpi_job_store", "the host name \"", job.host,
-                    "\" is longer than ", kHostBytes - 1, " bytes");
-        job.store = serve_shared_store(job.host, size, connect);
+        const JobStoreAddress address = job_store_address();
+        job.store = serve_shared_store(address.bind, size, connect);
+        job.host = join_candidates(address.candidates);
       }
       const auto port = static_cast<int32_t>(job.store->port());
       std::memcpy(message.data(), &port, sizeof(port));
@@ -304,7 +360,7 @@ std::shared_ptr<TcpStore> mpi_job_store(MPI_Comm comm, std::span<char> payload,
     if (failure.empty()) store = job.store;
   } else if (port > 0 && port <= 65535) {
     try {
-      store = shared_store(host, port, size, rank, connect);
+      store = reach_job_store(host, port, size, rank, connect);
     } catch (const std::exception& e) {
       failure = e.what();
     }
@@ -320,7 +376,8 @@ std::shared_ptr<TcpStore> mpi_job_store(MPI_Comm comm, std::span<char> payload,
   if (!everyone) {
     if (!failure.empty()) {
       std::fprintf(stderr,
-                   "ember::dist: rank %d has no store for this MPI job (%s:%d): %s; the job runs "
+                   "ember::dist: rank %d has no store for this MPI job (rank 0's addresses %s, "
+                   "port %d): %s; the job runs "
                    "without one (no always-on check of NCCL collectives, no goodbyes there, and "
                    "flight records stay where each rank wrote them)\n",
                    rank, host.c_str(), static_cast<int>(port), failure.c_str());

@@ -266,7 +266,8 @@ TEST(FlightGather, WritesEachPeersDumpAndRefusesWhatIsNoDumpOfThatRank) {
   for (int r = 2; r <= 5; ++r)
     EXPECT_FALSE(fs::exists(dir.path / ("rank" + std::to_string(r) + ".json"))) << r;
   EXPECT_EQ(store->add("t/requests", 0), 1);
-  EXPECT_EQ(store->add("t/answered/0", 0), 1);  // the asker's own dump went out too
+  // The asker's own dump went out too, as its answer to every request, later ones included.
+  EXPECT_GE(store->add("t/answered/0", 0), int64_t{1} << 40);
   // Once rank 5's process ends (leave), it is not awaited, however long the asker would wait.
   detail::StoreFlightDumps(store, "t/", 5, 6, "asked").leave();
   for (int r = 1; r <= 4; ++r) store->add("t/answered/" + std::to_string(r), 1);
