@@ -499,8 +499,8 @@ std::shared_ptr<State> make_subgroup_state(const State& parent, const SubgroupSp
 MpiProcessGroup::MpiProcessGroup(ProcessGroupOptions options, int local_rank)
     : MpiProcessGroup(make_state(options, local_rank)) {
   // Made once per process (later groups only hear its address again): where the ranks ask
-  // each other for their flight records.
-  detail::mpi_job_store(state_->comm, {}, state_->options.timeout);
+  // each other for their flight records. A world of one has nobody to ask.
+  if (state_->size > 1) detail::mpi_job_store(state_->comm, {}, state_->options.timeout);
 }
 
 MpiProcessGroup::MpiProcessGroup(std::shared_ptr<State> state)
