@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <span>
 #include <utility>
 
 #include <ember/config.h>
@@ -253,10 +254,18 @@ std::shared_ptr<ProcessGroup> make_process_group(const InitOptions& user_options
 #if EMBER_WITH_CUDA
   NcclProcessGroup::UniqueId id{};
   NcclProcessGroup::SideChannel side;
-  const bool over_mpi = launched_by_mpi(launch);
-  if (launch.world_size == 1) {
-    id = NcclProcessGroup::create_unique_id();
-  } else if (over_mpi) {
+  // The n-th NCCL group of every rank meets under the same keys of the store, and compares its
+  // collectives and says goodbye there (the group's side channel).
+  const auto side_channel = [&](const std::shared_ptr<TcpStore>& store) {
+    const int64_t group = store->add("ember/nccl/groups/" + std::to_string(launch.rank), 1);
+    side = {store, "ember/nccl/" + std::to_string(group) + "/check"};
+    return "ember/nccl/" + std::to_string(group) + "/id";
+  };
+  // Over MPI under mpirun (a world of one too: it gets the job's store as any other), and under
+  // srun with PMI when there are peers.
+  const bool over_mpi =
+      launched_by_mpi(launch) && (launch.world_size > 1 || launch.launcher == "mpirun");
+  if (over_mpi) {
     detail::ensure_mpi_initialized();
     int mpi_rank = 0, mpi_size = 0;
     detail::check_mpi(MPI_Comm_rank(MPI_COMM_WORLD, &mpi_rank), "MPI_Comm_rank");
@@ -265,10 +274,12 @@ std::shared_ptr<ProcessGroup> make_process_group(const InitOptions& user_options
                 mpi_rank, " of ", mpi_size, " but ", launch.launcher, " set rank ", launch.rank,
                 " of ", launch.world_size);
     if (launch.rank == 0) id = NcclProcessGroup::create_unique_id();
-    detail::MpiLock lock;
-    detail::check_mpi(
-        MPI_Bcast(id.data(), static_cast<int>(id.size()), MPI_BYTE, 0, MPI_COMM_WORLD),
-        "init_process_group: MPI_Bcast of the NCCL unique id");
+    // The id travels with the job store's address, in one broadcast.
+    auto store = detail::mpi_job_store(MPI_COMM_WORLD, std::span<char>(id.data(), id.size()),
+                                       options.group.timeout);
+    if (store != nullptr) side_channel(store);
+  } else if (launch.world_size == 1) {
+    id = NcclProcessGroup::create_unique_id();
   } else {
     const detail::StoreAddress address = meet("NCCL");
     // The store TCP groups use too (rank 0 serves MASTER_PORT once per process); it lives
@@ -276,9 +287,7 @@ std::shared_ptr<ProcessGroup> make_process_group(const InitOptions& user_options
     // (EMBER_JOB_SECRET) only processes that prove it can read or replace the id.
     auto store = detail::shared_store(address.host, address.port, launch.world_size, launch.rank,
                                       options.group.timeout);
-    // The n-th NCCL group of every rank meets under the same key.
-    const int64_t group = store->add("ember/nccl/groups/" + std::to_string(launch.rank), 1);
-    const std::string key = "ember/nccl/" + std::to_string(group) + "/id";
+    const std::string key = side_channel(store);
     if (launch.rank == 0) {
       id = NcclProcessGroup::create_unique_id();
       store->set(key, std::string(id.data(), id.size()));
@@ -287,8 +296,6 @@ std::shared_ptr<ProcessGroup> make_process_group(const InitOptions& user_options
     EMBER_CHECK(bytes.size() == id.size(), kOp, "the NCCL unique id from the store has ",
                 bytes.size(), " bytes, expected ", id.size());
     std::memcpy(id.data(), bytes.data(), id.size());
-    // The group compares its collectives and says goodbye over the same store.
-    side = {store, "ember/nccl/" + std::to_string(group) + "/check"};
   }
   return std::make_shared<NcclProcessGroup>(launch.rank, launch.world_size, launch.local_rank,
                                             launch.local_rank, id, options.group, std::move(side));

@@ -71,10 +71,13 @@ struct InitOptions {
 
 // Builds the process group for this job and makes it the default group, which the free
 // functions of <ember/dist/api.h> (all_reduce, barrier, get_rank, ...) use, as in
-// torch.distributed. Bootstrap follows the launcher: MPI ranks meet over MPI (NCCL's unique id
-// travels over MPI_Bcast); otherwise rank 0 serves a TcpStore on MASTER_ADDR:MASTER_PORT, where
-// the TCP backend's ranks exchange their addresses and NCCL's unique id is published. MPI is
-// initialised (MPI_THREAD_MULTIPLE) only when a backend needs it.
+// torch.distributed. Bootstrap follows the launcher: MPI ranks meet over MPI, and rank 0 serves
+// the job a TcpStore on a free port whose address travels over MPI_Bcast (with NCCL's unique
+// id; see detail::mpi_job_store): NCCL compares its collectives and says goodbye there, and
+// every rank answers requests for its flight records there. Otherwise rank 0 serves a
+// TcpStore on MASTER_ADDR:MASTER_PORT, where the TCP backend's ranks exchange their addresses
+// and NCCL's unique id is published. MPI is initialised (MPI_THREAD_MULTIPLE) only when a
+// backend needs it.
 // Returns the default group too, for code that passes the group around (DDP, SyncBatchNorm).
 // A second call while a default group exists throws ember::Error, as PyTorch does; after
 // destroy_process_group() it may be called again. A call that throws leaves none.

@@ -52,6 +52,9 @@ struct MpiProcessGroup::State final : detail::Transport {
   bool still_in_use(const ScheduledOp& op) const override;
   void on_broken() override { detail::mark_mpi_job_broken(); }
   [[noreturn]] void abort_hung(const std::string& message) override;
+  // Through the job's store (detail::mpi_job_store): every rank's records, into this rank's
+  // folder too.
+  void request_peer_dumps() override { detail::request_job_flight_dumps(); }
   void break_group(const std::string& message) { sched->break_group(message); }
 };
 
@@ -423,6 +426,7 @@ void MpiProcessGroup::State::abort_hung(const std::string& message) {
   std::fprintf(stderr, "ember::Error: %s\n", message.c_str());
   detail::dump_flight_records("the watchdog ended the mpi job on rank " + std::to_string(rank) +
                               ": " + message);
+  request_peer_dumps();  // the hung rank's too, before MPI_Abort ends them
   detail::abort_mpi_job();
 }
 
@@ -493,7 +497,11 @@ std::shared_ptr<State> make_subgroup_state(const State& parent, const SubgroupSp
 }  // namespace
 
 MpiProcessGroup::MpiProcessGroup(ProcessGroupOptions options, int local_rank)
-    : MpiProcessGroup(make_state(options, local_rank)) {}
+    : MpiProcessGroup(make_state(options, local_rank)) {
+  // Made once per process (later groups only hear its address again): where the ranks ask
+  // each other for their flight records. A world of one has nobody to ask.
+  if (state_->size > 1) detail::mpi_job_store(state_->comm, {}, state_->options.timeout);
+}
 
 MpiProcessGroup::MpiProcessGroup(std::shared_ptr<State> state)
     : BackendGroup(state->rank, state->local_rank, state->global_ranks, state->global_rank),

@@ -40,6 +40,10 @@
 // can print. Destroying a group waits for what was issued; when a
 // collective the thread runs (an all-reduce nobody waited on) finishes nothing for the
 // timeout plus a second, it is reported like a timed-out one and MPI_Abort ends the job.
+// A rank whose group breaks or times out first writes its flight records and asks every rank
+// of the job for theirs over the job's store (detail::mpi_job_store, made with the world
+// group: one broadcast of rank 0's address), the hung rank's included, and gathers them into
+// its own flight-recorder folder, waiting at most 3 s for them, before the job ends.
 //
 // Subgroups (new_group) get a communicator of their own from MPI_Comm_create_group over the
 // members (only they call MPI; the others go on at once) and their own two threads, so they

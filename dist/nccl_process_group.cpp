@@ -169,6 +169,7 @@ struct NcclProcessGroup::State {
       if (recorder->on()) {
         recorder->set_broken(failure);
         detail::dump_flight_records("the NCCL watchdog ends the process: " + failure);
+        detail::request_job_flight_dumps();  // under mpirun: every rank's, through the job's store
       }
       std::fflush(nullptr);  // the ranks' own output too
       std::_Exit(1);
@@ -230,6 +231,7 @@ struct NcclProcessGroup::State {
       recorder->set_broken(message);
       detail::dump_flight_records("the nccl group broke on rank " + std::to_string(rank) + ": " +
                                   message);
+      detail::request_job_flight_dumps();
     }
     if (aborted != nullptr) ncclCommAbort(aborted);  // nothing more to report if this fails too
   }

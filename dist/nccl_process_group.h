@@ -15,7 +15,8 @@
 // Either way the reason reaches stderr first: the watchdog's message, or, when a wait breaks
 // the group, "ember::dist: the nccl process group broke on rank 1: ..." (once).
 //
-// With a side channel (init_process_group gives one: the store the ranks met at), every
+// With a side channel (init_process_group gives one: the store the ranks met at, or under
+// mpirun the job's store, detail::mpi_job_store), every
 // collective's fingerprint is compared beside it, off the issuing thread: where the ranks
 // issued different collectives, or a rank waits in one that a peer left the group before
 // (destroy_process_group, the group's destruction), the group breaks within milliseconds and
@@ -24,7 +25,7 @@
 // EMBER_DIST_DEBUG=1 (options.debug) adds a check before each collective, by a blocking NCCL
 // all-gather: it costs a host round trip per collective, but finds a mismatch before the
 // collective is issued, so the group stays usable (the FingerprintMismatch is thrown on every
-// rank), and it also works in a launch over MPI, which has no store.
+// rank), and it works without a side channel too.
 #pragma once
 
 #include <array>
@@ -48,7 +49,8 @@ class NcclProcessGroup : public BackendGroup {
 
   // Where the ranks compare their collectives and say goodbye (detail/store_check.h): the
   // store they met at, and a key prefix of this group's that every rank passes alike.
-  // Without a store (a launch over MPI) only EMBER_DIST_DEBUG's check compares them.
+  // Without one (a group made by hand, or an MPI job whose ranks could not reach rank 0's
+  // store) only EMBER_DIST_DEBUG's check compares them.
   struct SideChannel {
     std::shared_ptr<TcpStore> store;
     std::string prefix;

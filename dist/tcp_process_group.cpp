@@ -261,11 +261,12 @@ struct TcpProcessGroup::State final : detail::Transport {
   bool p2p_polls_when_idle() const override { return true; }
   void wake_p2p() override { wake(); }
   void p2p_abandon() override;
-  void request_peer_dumps() override;
-  // On the send/recv thread, every kDumpCheck: dumps this process's flight records when a
-  // peer asked (request_peer_dumps), and says so in the store.
-  void answer_dump_requests();
-  std::atomic<int64_t> dump_requests_seen{0};
+  void request_peer_dumps() override {
+    if (flight_dumps != nullptr) flight_dumps->request(kDumpWait);
+  }
+  // The dumps asked for and gathered over the store (the world group's, which its subgroups
+  // share: they name ranks of the job); the send/recv thread answers every kDumpCheck.
+  std::shared_ptr<detail::StoreFlightDumps> flight_dumps;
   Clock::time_point next_dump_check{};
   // Shuts the connections down, so peers blocked on this rank fail at once.
   void on_broken() override {
@@ -884,42 +885,10 @@ void TcpProcessGroup::State::p2p_start(detail::ScheduledOp& op) {
 
 void TcpProcessGroup::State::p2p_poll(bool /*idle*/) {
   p2p->poll();
-  if (store != nullptr && flight_recorder_enabled() && Clock::now() >= next_dump_check) {
+  if (flight_dumps != nullptr && flight_recorder_enabled() && Clock::now() >= next_dump_check) {
     next_dump_check = Clock::now() + kDumpCheck;
-    answer_dump_requests();
-  }
-}
-
-void TcpProcessGroup::State::request_peer_dumps() {
-  if (store == nullptr || size < 2) return;
-  try {
-    dump_requests_seen.fetch_add(1);  // before the count grows: not this rank's to answer
-    const int64_t acks = store->add(prefix + "flight/acks", 0);
-    store->add(prefix + "flight/requests", 1);
-    // Bounded: a peer that left or died never answers.
-    const auto until = Clock::now() + kDumpWait;
-    while (Clock::now() < until && store->add(prefix + "flight/acks", 0) < acks + size - 1) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-  } catch (const std::exception& e) {
-    std::fprintf(stderr,
-                 "ember::dist: rank %d could not ask its peers for their flight records: %s\n",
-                 rank, e.what());
-  }
-}
-
-void TcpProcessGroup::State::answer_dump_requests() {
-  try {
-    const int64_t requests = store->add(prefix + "flight/requests", 0);
-    const int64_t fresh = requests - dump_requests_seen.load();
-    if (fresh <= 0) return;
-    dump_requests_seen.fetch_add(fresh);
-    detail::dump_flight_records("a peer of the tcp group on rank " + std::to_string(rank) +
-                                " asked, its group having broken");
-    store->add(prefix + "flight/acks", fresh);
-  } catch (const std::exception&) {
-    // The store is gone (rank 0 ended): nobody waits for the answer.
-    next_dump_check = Clock::now() + std::chrono::hours(24 * 365);
+    // The store is gone (rank 0 ended): nobody can ask any more.
+    if (!flight_dumps->answer(kDumpWait)) next_dump_check += std::chrono::hours(24 * 365);
   }
 }
 
@@ -943,6 +912,10 @@ void TcpProcessGroup::State::connect_mesh(const std::string& host, int port) {
     const int64_t group = store->add("ember/tcp/groups/" + std::to_string(rank), 1);
     prefix = "ember/tcp/" + std::to_string(group) + "/";
     group_id = static_cast<int32_t>(group);
+    flight_dumps = std::make_shared<detail::StoreFlightDumps>(
+        store, prefix + "flight/", rank, size,
+        "a peer of the tcp group on rank " + std::to_string(rank) +
+            " asked, its group having broken");
   }
   meet();
 }
@@ -954,6 +927,7 @@ void TcpProcessGroup::State::connect_subgroup(const State& parent, int64_t seria
   master_addr = parent.master_addr;
   master_port = parent.master_port;
   store = parent.store;
+  flight_dumps = parent.flight_dumps;
   prefix = parent.prefix + "sub" + std::to_string(serial) + "/";
   uint32_t hash = 2166136261u;  // FNV-1a
   for (const char c : prefix) hash = (hash ^ static_cast<uint8_t>(c)) * 16777619u;

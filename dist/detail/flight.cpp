@@ -19,6 +19,9 @@
 
 #include <ember/dist/flight_recorder.h>
 #include <ember/dist/init.h>
+#include <ember/dist/tcp_store.h>
+
+#include "engine.h"
 
 namespace ember::dist {
 
@@ -254,6 +257,34 @@ std::string FlightRecorder::to_json() const {
   return group.dump();
 }
 
+namespace {
+
+std::mutex g_last_dump_mutex;
+std::string& last_dump() {
+  static auto* text = new std::string;  // never destroyed: dumps may run during exit
+  return *text;
+}
+
+// Writes `text`, rank `rank`'s dump, to <flight_recorder_dir()>/rank<R>.json atomically (a
+// whole file or none); returns the path. Throws on failure.
+std::filesystem::path write_dump_file(int64_t rank, const std::string& text) {
+  const std::filesystem::path dir = flight_recorder_dir();
+  std::filesystem::create_directories(dir);
+  const std::filesystem::path path = dir / ("rank" + std::to_string(rank) + ".json");
+  const std::filesystem::path partial =
+      dir / ("rank" + std::to_string(rank) + ".json.tmp." + std::to_string(::getpid()));
+  {
+    std::ofstream out(partial, std::ios::trunc);
+    out << text;
+    out.close();
+    if (!out) throw Error("cannot write " + partial.string());
+  }
+  std::filesystem::rename(partial, path);
+  return path;
+}
+
+}  // namespace
+
 std::string dump_flight_records(const std::string& reason) noexcept {
   try {
     Registry& r = registry();
@@ -281,18 +312,12 @@ std::string dump_flight_records(const std::string& reason) noexcept {
     dump["rank"] = rank;
     dump["world_size"] = launch.world_size;
     dump["groups"] = std::move(groups);
-    const std::filesystem::path dir = flight_recorder_dir();
-    std::filesystem::create_directories(dir);
-    const std::filesystem::path path = dir / ("rank" + std::to_string(rank) + ".json");
-    const std::filesystem::path partial =
-        dir / ("rank" + std::to_string(rank) + ".json.tmp." + std::to_string(::getpid()));
+    const std::string text = dump.dump(1) + "\n";
+    const std::filesystem::path path = write_dump_file(rank, text);
     {
-      std::ofstream out(partial, std::ios::trunc);
-      out << dump.dump(1) << "\n";
-      out.close();
-      if (!out) throw Error("cannot write " + partial.string());
+      std::lock_guard<std::mutex> lock(g_last_dump_mutex);
+      last_dump() = text;
     }
-    std::filesystem::rename(partial, path);
     std::fprintf(stderr, "ember::dist: rank %d wrote its flight records to %s (%s)\n", rank,
                  path.c_str(), reason.c_str());
     std::fflush(stderr);
@@ -302,6 +327,173 @@ std::string dump_flight_records(const std::string& reason) noexcept {
     std::fflush(stderr);
     return "";
   }
+}
+
+std::string last_flight_dump() {
+  std::lock_guard<std::mutex> lock(g_last_dump_mutex);
+  return last_dump();
+}
+
+// --- dumps over a store -----------------------------------------------------------------------
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// How often a rank that asked looks whether its peers answered.
+constexpr auto kAnswerPoll = std::chrono::milliseconds(20);
+
+// Checks `text`, what the store holds as rank `rank`'s dump (untrusted: any client of the
+// store could have written it), before it is written: bounded, a dump, and that rank's.
+// The count of a rank whose answer stands for every request, later ones included: one that
+// asked itself (its dump, written when its group broke) or whose process ended (none).
+constexpr int64_t kForGood = int64_t{1} << 50;
+
+void check_peer_dump(const std::string& text, int rank) {
+  if (text.empty()) throw Error("it had ended, or could write none");
+  if (text.size() > kMaxFlightDumpBytes) {
+    throw Error("the store holds " + std::to_string(text.size()) +
+                " bytes for it, more than a dump may take (" + std::to_string(kMaxFlightDumpBytes) +
+                ")");
+  }
+  const nlohmann::json dump = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  const bool ours = dump.is_object() && dump.contains("ember_flight_recorder") &&
+                    dump["ember_flight_recorder"] == 1 && dump.contains("rank") &&
+                    dump["rank"].is_number_integer() && dump["rank"].get<int64_t>() == rank;
+  if (!ours) {
+    throw Error("the store holds no dump of rank " + std::to_string(rank) +
+                " for it (not a flight-recorder dump, or another rank's)");
+  }
+}
+
+}  // namespace
+
+StoreFlightDumps::StoreFlightDumps(std::shared_ptr<TcpStore> store, std::string prefix, int rank,
+                                   int size, std::string answer_reason)
+    : store_(std::move(store)),
+      prefix_(std::move(prefix)),
+      rank_(rank),
+      size_(size),
+      answer_reason_(std::move(answer_reason)) {
+  EMBER_CHECK(store_ != nullptr && rank >= 0 && rank < size, "StoreFlightDumps", "rank ", rank,
+              " of ", size, store_ == nullptr ? " without a store" : " is not a rank");
+}
+
+std::string StoreFlightDumps::key(const char* kind, int rank) const {
+  return prefix_ + kind + "/" + std::to_string(rank);
+}
+
+void StoreFlightDumps::publish(int64_t through) {
+  const std::string text = last_flight_dump();
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (through <= answered_) return;
+  // Empty when none could be written: the asker need not wait for it.
+  store_->set(key("dump", rank_), text);
+  store_->add(key("answered", rank_), through - answered_);
+  answered_ = through;
+}
+
+void StoreFlightDumps::gather(int64_t number, std::chrono::milliseconds wait) {
+  std::vector<int> pending;
+  for (int r = 0; r < size_; ++r)
+    if (r != rank_) pending.push_back(r);
+  std::vector<int> gathered{rank_};
+  const auto until = Clock::now() + wait;
+  while (!pending.empty()) {
+    std::erase_if(pending, [&](int r) {
+      if (store_->add(key("answered", r), 0) < number) return false;
+      try {
+        const std::string text = store_->get(key("dump", r));
+        check_peer_dump(text, r);
+        write_dump_file(r, text);
+        gathered.push_back(r);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "ember::dist: rank %d could not gather rank %d's flight records: %s\n",
+                     rank_, r, e.what());
+      }
+      return true;
+    });
+    if (pending.empty() || Clock::now() >= until) break;
+    std::this_thread::sleep_for(kAnswerPoll);
+  }
+  std::sort(gathered.begin(), gathered.end());
+  std::string message = "ember::dist: rank " + std::to_string(rank_) +
+                        " holds the flight records of " + "ranks " + ranks_str(gathered) + " in " +
+                        flight_recorder_dir();
+  if (!pending.empty()) {
+    message += "; ranks " + ranks_str(pending) + " did not answer within " +
+               std::to_string(wait.count()) + " ms";
+  }
+  std::fprintf(stderr, "%s\n", message.c_str());
+  std::fflush(stderr);
+}
+
+void StoreFlightDumps::request(std::chrono::milliseconds wait) noexcept {
+  if (size_ < 2) return;
+  try {
+    seen_.fetch_add(1);  // before the count grows: not this rank's to answer
+    asked_.store(true);
+    const int64_t number = store_->add(prefix_ + "requests", 1);
+    publish(kForGood);  // a peer that asks too need not wait for this rank's thread
+    gather(number, wait);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr,
+                 "ember::dist: rank %d could not ask its peers for their flight records: %s\n",
+                 rank_, e.what());
+    std::fflush(stderr);
+  }
+}
+
+void StoreFlightDumps::leave() noexcept {
+  try {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (answered_ >= kForGood) return;
+    store_->set(key("dump", rank_), "");
+    store_->add(key("answered", rank_), kForGood - answered_);
+    answered_ = kForGood;
+  } catch (const std::exception&) {
+    // The store is gone: nobody can ask any more.
+  }
+}
+
+bool StoreFlightDumps::answer(std::chrono::milliseconds wait) noexcept {
+  try {
+    const int64_t requests = store_->add(prefix_ + "requests", 0);
+    int64_t seen = seen_.load();
+    // Once per request, whichever of the threads that poll takes it.
+    if (requests <= seen || !seen_.compare_exchange_strong(seen, requests)) return true;
+    if (asked_.load()) return true;  // its own dump, written when its group broke, answers
+    dump_flight_records(answer_reason_);
+    publish(requests);
+    if (rank_ == 0) gather(requests, wait);  // the job's folder holds them all
+    return true;
+  } catch (const std::exception&) {
+    return false;  // the store is gone (rank 0 ended): nobody waits for the answer
+  }
+}
+
+namespace {
+
+std::mutex g_job_dumps_mutex;
+std::shared_ptr<StoreFlightDumps>& job_dumps() {
+  static auto* dumps = new std::shared_ptr<StoreFlightDumps>;  // asked for during exit too
+  return *dumps;
+}
+
+}  // namespace
+
+void set_job_flight_dumps(std::shared_ptr<StoreFlightDumps> dumps) {
+  std::lock_guard<std::mutex> lock(g_job_dumps_mutex);
+  job_dumps() = std::move(dumps);
+}
+
+void request_job_flight_dumps(std::chrono::milliseconds wait) noexcept {
+  std::shared_ptr<StoreFlightDumps> dumps;
+  {
+    std::lock_guard<std::mutex> lock(g_job_dumps_mutex);
+    dumps = job_dumps();
+  }
+  if (dumps != nullptr) dumps->request(wait);
 }
 
 }  // namespace detail

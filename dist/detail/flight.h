@@ -6,6 +6,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -14,6 +15,10 @@
 #include <vector>
 
 #include "common.h"
+
+namespace ember::dist {
+class TcpStore;
+}
 
 namespace ember::dist::detail {
 
@@ -126,5 +131,63 @@ class FlightRecorder {
 // process's rank in the job) with `reason`, and says so on stderr; returns the path, or ""
 // when writing failed (which it also reports). Never throws.
 std::string dump_flight_records(const std::string& reason) noexcept;
+// The text of this process's last dump ("" before the first), as written.
+std::string last_flight_dump();
+
+// The largest dump the analyzer reads, and a peer's dump gathered over a store may take.
+constexpr size_t kMaxFlightDumpBytes = size_t{64} << 20;
+
+// Dumps asked for and gathered over a store its ranks share (the TCP group's, the store of an
+// MPI-launched job): a rank whose group broke dumps its records, then request() asks every
+// peer to dump theirs, the hung one included (each answers from a thread that polls the store,
+// answer()), and writes each answer into its own flight_recorder_dir(), so that the dumps of
+// other nodes reach it without a shared folder. Keys under `prefix`: "requests" (a count),
+// and per rank r "answered/<r>" (the requests r answered through) and "dump/<r>" (its last
+// dump, replaced by the next): 2 keys per rank however often it is asked.
+class StoreFlightDumps {
+ public:
+  // `answer_reason` is what an answer's dump says of why it was written.
+  StoreFlightDumps(std::shared_ptr<TcpStore> store, std::string prefix, int rank, int size,
+                   std::string answer_reason);
+  StoreFlightDumps(const StoreFlightDumps&) = delete;
+  StoreFlightDumps& operator=(const StoreFlightDumps&) = delete;
+
+  // Publishes this rank's last dump as its answer to every request, asks every peer for
+  // theirs, waits for them at most `wait` (a peer that died never answers; one that asked too,
+  // or whose process ended, has answered) and writes those that came. Reports on stderr what
+  // it gathered, or why it could not ask; never throws.
+  void request(std::chrono::milliseconds wait) noexcept;
+  // Called now and then: when a peer asked since the last call, dumps this process's records
+  // and publishes them (rank 0 then also gathers everyone's answers, at most `wait`); a rank
+  // that asked itself has answered every request with the dump it wrote then. False once the
+  // store cannot be reached (its server ended): nobody can ask any more.
+  bool answer(std::chrono::milliseconds wait) noexcept;
+  // This process ends and answers no more: every request, this one's and later ones, reads
+  // as answered without a dump, so no asker waits for it.
+  void leave() noexcept;
+
+ private:
+  std::string key(const char* kind, int rank) const;
+  // Publishes this rank's last dump as its answer to the requests through `through`.
+  void publish(int64_t through);
+  // Waits for every peer's answer to request `number` (at most `wait`), then writes them.
+  void gather(int64_t number, std::chrono::milliseconds wait);
+
+  std::shared_ptr<TcpStore> store_;
+  std::string prefix_;
+  int rank_, size_;
+  std::string answer_reason_;
+  std::mutex mutex_;              // one publish at a time
+  int64_t answered_ = 0;          // under mutex_: the requests this rank answered through
+  std::atomic<int64_t> seen_{0};  // requests this rank took note of (its own included)
+  // This rank asked (its group broke): its own dump answers every request.
+  std::atomic<bool> asked_{false};
+};
+
+// The job's dump exchange (the store of an MPI-launched job's: detail/mpi_runtime.h), set once
+// the store is made; request_job_flight_dumps() asks every rank of the job through it (at
+// most `wait` for their answers), and does nothing without one. Never throws.
+void set_job_flight_dumps(std::shared_ptr<StoreFlightDumps> dumps);
+void request_job_flight_dumps(std::chrono::milliseconds wait = std::chrono::seconds(3)) noexcept;
 
 }  // namespace ember::dist::detail

@@ -1,12 +1,27 @@
 #include "mpi_runtime.h"
 
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
+#include <sstream>
 #include <thread>
 #include <vector>
+
+#include <ember/dist/flight_recorder.h>
+
+#include "flight.h"
+#include "shared_store.h"
 
 namespace ember::dist::detail {
 
@@ -173,6 +188,212 @@ void abort_mpi_job() {
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   MPI_Abort(MPI_COMM_WORLD, 1);
   std::abort();  // MPI_Abort does not return; should it, the process still ends
+}
+
+// --- the job's store --------------------------------------------------------------------------
+
+namespace {
+
+// A client of the job's store must reach it within this (or the timeout when shorter), trying
+// each of rank 0's addresses for at most kJobStoreTry: rank 0 serves it before its addresses
+// go out, so only an address of another host, or none, takes long.
+constexpr auto kJobStoreConnect = std::chrono::seconds(30);
+constexpr auto kJobStoreTry = std::chrono::milliseconds(3000);
+// How often each rank looks for requests for its flight records, and how long one that asked
+// waits for the answers.
+constexpr auto kDumpCheck = std::chrono::milliseconds(250);
+constexpr auto kDumpWait = std::chrono::seconds(3);
+// The address's share of the broadcast: the port, then rank 0's addresses, NUL-terminated.
+constexpr size_t kHostBytes = 256;
+
+// This process's part of the job's store: the store (rank 0 serves it) and the thread that
+// answers requests for flight records. Destroyed at exit before MPI is finalised (made after
+// MPI was initialised), so the thread stops and the store's server says goodbye first.
+struct JobStore {
+  std::mutex mutex;                 // one mpi_job_store at a time; guards the next three
+  std::shared_ptr<TcpStore> store;  // the first one made
+  std::string host;                 // rank 0: its addresses, as they travel
+  std::shared_ptr<StoreFlightDumps> dumps;
+  std::mutex watch_mutex;  // guards stopping
+  std::condition_variable watch_cv;
+  bool stopping = false;
+  std::thread watcher;
+
+  ~JobStore() {
+    {
+      std::lock_guard<std::mutex> lock(watch_mutex);
+      stopping = true;
+    }
+    watch_cv.notify_all();
+    if (watcher.joinable()) watcher.join();
+    set_job_flight_dumps(nullptr);
+    if (dumps != nullptr) dumps->leave();  // a rank that asks now need not wait for this one
+  }
+  // The watcher: answers the peers' requests for this rank's flight records, also while the
+  // rank's other threads are stuck (in its own code, or in MPI).
+  void watch(std::shared_ptr<StoreFlightDumps> answering) {
+    std::unique_lock<std::mutex> lock(watch_mutex);
+    while (!watch_cv.wait_for(lock, kDumpCheck, [&] { return stopping; })) {
+      lock.unlock();
+      const bool reachable = answering->answer(kDumpWait);
+      lock.lock();
+      if (!reachable) return;  // the store ended with rank 0: nobody can ask any more
+    }
+  }
+};
+JobStore& job_store() {
+  static JobStore instance;
+  return instance;
+}
+
+// Where rank 0 serves the job's store, and the addresses its peers try, in order: MASTER_ADDR
+// when set; else every address (any port) and this host's IPv4 addresses outside loopback, in
+// the order of its interfaces, then loopback (a job on one host).
+struct JobStoreAddress {
+  std::string bind;
+  std::vector<std::string> candidates;
+};
+JobStoreAddress job_store_address() {
+  if (const char* addr = std::getenv("MASTER_ADDR"); addr != nullptr && addr[0] != '\0') {
+    return {addr, {addr}};
+  }
+  JobStoreAddress out{"0.0.0.0", {}};
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) == 0) {
+    for (const ifaddrs* a = list; a != nullptr; a = a->ifa_next) {
+      if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET ||
+          (a->ifa_flags & IFF_UP) == 0 || (a->ifa_flags & IFF_LOOPBACK) != 0)
+        continue;
+      char text[INET_ADDRSTRLEN] = {};
+      ::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(a->ifa_addr)->sin_addr, text,
+                  sizeof(text));
+      out.candidates.emplace_back(text);
+    }
+    ::freeifaddrs(list);
+  }
+  out.candidates.emplace_back("127.0.0.1");
+  return out;
+}
+
+// Rank 0's addresses as they travel: separated by spaces, within kHostBytes (those that do
+// not fit are left out).
+std::string join_candidates(const std::vector<std::string>& candidates) {
+  std::string out;
+  for (const std::string& c : candidates) {
+    if (out.size() + c.size() + 1 >= kHostBytes) break;
+    out += (out.empty() ? "" : " ") + c;
+  }
+  return out;
+}
+
+// A client of the store at one of `candidates`:`port`, each tried for at most `per_try` (a
+// refused one at once costs that too: the client retries), within `limit` in all.
+std::shared_ptr<TcpStore> reach_job_store(const std::string& candidates, int port, int size,
+                                          int rank, std::chrono::milliseconds limit) {
+  std::istringstream words(candidates);
+  std::string host, failures;
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (words >> host) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) break;
+    try {
+      return shared_store(host, port, size, rank, std::min(left, kJobStoreTry));
+    } catch (const std::exception& e) {
+      failures += (failures.empty() ? "" : "; ") + std::string(e.what());
+    }
+  }
+  throw Error("could not reach rank 0's store at any of " + candidates + " (port " +
+              std::to_string(port) + "): " + failures);
+}
+
+}  // namespace
+
+std::shared_ptr<TcpStore> mpi_job_store(MPI_Comm comm, std::span<char> payload,
+                                        std::chrono::milliseconds timeout) {
+  ensure_mpi_initialized();
+  int rank = 0, size = 1, world = 1;
+  {
+    MpiLock lock;
+    check_mpi(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
+    check_mpi(MPI_Comm_size(comm, &size), "MPI_Comm_size");
+    check_mpi(MPI_Comm_size(MPI_COMM_WORLD, &world), "MPI_Comm_size");
+  }
+  EMBER_ASSERT(size == world, "mpi_job_store: a communicator of ", size, " ranks, not the job's ",
+               world);
+  const auto connect = std::min<std::chrono::milliseconds>(timeout, kJobStoreConnect);
+  JobStore& job = job_store();
+  std::lock_guard<std::mutex> job_lock(job.mutex);
+  std::string failure;  // why this rank has no store
+  std::vector<char> message(sizeof(int32_t) + kHostBytes + payload.size(), '\0');
+  if (rank == 0) {
+    try {
+      if (job.store == nullptr) {
+        const JobStoreAddress address = job_store_address();
+        job.store = serve_shared_store(address.bind, size, connect);
+        job.host = join_candidates(address.candidates);
+      }
+      const auto port = static_cast<int32_t>(job.store->port());
+      std::memcpy(message.data(), &port, sizeof(port));
+      std::memcpy(message.data() + sizeof(port), job.host.data(), job.host.size());
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+    if (!payload.empty()) {
+      std::memcpy(message.data() + sizeof(int32_t) + kHostBytes, payload.data(), payload.size());
+    }
+  }
+  {
+    MpiLock lock;
+    check_mpi(MPI_Bcast(message.data(), static_cast<int>(message.size()), MPI_BYTE, 0, comm),
+              "init_process_group: MPI_Bcast of the job's store address");
+  }
+  int32_t port = 0;
+  std::memcpy(&port, message.data(), sizeof(port));
+  const char* name = message.data() + sizeof(port);
+  const std::string host(name, strnlen(name, kHostBytes - 1));
+  if (rank != 0 && !payload.empty()) {
+    std::memcpy(payload.data(), message.data() + sizeof(int32_t) + kHostBytes, payload.size());
+  }
+  std::shared_ptr<TcpStore> store;
+  if (rank == 0) {
+    if (failure.empty()) store = job.store;
+  } else if (port > 0 && port <= 65535) {
+    try {
+      store = reach_job_store(host, port, size, rank, connect);
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+  } else {
+    failure = "rank 0 serves none";
+  }
+  int everyone = store != nullptr ? 1 : 0;
+  {
+    MpiLock lock;
+    check_mpi(MPI_Allreduce(MPI_IN_PLACE, &everyone, 1, MPI_INT, MPI_MIN, comm),
+              "init_process_group: MPI_Allreduce over the ranks that reached the job's store");
+  }
+  if (!everyone) {
+    if (!failure.empty()) {
+      std::fprintf(stderr,
+                   "ember::dist: rank %d has no store for this MPI job (rank 0's addresses %s, "
+                   "port %d): %s; the job runs "
+                   "without one (no always-on check of NCCL collectives, no goodbyes there, and "
+                   "flight records stay where each rank wrote them)\n",
+                   rank, host.c_str(), static_cast<int>(port), failure.c_str());
+      std::fflush(stderr);
+    }
+    return nullptr;
+  }
+  if (job.store == nullptr) job.store = store;
+  if (job.dumps == nullptr && size > 1 && flight_recorder_enabled()) {
+    job.dumps = std::make_shared<StoreFlightDumps>(
+        job.store, "ember/mpi/flight/", rank, size,
+        "a rank of the MPI job asked, its group having broken or timed out");
+    set_job_flight_dumps(job.dumps);
+    job.watcher = std::thread([&job, dumps = job.dumps] { job.watch(dumps); });
+  }
+  return store;
 }
 
 namespace {

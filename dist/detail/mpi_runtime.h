@@ -6,11 +6,14 @@
 
 #include <atomic>
 #include <chrono>
+#include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 
 #include <ember/dist/process_group.h>
+#include <ember/dist/tcp_store.h>
 
 namespace ember::dist::detail {
 
@@ -59,6 +62,22 @@ void mark_mpi_job_broken();
 // before MPI is finalised. Under MpiLock.
 void post_goodbye(MPI_Comm comm, const void* bytes, int count, int size,
                   std::chrono::milliseconds linger);
+
+// The store of a job MPI launched (mpirun, or srun with PMI), for the groups MPI bootstraps
+// (the MPI backend's, NCCL's), which have no store of their own: the same TcpStore that
+// store-launched groups meet at (detail::shared_store), served by rank 0 on a free port of
+// MASTER_ADDR when set, else of every IPv4 address of its host; the other ranks try those of
+// its interfaces outside loopback in turn, then loopback (3 s each at most). With a job secret
+// in the environment (EMBER_JOB_SECRET) clients prove it; the secret itself never travels.
+// Collective over `comm`, which spans MPI_COMM_WORLD's ranks in their order (it, or a duplicate):
+// one MPI_Bcast from rank 0 carries the store's address together with `payload` (rank 0's bytes
+// reach every rank's buffer: NCCL's unique id), then the ranks agree that each reached the store.
+// Rank 0 serves once per process; later calls broadcast the same address. The first store made also
+// answers peers' requests for flight records (a thread polls it every 250 ms; see StoreFlightDumps
+// and request_job_flight_dumps). Returns null on every rank when one could not reach it (within
+// min(timeout, 30 s)), after saying why on stderr: the job then runs as it would without a store.
+std::shared_ptr<TcpStore> mpi_job_store(MPI_Comm comm, std::span<char> payload,
+                                        std::chrono::milliseconds timeout);
 
 struct MpiTypeOp {
   MPI_Datatype type;

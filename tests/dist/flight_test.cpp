@@ -7,10 +7,13 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <thread>
 
+#include <ember/dist/detail/flight.h>
 #include <ember/dist/dist.h>
+#include <ember/dist/tcp_store.h>
 
 #include "dist_test_util.h"
 #include "test_util.h"
@@ -233,6 +236,46 @@ TEST(FlightAnalyzer, RefusesWhatIsNoDump) {
   { std::ofstream(dir.path / "rank0.json") << " "; }
   fs::resize_file(dir.path / "rank0.json", (uintmax_t{64} << 20) + 1);
   EXPECT_EMBER_ERROR(analyze_flight_dumps(dir.path.string()), "more than 64 MiB");
+}
+
+// A rank whose group broke gathers its peers' answers over the store into its own folder;
+// what the store holds is untrusted: only a dump of the rank it is filed under is written.
+TEST(FlightGather, WritesEachPeersDumpAndRefusesWhatIsNoDumpOfThatRank) {
+  using namespace std::chrono_literals;
+  ScratchDir dir;
+  set_flight_recorder_dir(dir.path.string());
+  TcpStore server("127.0.0.1", 0, 1, /*is_server=*/true, 10s);
+  auto store = std::make_shared<TcpStore>("127.0.0.1", server.port(), 1, false, 10s);
+  const std::string good = R"({"ember_flight_recorder": 1, "rank": 1, "groups": []})";
+  const std::string planted[] = {good, R"({"ember_flight_recorder": 1, "rank": 1})", "{not json",
+                                 ""};
+  for (int r = 1; r <= 4; ++r) {  // ranks 1 to 4 answered request #1; rank 5 never answers
+    store->set("t/dump/" + std::to_string(r), planted[r - 1]);
+    store->add("t/answered/" + std::to_string(r), 1);
+  }
+  detail::StoreFlightDumps asker(store, "t/", 0, 6, "asked");
+  const auto start = std::chrono::steady_clock::now();
+  asker.request(500ms);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);  // the silent rank is not awaited
+  std::string text;
+  {
+    std::ifstream in(dir.path / "rank1.json");
+    std::getline(in, text, '\0');
+  }
+  EXPECT_EQ(text, good);
+  for (int r = 2; r <= 5; ++r)
+    EXPECT_FALSE(fs::exists(dir.path / ("rank" + std::to_string(r) + ".json"))) << r;
+  EXPECT_EQ(store->add("t/requests", 0), 1);
+  // The asker's own dump went out too, as its answer to every request, later ones included.
+  EXPECT_GE(store->add("t/answered/0", 0), int64_t{1} << 40);
+  // Once rank 5's process ends (leave), it is not awaited, however long the asker would wait.
+  detail::StoreFlightDumps(store, "t/", 5, 6, "asked").leave();
+  for (int r = 1; r <= 4; ++r) store->add("t/answered/" + std::to_string(r), 1);
+  const auto again = std::chrono::steady_clock::now();
+  asker.request(60s);
+  EXPECT_LT(std::chrono::steady_clock::now() - again, 5s);
+  EXPECT_THROW(detail::StoreFlightDumps(nullptr, "t/", 0, 2, "asked"), Error);
+  EXPECT_THROW(detail::StoreFlightDumps(store, "t/", 2, 2, "asked"), Error);
 }
 
 }  // namespace

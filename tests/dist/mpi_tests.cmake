@@ -106,3 +106,34 @@ set_tests_properties(dist_mpi_flight_leave PROPERTIES TIMEOUT 120 LABELS "dist;m
 
 # The same suite and failures on the TCP backend, launched torchrun-style without mpirun.
 include(${CMAKE_CURRENT_LIST_DIR}/tcp_tests.cmake)
+
+# The store of an mpirun job (detail::mpi_job_store: the MPI backend's, and NCCL's side channel
+# under mpirun) at 2 and 3 ranks: the check NCCL runs over it names a planted mismatch and ranks
+# that left while rank 0 waits within seconds (mpi_job_store_test.cpp). Then rank 1 hangs in
+# its own code (failure_main skip) while the others time out in allreduce #2, each rank
+# writing to a folder of its own: rank 0's folder holds every rank's dump afterwards, the hung
+# rank's included, gathered over the store, and ember-flight's paragraph there names rank 1.
+foreach(np 2 3)
+  add_test(NAME dist_mpi_job_store_np${np}
+    COMMAND ${EMBER_MPIRUN} ${MPIEXEC_NUMPROC_FLAG} ${np} $<TARGET_FILE:ember_dist_tests>
+            --gtest_filter=MpiJobStore.*)
+  set(holds)
+  math(EXPR top "${np} - 1")
+  foreach(r RANGE ${top})
+    list(APPEND holds --and "r0 holds rank${r}.json")
+  endforeach()
+  if(np EQUAL 2)
+    set(waiting "rank 0 issued allreduce #2 .f32 x 1024, 4.0 KiB.. rank 1 never issued #2")
+  else()
+    set(waiting "ranks 0, 2 issued allreduce #2 .f32 x 1024, 4.0 KiB.. rank 1 never issued #2")
+  endif()
+  add_test(NAME dist_mpi_flight_gather_np${np}
+    COMMAND ${EMBER_EXPECT_FAILURE} 60 "r1 holds rank1.json" ${holds}
+      --and "The ranks disagree at #2: ${waiting}"
+      --and "rank 1 is outside any collective: its last, allreduce #1 .f32 x 1024, 4.0 KiB., completed"
+      bash ${CMAKE_CURRENT_LIST_DIR}/mpi_flight_gather.sh
+      ${CMAKE_CURRENT_BINARY_DIR}/flight_gather_np${np} $<TARGET_FILE:ember-flight> ${np}
+      ${EMBER_MPIRUN} ${MPIEXEC_NUMPROC_FLAG} ${np} -- $<TARGET_FILE:ember_dist_failure> skip)
+  set_tests_properties(dist_mpi_job_store_np${np} dist_mpi_flight_gather_np${np} PROPERTIES
+                       TIMEOUT 120 LABELS "dist;mpi" PROCESSORS ${np})
+endforeach()
