@@ -431,7 +431,10 @@ struct DistributedDataParallel::Reducer {
                 group->reduce(sent.narrow(0, begin, numel), static_cast<int>(rank), op));
         }
       } else {
-        if (announce) join->announce(detail::JoinChannel::Op::kAllreduce, sent, 0, op);
+        // The bucket's index travels as the root: a joined rank shadows it in its own bucket.
+        if (announce)
+          join->announce(detail::JoinChannel::Op::kAllreduce, sent,
+                         static_cast<int>(next_bucket - 1), op, join_index);
         b.works.push_back(group->allreduce(sent, op));
       }
       if (trace::enabled() && !b.works.empty())
@@ -675,6 +678,28 @@ void DistributedDataParallel::join_rebuild_buckets() {
               " joined with its buckets rebuilt already, yet the ranks still training rebuild "
               "theirs now");
   r.rebuild();
+}
+
+void DistributedDataParallel::join_shadow_bucket(size_t bucket, int64_t numel, ReduceOp op) {
+  Reducer& r = *reducer_;
+  EMBER_CHECK(bucket < r.buckets.size(), "Join", "the ranks still training all-reduce bucket ",
+              bucket, " of their DistributedDataParallel but rank ", group_->rank(), "'s has ",
+              r.buckets.size());
+  NoGradGuard no_grad;
+  Reducer::Bucket& b = r.buckets[bucket];
+  r.ensure_flat(b);
+  EMBER_CHECK(b.flat.numel() == numel, "Join", "bucket ", bucket, " holds ", b.flat.numel(),
+              " elements on rank ", group_->rank(), " but ", numel, " on the ranks still training");
+  // This rank contributes zeros and keeps the active ranks' average, in its gradients.
+  b.flat.zero_();
+  if (options_.compression) {
+    const Tensor wire = zeros({numel}, TensorOptions(*options_.compression, b.flat.device()));
+    group_->allreduce(wire, op)->wait();
+    b.flat.copy_(wire);
+  } else {
+    group_->allreduce(b.flat, op)->wait();
+  }
+  for (size_t i : b.params) r.point_grad(i);
 }
 
 void DistributedDataParallel::join_sync_final_model(int root) {

@@ -141,6 +141,9 @@ class DistributedDataParallel : public nn::Module {
   // copies rank `root`'s parameters and buffers everywhere.
   void set_join(std::shared_ptr<detail::JoinChannel> channel, int index);
   void join_rebuild_buckets();
+  // On a joined rank: takes part in the all-reduce of bucket `bucket` (`numel` elements) with
+  // zeros, keeping the result in the bucket's gradients.
+  void join_shadow_bucket(size_t bucket, int64_t numel, ReduceOp op);
   void join_sync_final_model(int root);
 
   // Readies the buckets for the coming backward; true when this forward's backward syncs.

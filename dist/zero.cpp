@@ -10,6 +10,7 @@
 #include "ddp.h"
 #include "detail/coalesced.h"
 #include "detail/default_group.h"
+#include "join.h"
 
 namespace ember::dist {
 
@@ -169,6 +170,50 @@ const optim::ParamState& ZeroRedundancyOptimizer::state(size_t group, size_t ind
 void ZeroRedundancyOptimizer::run_step(const optim::StepScaling* scaling) {
   EMBER_ASSERT(scaling == nullptr, kOp, ": device-side steps are refused");
   check_groups_unchanged("ZeroRedundancyOptimizer::step");
+  // Inside a Join: ranks that ran out step their shards too, on hearing this.
+  if (join_ != nullptr && join_->announcing() && group_->size() > 1) {
+    const auto info = join_->announce_and_wait(detail::JoinChannel::Op::kZeroStep, join_index_);
+    share_joined_gradients(info.active);
+  }
+  step_and_broadcast();
+}
+
+void ZeroRedundancyOptimizer::join_step(const std::vector<int>& active) {
+  check_groups_unchanged("ZeroRedundancyOptimizer::step");
+  share_joined_gradients(active);
+  step_and_broadcast();
+}
+
+std::vector<Tensor> ZeroRedundancyOptimizer::shard_of(int rank) const {
+  std::vector<Tensor> shard;
+  const auto& groups = param_groups();
+  for (size_t g = 0; g < groups.size(); ++g) {
+    for (size_t i = 0; i < groups[g].params.size(); ++i) {
+      if (owner_[g][i] == rank) shard.push_back(groups[g].params[i]);
+    }
+  }
+  return shard;
+}
+
+void ZeroRedundancyOptimizer::share_joined_gradients(const std::vector<int>& active) {
+  NoGradGuard no_grad;
+  for (int rank = 0; rank < group_->size(); ++rank) {
+    if (std::find(active.begin(), active.end(), rank) != active.end()) continue;
+    std::vector<Tensor> grads;
+    for (const Tensor& p : shard_of(rank)) {
+      EMBER_CHECK(p.grad().defined(), kOp,
+                  "under a Join every parameter needs a gradient when "
+                  "ranks step; a parameter of shape ",
+                  shape_str(p.sizes()), " of rank ", rank, "'s shard has none on rank ",
+                  group_->rank());
+      grads.push_back(p.grad());
+    }
+    if (!grads.empty())
+      detail::broadcast_coalesced(*group_, grads, active.back(), kBroadcastPieceBytes);
+  }
+}
+
+void ZeroRedundancyOptimizer::step_and_broadcast() {
   NoGradGuard no_grad;
   const auto& groups = param_groups();
   if (local_ != nullptr) {
@@ -182,18 +227,13 @@ void ZeroRedundancyOptimizer::run_step(const optim::StepScaling* scaling) {
   ++steps_;
   if (group_->size() == 1) return;
   for (int rank = 0; rank < group_->size(); ++rank) {
-    std::vector<Tensor> shard;
-    for (size_t g = 0; g < groups.size(); ++g) {
-      for (size_t i = 0; i < groups[g].params.size(); ++i) {
-        if (owner_[g][i] == rank) shard.push_back(groups[g].params[i]);
-      }
-    }
+    const std::vector<Tensor> shard = shard_of(rank);
     if (!shard.empty()) detail::broadcast_coalesced(*group_, shard, rank, kBroadcastPieceBytes);
   }
 }
 
 void ZeroRedundancyOptimizer::agree_found_inf(std::vector<std::pair<Device, Tensor>>& flags) {
-  if (group_->size() == 1) return;
+  if (group_->size() == 1 || !shards_gradients_) return;
   NoGradGuard no_grad;
   const Device where = group_->tensor_device();
   Tensor any = zeros({1}, TensorOptions(kF32, where));
@@ -207,6 +247,12 @@ void ZeroRedundancyOptimizer::shard_gradients(DistributedDataParallel& ddp) {
               "shard_gradients: the DistributedDataParallel uses another process group; both "
               "must use the same one");
   ddp.reduce_to_owners([this](const Tensor& p) { return owner(p); });
+  shards_gradients_ = true;
+}
+
+void ZeroRedundancyOptimizer::set_join(std::shared_ptr<detail::JoinChannel> channel, int index) {
+  join_ = std::move(channel);
+  join_index_ = index;
 }
 
 std::unique_ptr<optim::Optimizer> ZeroRedundancyOptimizer::make_full() const {
@@ -402,10 +448,11 @@ Tensor ZeroRedundancyOptimizer::clip_grad_norm_(double max_norm, double norm_typ
   EMBER_CHECK(max_norm >= 0.0, "ZeroRedundancyOptimizer::clip_grad_norm_",
               "max_norm must be >= 0, got ", max_norm);
   NoGradGuard no_grad;
-  // Per parameter, in order: its gradient's norm and whether it has one, filled in by its owner.
   std::vector<Tensor> params;
   for (const optim::ParamGroup& g : param_groups())
     params.insert(params.end(), g.params.begin(), g.params.end());
+  if (!shards_gradients_) return optim::clip_grad_norm_(params, max_norm, norm_type);
+  // Per parameter, in order: its gradient's norm and whether it has one, filled in by its owner.
   const auto n = static_cast<int64_t>(params.size());
   std::vector<double> local(static_cast<size_t>(2 * n), 0.0);
   for (int64_t k = 0; k < n; ++k) {

@@ -44,11 +44,13 @@
 // ranks, rounding of the summation order at more).
 //
 // GradScaler takes its host path with this optimizer (device_step_refusal() is never empty):
-// every rank must call step() or none, since step() broadcasts. Not supported yet: a Join
-// with uneven inputs (the step's broadcasts are not shadowed: MPI and TCP fail naming the
-// mismatched collectives), capturable steps, and add_param_group after construction (an
-// ember::Error); the wrapped optimizer's param_groups() are refreshed from this one's before
-// each step, so LR schedules work on this optimizer as on any.
+// every rank must call step() or none, since step() broadcasts. Uneven inputs: list it in the
+// dist::Join with the DDP (Join({ddp}, {&opt}, {})), as PyTorch's Join([model, optim]); a rank
+// that ran out keeps stepping its shard, with the gradients the ranks still training use
+// (after their clipping or unscaling: each step sends them to it; ZeRO-1 only). Not
+// supported: capturable steps, and add_param_group after construction (an ember::Error); the
+// wrapped optimizer's param_groups() are refreshed from this one's before each step, so LR
+// schedules work on this optimizer as on any.
 #pragma once
 
 #include <cstddef>
@@ -64,6 +66,10 @@
 namespace ember::dist {
 
 class DistributedDataParallel;
+class Join;
+namespace detail {
+class JoinChannel;
+}
 
 // Builds the optimizer of one rank's shard over its groups (options complete).
 using OptimizerFactory =
@@ -104,6 +110,7 @@ class ZeroRedundancyOptimizer : public optim::Optimizer {
   // owner and drop the others' after the reduction (see the top of this file). Every rank
   // calls it, between iterations.
   void shard_gradients(DistributedDataParallel& ddp);
+  bool shards_gradients() const { return shards_gradients_; }
 
   // Gathers every shard's state onto rank `to` (a rank of the group), collectively: every
   // rank calls it; then state_dict() on `to` returns the whole state.
@@ -116,17 +123,19 @@ class ZeroRedundancyOptimizer : public optim::Optimizer {
   // and every group's options. Every rank calls it with the same dict.
   void load_state_dict(const optim::StateDict& dict) override;
 
-  // The global gradient norm over every rank's shard (each rank's parameter norms exchanged by
-  // one all-reduce, then combined in parameter order as optim::clip_grad_norm_ combines them,
-  // so the result is its result), and every gradient present scaled by
-  // min(1, max_norm / (total + 1e-6)). Collective; returns the total norm.
+  // optim::clip_grad_norm_ over every parameter, as on one rank: under ZeRO-1 each rank holds
+  // every gradient and clips alone; under ZeRO-2 each rank's parameter norms are exchanged by
+  // one all-reduce (collective) and combined in parameter order as optim::clip_grad_norm_
+  // combines them, so the total is its total, and every gradient present is scaled by
+  // min(1, max_norm / (total + 1e-6)). Returns the total norm.
   Tensor clip_grad_norm_(double max_norm, double norm_type = 2.0);
 
   std::string device_step_refusal() const override;
   // Own parameters' state; ember::Error naming the owner for another rank's parameter.
   const optim::ParamState& state(size_t group, size_t index) const override;
-  // One max all-reduce of the flags (combined into one on the group's device), so that ranks
-  // holding different gradients decide alike.
+  // Under ZeRO-2: one max all-reduce of the flags (combined into one on the group's device),
+  // so that ranks holding different gradients decide alike. Under ZeRO-1 every rank holds the
+  // same gradients: nothing to agree.
   void agree_found_inf(std::vector<std::pair<Device, Tensor>>& flags) override;
 
  protected:
@@ -136,6 +145,19 @@ class ZeroRedundancyOptimizer : public optim::Optimizer {
   void run_step(const optim::StepScaling* scaling) override;
 
  private:
+  friend class Join;
+  // Join's hook: enlists (or, with null, releases) this optimizer as `index` of a Join.
+  void set_join(std::shared_ptr<detail::JoinChannel> channel, int index);
+  // On a rank that joined, when the ranks still training (`active`) step: as they do.
+  void join_step(const std::vector<int>& active);
+  // Under a Join: the gradients of the joined ranks' shards, as the active ranks will use them
+  // (clipped, unscaled), from the highest active rank to every rank.
+  void share_joined_gradients(const std::vector<int>& active);
+  // The local step, then every shard's broadcast.
+  void step_and_broadcast();
+  // Rank `rank`'s parameters, in partition order.
+  std::vector<Tensor> shard_of(int rank) const;
+
   ZeroRedundancyOptimizer(std::vector<optim::ParamGroup> groups, OptimizerFactory make,
                           std::shared_ptr<ProcessGroup> group, optim::Options defaults,
                           std::string inner_name);
@@ -152,6 +174,9 @@ class ZeroRedundancyOptimizer : public optim::Optimizer {
   OptimizerFactory make_;
   std::string inner_name_;
   bool constructed_ = false;
+  bool shards_gradients_ = false;
+  std::shared_ptr<detail::JoinChannel> join_;  // the live Join covering this optimizer, if any
+  int join_index_ = -1;
   std::vector<std::vector<int>> owner_;           // [group][index]: the owning rank
   std::vector<std::vector<Tensor>> partitioned_;  // the parameters as partitioned
   std::vector<int64_t> shard_numels_;

@@ -6,6 +6,7 @@
 #include <limits>
 
 #include <ember/dist/ddp.h>
+#include <ember/dist/join.h>
 #include <ember/dist/nccl_process_group.h>
 #include <ember/dist/zero.h>
 #include <ember/optim/adam.h>
@@ -297,6 +298,28 @@ TEST(ZeroRedundancyOptimizer, ConsolidatedStateIsThePlainOptimizersAndLoadsBothW
     resumed.train_step(step, {}, *pg);
   }
   expect_same_parameters(resumed, reference, pg->size());
+}
+
+// Uneven inputs: rank r has 2 + r batches, inside a Join with the DDP and (PyTorch's
+// Join([model, optim])) the ZeroRedundancyOptimizer: a rank that ran out keeps stepping its
+// shard, so ZeRO-1 ends where DDP + the plain optimizer under a Join end.
+TEST(ZeroRedundancyOptimizer, UnevenInputsUnderAJoinMatchDdp) {
+  auto pg = world();
+  auto train = [&](Replica& r) {
+    std::vector<ZeroRedundancyOptimizer*> zeros;
+    if (r.zero != nullptr) zeros.push_back(r.zero);
+    Join join({r.ddp}, zeros, {});
+    for (int step = 0; step < 2 + pg->rank(); ++step) r.train_step(step, {.clip = true}, *pg);
+    join.join();
+  };
+  Replica reference = plain(sgd(), pg);
+  train(reference);
+  Replica zero = sharded(sgd(), pg, 1);
+  train(zero);
+  expect_same_parameters(zero, reference, pg->size());
+  // ZeRO-2's reduces cannot be shadowed: refused by name.
+  Replica zero2 = sharded(sgd(), pg, 2);
+  EXPECT_THROW(Join({zero2.ddp}, {zero2.zero}, {}), Error);
 }
 
 #if EMBER_WITH_CUDA
