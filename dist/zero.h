@@ -25,7 +25,7 @@
 // the partition's order of owners, and its sum reaches each owner by one reduce per owner
 // instead of one all-reduce; once a bucket's reduction is done the rank keeps its own
 // parameters' gradients (a compact copy) and drops the others' (grad() undefined), and the
-// bucket's memory is released until a gradient arrives there again. Between steps a rank so
+// bucket's memory is released until a gradient arrives there again: between steps a rank
 // holds its shard's gradients only. Under no_sync() gradients accumulate in full locally, as
 // in FSDP. With dropped gradients:
 // - clip with clip_grad_norm_ below (the global norm), not optim::clip_grad_norm_ over the
@@ -34,8 +34,10 @@
 //   every rank steps or skips together.
 //
 // state_dict(): the plain optimizer's format (the factory's optimizer over all groups), once
-// consolidate_state_dict(to) gathered every shard's state onto rank `to` (collective; PyTorch's
-// rule: state_dict() elsewhere, or after a later step, is an ember::Error). load_state_dict()
+// consolidate_state_dict(to) gathered every shard's state onto rank `to` (collective, point to
+// point to `to`, which so holds the whole state for a while). state_dict() elsewhere is an
+// ember::Error, as PyTorch's raises, and so is one after a later step or load (PyTorch would
+// return the stale state). load_state_dict()
 // takes that format, from a ZeRO run or a plain one at any world size, and keeps this rank's
 // shard. So a DDP checkpoint resumes under ZeRO and a ZeRO one without it.
 //
