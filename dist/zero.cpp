@@ -42,9 +42,7 @@ std::unique_ptr<optim::Optimizer> checked_full(const OptimizerFactory& make,
 ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<optim::ParamGroup> groups,
                                                  OptimizerFactory make,
                                                  std::shared_ptr<ProcessGroup> group)
-    : ZeroRedundancyOptimizer(groups, make, std::move(group),
-                              checked_full(make, groups)->defaults(),
-                              checked_full(make, groups)->name()) {}
+    : ZeroRedundancyOptimizer(groups, make, std::move(group), checked_full(make, groups)) {}
 
 ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<Tensor> params, OptimizerFactory make,
                                                  std::shared_ptr<ProcessGroup> group)
@@ -61,11 +59,8 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<Tensor> params, Opt
 ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<optim::ParamGroup> groups,
                                                  OptimizerFactory make,
                                                  std::shared_ptr<ProcessGroup> group,
-                                                 optim::Options defaults, std::string inner_name)
-    : Optimizer(kOp, std::move(defaults)),
-      group_(std::move(group)),
-      make_(std::move(make)),
-      inner_name_(std::move(inner_name)) {
+                                                 std::unique_ptr<optim::Optimizer> reference)
+    : Optimizer(kOp, reference->defaults()), group_(std::move(group)), make_(std::move(make)) {
   EMBER_CHECK(group_ != nullptr, kOp, "the process group is null");
   EMBER_CHECK(group_->is_member(), kOp, "this rank (global rank ", group_->global_rank(),
               ") is not a member of the process group");
@@ -449,15 +444,19 @@ Tensor ZeroRedundancyOptimizer::clip_grad_norm_(double max_norm, double norm_typ
               "max_norm must be >= 0, got ", max_norm);
   NoGradGuard no_grad;
   std::vector<Tensor> params;
-  for (const optim::ParamGroup& g : param_groups())
-    params.insert(params.end(), g.params.begin(), g.params.end());
+  std::vector<int> owners;
+  for (size_t g = 0; g < param_groups().size(); ++g) {
+    const auto& group = param_groups()[g].params;
+    params.insert(params.end(), group.begin(), group.end());
+    owners.insert(owners.end(), owner_[g].begin(), owner_[g].end());
+  }
   if (!shards_gradients_) return optim::clip_grad_norm_(params, max_norm, norm_type);
   // Per parameter, in order: its gradient's norm and whether it has one, filled in by its owner.
   const auto n = static_cast<int64_t>(params.size());
   std::vector<double> local(static_cast<size_t>(2 * n), 0.0);
   for (int64_t k = 0; k < n; ++k) {
     const Tensor& p = params[static_cast<size_t>(k)];
-    if (owner(p) != group_->rank() || !p.grad().defined()) continue;
+    if (owners[static_cast<size_t>(k)] != group_->rank() || !p.grad().defined()) continue;
     local[static_cast<size_t>(k)] =
         optim::get_total_norm({p.grad()}, norm_type, false).to(kF64).item<double>();
     local[static_cast<size_t>(n + k)] = 1.0;

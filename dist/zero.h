@@ -160,9 +160,10 @@ class ZeroRedundancyOptimizer : public optim::Optimizer {
   // Rank `rank`'s parameters, in partition order.
   std::vector<Tensor> shard_of(int rank) const;
 
+  // `reference`: the factory's optimizer over all groups, which checked them (its defaults).
   ZeroRedundancyOptimizer(std::vector<optim::ParamGroup> groups, OptimizerFactory make,
-                          std::shared_ptr<ProcessGroup> group, optim::Options defaults,
-                          std::string inner_name);
+                          std::shared_ptr<ProcessGroup> group,
+                          std::unique_ptr<optim::Optimizer> reference);
   // The factory's optimizer over every group with this optimizer's current options.
   std::unique_ptr<optim::Optimizer> make_full() const;
   // ember::Error when param_groups() no longer holds the parameters partitioned.
@@ -174,7 +175,6 @@ class ZeroRedundancyOptimizer : public optim::Optimizer {
 
   std::shared_ptr<ProcessGroup> group_;
   OptimizerFactory make_;
-  std::string inner_name_;
   bool constructed_ = false;
   bool shards_gradients_ = false;
   std::shared_ptr<detail::JoinChannel> join_;  // the live Join covering this optimizer, if any
