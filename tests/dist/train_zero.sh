@@ -3,8 +3,9 @@
 # micro-batches per step): ZeRO-1 and ZeRO-2 runs write the same snapshot bytes as the plain
 # DDP run (model, optimizer state consolidated in the plain format, schedule, random states),
 # and snapshots resume across the switch: a plain snapshot continued under --zero 2 and a
-# --zero 2 one continued without it end in the uninterrupted run's bytes. Exits 77 (ctest:
-# skipped) without the built-in dataset.
+# --zero 2 one continued without it end in the uninterrupted run's bytes. The same bytes for a
+# small GPT (AdamW over two parameter groups) under --zero 2. Exits 77 (ctest: skipped) without
+# the built-in dataset.
 #   train_zero.sh <ember-train> <work dir>
 set -euo pipefail
 train="$1"
@@ -45,4 +46,9 @@ grep -q "resumed from .*checkpoint-step-3.safetensors at step 3" "$work/to-zero.
 grep -q "resumed from .*checkpoint-step-3.safetensors at step 3" "$work/from-zero.out"
 same "$work/plain/checkpoint-step-6.safetensors" "$work/to-zero/checkpoint-step-6.safetensors"
 same "$work/plain/checkpoint-step-6.safetensors" "$work/from-zero/checkpoint-step-6.safetensors"
+# A small GPT: AdamW over two weight-decay groups.
+gpt=(--model gpt --n-layer 2 --n-head 2 --n-embd 64 --block-size 32)
+run gpt-plain 0 "${gpt[@]}"
+run gpt-zero2 2 "${gpt[@]}"
+same "$work/gpt-plain/checkpoint-step-6.safetensors" "$work/gpt-zero2/checkpoint-step-6.safetensors"
 echo "ember-train --zero 1 and 2 wrote the plain run's snapshots and resumed across the switch"
