@@ -302,14 +302,16 @@ TEST(ZeroRedundancyOptimizer, ConsolidatedStateIsThePlainOptimizersAndLoadsBothW
 
 // Uneven inputs: rank r has 2 + r batches, inside a Join with the DDP and (PyTorch's
 // Join([model, optim])) the ZeroRedundancyOptimizer: a rank that ran out keeps stepping its
-// shard, so ZeRO-1 ends where DDP + the plain optimizer under a Join end.
+// shard with the gradients the others clipped and unscaled (the GradScaler's skipped step, at
+// the third, skipped by all), so ZeRO-1 ends where DDP + the plain optimizer under a Join end.
 TEST(ZeroRedundancyOptimizer, UnevenInputsUnderAJoinMatchDdp) {
   auto pg = world();
   auto train = [&](Replica& r) {
     std::vector<ZeroRedundancyOptimizer*> zeros;
     if (r.zero != nullptr) zeros.push_back(r.zero);
     Join join({r.ddp}, zeros, {});
-    for (int step = 0; step < 2 + pg->rank(); ++step) r.train_step(step, {.clip = true}, *pg);
+    for (int step = 0; step < 2 + pg->rank(); ++step)
+      r.train_step(step, {.scaler = true, .clip = true}, *pg);
     join.join();
   };
   Replica reference = plain(sgd(), pg);
