@@ -16,6 +16,7 @@
 #include <ember/dist/metrics.h>
 #include <ember/dist/sync_batch_norm.h>
 #include <ember/dist/window_sampler.h>
+#include <ember/dist/zero.h>
 #include <ember/ember.h>
 #include <ember/optim/param_groups.h>
 
@@ -120,7 +121,7 @@ int run(const apps::TrainOptions& options) {
   // ResNet recipes give the lr of a global batch of 128 (scaled linearly); a GPT's is its own.
   const double lr =
       apps::is_gpt(o) ? o.lr : o.lr * static_cast<double>(o.batch_size * group->size()) / 128.0;
-  std::unique_ptr<optim::Optimizer> optimizer;
+  dist::OptimizerFactory make_optimizer;
   const std::vector<optim::ParamGroup> groups =
       apps::is_gpt(o)
           ? optim::weight_decay_groups(*model, o.weight_decay, apps::weight_decay_rule(o))
@@ -131,13 +132,24 @@ int run(const apps::TrainOptions& options) {
     sgd.momentum = o.momentum;
     sgd.nesterov = o.momentum > 0;
     sgd.weight_decay = o.weight_decay;
-    optimizer = std::make_unique<optim::SGD>(groups, sgd);
+    make_optimizer = dist::optimizer_factory<optim::SGD>(sgd);
   } else {
     optim::AdamWOptions adamw;
     adamw.lr = lr;
     adamw.weight_decay = o.weight_decay;
     if (apps::is_gpt(o)) adamw.betas = {0.9, 0.95};
-    optimizer = std::make_unique<optim::AdamW>(groups, adamw);
+    make_optimizer = dist::optimizer_factory<optim::AdamW>(adamw);
+  }
+  // --zero 1: each rank steps its shard of the parameters; 2: DDP also reduces each gradient to
+  // its shard's rank only.
+  std::unique_ptr<optim::Optimizer> optimizer;
+  auto* ddp = dynamic_cast<dist::DistributedDataParallel*>(trained.get());
+  if (o.zero > 0 && ddp != nullptr) {
+    auto zero = std::make_unique<dist::ZeroRedundancyOptimizer>(groups, make_optimizer, group);
+    if (o.zero == 2) zero->shard_gradients(*ddp);
+    optimizer = std::move(zero);
+  } else {
+    optimizer = make_optimizer(groups);
   }
   const int64_t steps_per_epoch = train_loader.size();
   EMBER_CHECK(steps_per_epoch > 0, "ember-train", "the training split (", d.train->size(),
@@ -195,6 +207,7 @@ int run(const apps::TrainOptions& options) {
                : "") +
           (o.accum_steps > 1 ? " in " + std::to_string(o.accum_steps) + " micro-batches" : "") +
           ", " + length + ", precision " + amp.name() +
+          (o.zero > 0 && ddp != nullptr ? ", ZeRO-" + std::to_string(o.zero) : "") +
           (apps::use_channels_last(o, device.is_cuda()) ? ", channels_last" : ""));
   char plan_line[256];
   std::snprintf(plan_line, sizeof plan_line,

@@ -136,6 +136,11 @@ int parse_train_options(int argc, char** argv, TrainOptions& o, SampleOptions* s
   app.add_flag("--sync-bn", o.sync_bn, "Batch statistics over all ranks (SyncBatchNorm)");
   app.add_option("--compression", o.compression, "Gradient traffic: none, fp16 or bf16")
       ->check(CLI::IsMember({"none", "fp16", "bf16"}));
+  app.add_option("--zero", o.zero,
+                 "Shard the optimizer state across ranks (1, ZeroRedundancyOptimizer) and also "
+                 "the gradients (2); snapshots keep the whole optimizer state, so a run resumes "
+                 "with or without it")
+      ->check(CLI::IsMember({0, 1, 2}));
   app.add_option("--max-steps", o.max_steps,
                  "Stop after this many steps; the schedule fits them (smoke runs, step budgets)")
       ->check(kNonNegative);

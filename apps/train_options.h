@@ -54,6 +54,9 @@ struct TrainOptions {
   int64_t accum_steps = 1;           // micro-batches per batch (gradient accumulation)
   double grad_clip = 0;              // max gradient norm; 0: no clipping
   bool no_decay_norm_bias = false;   // no weight decay on 1-d parameters (norms, biases)
+  // --zero: 1 wraps the optimizer in dist::ZeroRedundancyOptimizer, 2 also shards DDP's
+  // gradients (see dist/zero.h); 0: neither.
+  int zero = 0;
   // --channels-last / --no-channels-last: the model's conv weights (and so its activations)
   // in channels_last; -1 (neither given): on for CUDA, where cuDNN's NHWC kernels use the
   // tensor cores, off on the CPU.

@@ -8,6 +8,7 @@
 
 #include <ember/dist/ddp.h>
 #include <ember/dist/metrics.h>
+#include <ember/dist/zero.h>
 #include <ember/ember.h>
 
 #include "trace_report.h"
@@ -128,7 +129,12 @@ void Trainer::update_parameters() {
   const trace::Range traced(trace::Category::kOptimizer, "optimizer step", traced_device());
   if (options_.grad_clip > 0) {
     if (precision_ != nullptr) precision_->unscale_(optimizer_);  // clip the true gradients
-    optim::clip_grad_norm_(model_.parameters(), options_.grad_clip);
+    // Under --zero the norm is summed over every rank's shard of the gradients.
+    if (auto* zero = dynamic_cast<dist::ZeroRedundancyOptimizer*>(&optimizer_)) {
+      zero->clip_grad_norm_(options_.grad_clip);
+    } else {
+      optim::clip_grad_norm_(model_.parameters(), options_.grad_clip);
+    }
   }
   if (precision_ != nullptr) {
     precision_->step(optimizer_);  // fp16: skipped on inf/NaN gradients
@@ -478,6 +484,9 @@ void Trainer::save_snapshot(int64_t epoch) {
   const std::string name = whole ? "checkpoint-epoch-" + std::to_string(epoch + 1)
                                  : "checkpoint-step-" + std::to_string(step_);
   const std::string path = (fs::path(options_.checkpoint_dir) / (name + ".safetensors")).string();
+  // Under --zero rank 0 writes the whole (plain) optimizer state, gathered here.
+  if (auto* zero = dynamic_cast<dist::ZeroRedundancyOptimizer*>(&optimizer_))
+    zero->consolidate_state_dict(0);
   dist::save_checkpoint(path, *checkpoint_, &group_);
   if (group_.rank() == 0) delete_old_snapshots();
   dist::RankZeroLogger(group_).log("snapshot: " + path);

@@ -13,6 +13,7 @@
 #include <ember/tensor/grad_mode.h>
 #include <ember/tensor/trace.h>
 
+#include "detail/coalesced.h"
 #include "detail/default_group.h"
 #include "join.h"
 
@@ -52,73 +53,6 @@ std::vector<Tensor> gather(ProcessGroup& group, const Tensor& input) {
   for (int r = 0; r < group.size(); ++r) outputs.push_back(empty(input.sizes(), input.options()));
   group.allgather(outputs, input)->wait();
   return outputs;
-}
-
-// Rank `root`'s values into `tensors` on every rank, as few broadcasts as possible: tensors
-// of one dtype and device travel packed together, in pieces of at most `piece_bytes` through
-// one buffer per kind (so the extra memory is one piece: on NCCL, whose wait only orders the
-// stream, reusing the buffer is ordered by the stream too). A model's buffers take one
-// collective per forward instead of one per buffer. Under a Join each piece is announced.
-void broadcast_coalesced(ProcessGroup& group, const std::vector<Tensor>& tensors, int root,
-                         size_t piece_bytes, detail::JoinChannel* join = nullptr) {
-  NoGradGuard no_grad;
-  // Kinds in order of first appearance: every rank issues the pieces in the same order.
-  std::vector<std::vector<Tensor>> by_kind;
-  for (const Tensor& t : tensors) {
-    auto same_kind = [&](const std::vector<Tensor>& kind) {
-      return kind.front().dtype() == t.dtype() && kind.front().device() == t.device();
-    };
-    auto it = std::find_if(by_kind.begin(), by_kind.end(), same_kind);
-    if (it == by_kind.end()) it = by_kind.insert(by_kind.end(), std::vector<Tensor>{});
-    it->push_back(t.detach());
-  }
-  for (const std::vector<Tensor>& members : by_kind) {
-    // The pieces: members [first, last) and their element count, each at most piece_bytes
-    // unless one member alone is larger.
-    struct Piece {
-      size_t first, last;
-      int64_t numel;
-    };
-    std::vector<Piece> pieces;
-    int64_t largest = 0;
-    for (size_t first = 0; first < members.size();) {
-      size_t last = first;
-      int64_t numel = 0;
-      do {
-        numel += members[last++].numel();
-      } while (last < members.size() &&
-               static_cast<size_t>((numel + members[last].numel()) *
-                                   members[last].element_size()) <= piece_bytes);
-      pieces.push_back({first, last, numel});
-      largest = std::max(largest, numel);
-      first = last;
-    }
-    const Tensor buffer = empty({largest}, members.front().options());
-    for (const auto& [first, last, numel] : pieces) {
-      const Tensor flat = buffer.narrow(0, 0, numel);
-      auto slot = [&](int64_t at, const Tensor& t) {
-        return flat.narrow(0, at, t.numel()).view(t.sizes());
-      };
-      const bool sending = group.rank() == root;
-      // Copies between each member and its place in `flat`: into it on the root, else out.
-      auto exchange = [&](bool into_flat) {
-        int64_t at = 0;
-        for (size_t i = first; i < last; ++i) {
-          Tensor place = slot(at, members[i]);
-          if (into_flat) {
-            place.copy_(members[i]);
-          } else {
-            Tensor(members[i]).copy_(place);
-          }
-          at += members[i].numel();
-        }
-      };
-      if (sending) exchange(true);
-      if (join != nullptr) join->announce(detail::JoinChannel::Op::kBroadcast, flat, root);
-      group.broadcast(flat, root)->wait();
-      if (!sending) exchange(false);
-    }
-  }
 }
 
 // While a trace records: times each bucket's all-reduce on a thread of its own (the trace's
@@ -214,7 +148,11 @@ struct DistributedDataParallel::Reducer {
     Tensor flat;  // every gradient of the bucket, contiguous
     Tensor wire;  // the compressed copy in flight
     size_t pending = 0;
-    WorkHandle work;
+    std::vector<WorkHandle> works;  // the bucket's collectives in flight
+    // ZeRO-2: each rank's [offset, offset + numel) in flat (parameters grouped by owner),
+    // and whether flat was released after the reduction, keeping this rank's gradients.
+    std::vector<std::pair<int64_t, int64_t>> segments;
+    bool compacted = false;
   };
 
   ProcessGroup* group;
@@ -233,7 +171,18 @@ struct DistributedDataParallel::Reducer {
   bool rebuilt = false;
   bool order_complete = false;  // the first synced iteration's gradient order is known
   std::vector<size_t> ready_order;
-  BucketTimer timer;  // used while a trace records
+  BucketTimer timer;       // used while a trace records
+  std::vector<int> owner;  // ZeRO-2: the rank owning each parameter's gradient (else empty)
+
+  bool sharded() const { return !owner.empty(); }
+
+  // ZeRO-2 releases a bucket's flat between reductions; a gradient arriving reallocates it.
+  void ensure_flat(Bucket& b) {
+    if (b.flat.defined()) return;
+    int64_t elements = 0;
+    for (size_t i : b.params) elements += params[i].numel();
+    b.flat = zeros({elements}, params[b.params.front()].options());
+  }
 
   Tensor view_of(size_t i) const {
     const Bucket& b = buckets[bucket_of[i]];
@@ -254,6 +203,7 @@ struct DistributedDataParallel::Reducer {
     std::vector<std::pair<size_t, Bucket>> done;  // (position of first param, bucket)
     std::vector<std::pair<size_t, int64_t>> sizes;
     auto close = [&](Open& o) {
+      if (sharded()) group_by_owner(o.bucket);
       o.bucket.flat = zeros({o.elements}, params[o.bucket.params.front()].options());
       done.emplace_back(o.first_position, std::move(o.bucket));
       o.bucket = Bucket();
@@ -288,27 +238,86 @@ struct DistributedDataParallel::Reducer {
       }
     }
     for (size_t i = 0; i < params.size(); ++i) {
+      if (sharded() && !old_grads[i].defined()) continue;  // ZeRO-2 keeps absent ones absent
       Tensor view = view_of(i);
       if (old_grads[i].defined()) view.copy_(old_grads[i]);
       params[i].set_grad(view);
     }
   }
 
+  // ZeRO-2: orders the bucket's parameters by owner (stably) and records each rank's segment.
+  void group_by_owner(Bucket& b) const {
+    std::stable_sort(b.params.begin(), b.params.end(),
+                     [&](size_t x, size_t y) { return owner[x] < owner[y]; });
+    b.segments.assign(static_cast<size_t>(group->size()), {0, 0});
+    int64_t at = 0;
+    for (size_t s = 0; s < b.params.size(); ++s) {
+      b.offsets[s] = at;
+      auto& [begin, numel] = b.segments[static_cast<size_t>(owner[b.params[s]])];
+      if (numel == 0) begin = at;
+      numel += params[b.params[s]].numel();
+      at += params[b.params[s]].numel();
+    }
+  }
+
+  // ZeRO-2, once the bucket's reductions completed: this rank's gradients move to a compact
+  // copy, the others' are dropped, and flat is released.
+  void compact(Bucket& b) {
+    NoGradGuard no_grad;
+    const auto [begin, numel] = b.segments[static_cast<size_t>(group->rank())];
+    Tensor own;
+    if (numel > 0) {
+      own = empty({numel}, b.flat.options());
+      own.copy_((b.wire.defined() ? b.wire : b.flat).narrow(0, begin, numel));
+    }
+    for (size_t s = 0; s < b.params.size(); ++s) {
+      const size_t i = b.params[s];
+      if (owner[i] == group->rank()) {
+        params[i].set_grad(
+            own.narrow(0, b.offsets[s] - begin, params[i].numel()).view(params[i].sizes()));
+      } else {
+        params[i].set_grad(Tensor());
+      }
+    }
+    b.flat = Tensor();
+    b.wire = Tensor();
+    b.compacted = true;
+  }
+
   // Makes every grad() a view into its bucket: a dropped gradient becomes zeros, one the
   // user replaced is copied in.
   void point_grads() {
     NoGradGuard no_grad;
-    for (size_t i = 0; i < params.size(); ++i) {
-      const Tensor& g = params[i].grad();
-      Tensor view = view_of(i);
-      if (same_view(g, view)) continue;
-      if (g.defined()) {
-        view.copy_(g);
-      } else {
-        view.zero_();
+    if (sharded()) {
+      // ZeRO-2: only buckets holding a gradient are allocated; absent gradients stay absent.
+      for (Bucket& b : buckets) {
+        const bool any = std::any_of(b.params.begin(), b.params.end(),
+                                     [&](size_t i) { return params[i].grad().defined(); });
+        b.compacted = false;
+        if (!any) {
+          b.flat = Tensor();
+          continue;
+        }
+        ensure_flat(b);
+        for (size_t i : b.params) point_grad(i);
       }
-      params[i].set_grad(view);
+      return;
     }
+    for (size_t i = 0; i < params.size(); ++i) point_grad(i);
+  }
+
+  // Makes grad() a view into the bucket: a dropped gradient becomes zeros, one the user
+  // replaced is copied in.
+  void point_grad(size_t i) {
+    const Tensor& g = params[i].grad();
+    Tensor view = view_of(i);
+    if (same_view(g, view)) return;
+    if (g.defined()) {
+      view.copy_(g);
+    } else {
+      view.zero_();
+    }
+    params[i].set_grad(view);
   }
 
   std::string unready_names() const {
@@ -383,6 +392,7 @@ struct DistributedDataParallel::Reducer {
     if (!armed) return;
     NoGradGuard no_grad;
     const Tensor& g = params[i].grad();
+    ensure_flat(buckets[bucket_of[i]]);
     Tensor view = view_of(i);
     if (!same_view(g, view)) {
       view.copy_(g);
@@ -401,6 +411,7 @@ struct DistributedDataParallel::Reducer {
     const double divisor = by_active ? active_ranks : group->size();
     while (next_bucket < buckets.size() && buckets[next_bucket].pending == 0) {
       Bucket& b = buckets[next_bucket++];
+      ensure_flat(b);  // ZeRO-2: a bucket none of whose gradients arrived (all unused)
       Tensor sent = b.flat;
       ReduceOp op = ReduceOp::kAvg;
       if (options.compression) {
@@ -410,28 +421,63 @@ struct DistributedDataParallel::Reducer {
         b.flat.div_(divisor);
         op = ReduceOp::kSum;
       }
-      if (announce) join->announce(detail::JoinChannel::Op::kAllreduce, sent, 0, op);
       const CollectiveTag tag("DDP bucket " + std::to_string(next_bucket - 1));
-      b.work = group->allreduce(sent, op);
-      if (trace::enabled())
-        timer.watch(next_bucket - 1, static_cast<int64_t>(sent.nbytes()), b.work,
+      if (sharded()) {
+        // ZeRO-2: each owner's segment reduced to it alone.
+        for (size_t rank = 0; rank < b.segments.size(); ++rank) {
+          const auto [begin, numel] = b.segments[rank];
+          if (numel > 0)
+            b.works.push_back(
+                group->reduce(sent.narrow(0, begin, numel), static_cast<int>(rank), op));
+        }
+      } else {
+        // The bucket's index travels as the root: a joined rank shadows it in its own bucket.
+        if (announce)
+          join->announce(detail::JoinChannel::Op::kAllreduce, sent,
+                         static_cast<int>(next_bucket - 1), op, join_index);
+        b.works.push_back(group->allreduce(sent, op));
+      }
+      if (trace::enabled() && !b.works.empty())
+        timer.watch(next_bucket - 1, static_cast<int64_t>(sent.nbytes()), b.works.back(),
                     group->backend() != "nccl");
+      if (sharded()) compact_completed();
     }
     if (next_bucket == buckets.size()) finish();
+  }
+
+  // Waits for the bucket's collectives and brings a compressed copy home.
+  void complete(Bucket& b) {
+    for (WorkHandle& w : b.works) w->wait();
+    b.works.clear();
+    if (b.wire.defined() && !sharded()) {
+      b.flat.copy_(b.wire);
+      b.wire = Tensor();
+    }
+  }
+
+  // ZeRO-2: releases the issued buckets whose reductions are done, so that a backward holds
+  // few buckets at a time. Only on backends whose collectives finish on the host (on NCCL a
+  // completed Work has merely been ordered on the stream).
+  void compact_completed() {
+    if (group->backend() == "nccl") return;
+    for (size_t k = 0; k < next_bucket; ++k) {
+      Bucket& b = buckets[k];
+      if (b.compacted || !std::all_of(b.works.begin(), b.works.end(),
+                                      [](const WorkHandle& w) { return w->is_completed(); }))
+        continue;
+      complete(b);
+      compact(b);
+    }
   }
 
   void finish() {
     {
       const trace::Range waiting(trace::Category::kWait, "DDP wait for all-reduce");
       NoGradGuard no_grad;
-      for (Bucket& b : buckets) {
-        if (!b.work) continue;
-        b.work->wait();
-        b.work.reset();
-        if (b.wire.defined()) {
-          b.flat.copy_(b.wire);
-          b.wire = Tensor();
-        }
+      for (size_t k = 0; k < buckets.size(); ++k) {
+        complete(buckets[k]);
+        // ZeRO-2: the reduced buckets only (a forward without backward issued none).
+        if (sharded() && k < next_bucket && !buckets[k].compacted) compact(buckets[k]);
       }
     }
     if (trace::enabled()) timer.drain();  // this step's buckets in its trace
@@ -498,7 +544,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
     // Everyone starts from rank 0's values.
     std::vector<Tensor> state;
     for (auto& [name, t] : module_->state_dict()) state.push_back(t);
-    broadcast_coalesced(pg, state, 0, options_.broadcast_bucket_bytes);
+    detail::broadcast_coalesced(pg, state, 0, options_.broadcast_bucket_bytes);
   }
 
   std::vector<size_t> order;
@@ -529,7 +575,7 @@ bool DistributedDataParallel::prepare_forward() {
   if (options_.broadcast_buffers && group_->size() > 1) {
     std::vector<Tensor> buffers;
     for (auto& [name, t] : module_->named_buffers()) buffers.push_back(t);
-    broadcast_coalesced(*group_, buffers, root, options_.broadcast_bucket_bytes, join);
+    detail::broadcast_coalesced(*group_, buffers, root, options_.broadcast_bucket_bytes, join);
   }
   const bool sync = sync_enabled_ && GradMode::is_enabled() && is_training();
   if (sync) r.arm();
@@ -595,7 +641,31 @@ std::vector<std::vector<std::string>> DistributedDataParallel::bucket_parameter_
 
 bool DistributedDataParallel::buckets_rebuilt() const { return reducer_->rebuilt; }
 
+void DistributedDataParallel::reduce_to_owners(const std::function<int(const Tensor&)>& owner_of) {
+  Reducer& r = *reducer_;
+  EMBER_CHECK(!r.armed, kOp, "reduce_to_owners: a backward is pending; call it between iterations");
+  EMBER_CHECK(join_ == nullptr, kOp,
+              "reduce_to_owners: ZeRO-2 does not run under a Join (its reduces are not shadowed)");
+  std::vector<int> owners;
+  for (size_t i = 0; i < r.params.size(); ++i) {
+    const int rank = owner_of(r.params[i]);
+    EMBER_CHECK(rank >= 0 && rank < group_->size(), kOp, "reduce_to_owners: parameter \"",
+                r.names[i], "\" is owned by rank ", rank, " of a group of ", group_->size());
+    owners.push_back(rank);
+  }
+  r.owner = std::move(owners);
+  // The same bucket order as now, each bucket regrouped by owner.
+  std::vector<size_t> order;
+  for (const auto& b : r.buckets) order.insert(order.end(), b.params.begin(), b.params.end());
+  r.build(order);
+}
+
+bool DistributedDataParallel::reduces_to_owners() const { return reducer_->sharded(); }
+
 void DistributedDataParallel::set_join(std::shared_ptr<detail::JoinChannel> channel, int index) {
+  EMBER_CHECK(channel == nullptr || !reducer_->sharded(), "Join",
+              "a DistributedDataParallel reducing gradients to their owners (ZeRO-2) cannot be "
+              "joined: its reduces are not shadowed");
   join_ = std::move(channel);
   join_index_ = index;
   reducer_->join = join_.get();
@@ -610,11 +680,33 @@ void DistributedDataParallel::join_rebuild_buckets() {
   r.rebuild();
 }
 
+void DistributedDataParallel::join_shadow_bucket(size_t bucket, int64_t numel, ReduceOp op) {
+  Reducer& r = *reducer_;
+  EMBER_CHECK(bucket < r.buckets.size(), "Join", "the ranks still training all-reduce bucket ",
+              bucket, " of their DistributedDataParallel but rank ", group_->rank(), "'s has ",
+              r.buckets.size());
+  NoGradGuard no_grad;
+  Reducer::Bucket& b = r.buckets[bucket];
+  r.ensure_flat(b);
+  EMBER_CHECK(b.flat.numel() == numel, "Join", "bucket ", bucket, " holds ", b.flat.numel(),
+              " elements on rank ", group_->rank(), " but ", numel, " on the ranks still training");
+  // This rank contributes zeros and keeps the active ranks' average, in its gradients.
+  b.flat.zero_();
+  if (options_.compression) {
+    const Tensor wire = zeros({numel}, TensorOptions(*options_.compression, b.flat.device()));
+    group_->allreduce(wire, op)->wait();
+    b.flat.copy_(wire);
+  } else {
+    group_->allreduce(b.flat, op)->wait();
+  }
+  for (size_t i : b.params) r.point_grad(i);
+}
+
 void DistributedDataParallel::join_sync_final_model(int root) {
   if (group_->size() == 1) return;
   std::vector<Tensor> state;
   for (auto& [name, t] : module_->state_dict()) state.push_back(t);
-  broadcast_coalesced(*group_, state, root, options_.broadcast_bucket_bytes);
+  detail::broadcast_coalesced(*group_, state, root, options_.broadcast_bucket_bytes);
 }
 
 DistributedDataParallel::NoSyncGuard::NoSyncGuard(DistributedDataParallel& ddp)

@@ -27,9 +27,19 @@
 //
 // Uneven inputs (ranks with different numbers of batches): train inside a dist::Join
 // (join.h), which makes ranks that ran out shadow the others' collectives.
+//
+// ZeRO-2 (reduce_to_owners, which dist::ZeroRedundancyOptimizer::shard_gradients calls; see
+// zero.h): each parameter's gradient belongs to one rank, the rank whose optimizer shard
+// holds it. Each bucket lays its parameters out owner by owner and is reduced (averaged) to
+// each owner by one reduce per owner with a segment there instead of one all-reduce; once a
+// bucket's reductions are done (checked as later buckets are issued, on NCCL at the end of
+// backward), the rank keeps its own gradients in a compact copy, drops the others' (grad()
+// undefined) and releases the bucket, which is allocated again only when a gradient arrives
+// in it. Not under a Join (ember::Error).
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -111,6 +121,13 @@ class DistributedDataParallel : public nn::Module {
   ProcessGroup& group() { return *group_; }
   const DDPOptions& options() const { return options_; }
 
+  // ZeRO-2 from now on: `owner_of` gives the rank (of this DDP's group) owning each parameter's
+  // gradient; the buckets are rebuilt around it. Every rank calls it, between iterations, with
+  // the same owners. ember::Error while a backward is pending or under a Join.
+  void reduce_to_owners(const std::function<int(const Tensor&)>& owner_of);
+  // Whether reduce_to_owners was called.
+  bool reduces_to_owners() const;
+
   // The parameter names of each bucket, in bucket order (for inspection and tests).
   std::vector<std::vector<std::string>> bucket_parameter_names() const;
   bool buckets_rebuilt() const;
@@ -124,6 +141,9 @@ class DistributedDataParallel : public nn::Module {
   // copies rank `root`'s parameters and buffers everywhere.
   void set_join(std::shared_ptr<detail::JoinChannel> channel, int index);
   void join_rebuild_buckets();
+  // On a joined rank: takes part in the all-reduce of bucket `bucket` (`numel` elements) with
+  // zeros, keeping the result in the bucket's gradients.
+  void join_shadow_bucket(size_t bucket, int64_t numel, ReduceOp op);
   void join_sync_final_model(int root);
 
   // Readies the buckets for the coming backward; true when this forward's backward syncs.

@@ -24,3 +24,4 @@
 #include <ember/dist/tcp_store.h>
 // Random text windows sharded across ranks (GPT training).
 #include <ember/dist/window_sampler.h>
+#include <ember/dist/zero.h>

@@ -8,6 +8,7 @@
 
 #include "ddp.h"
 #include "sync_batch_norm.h"
+#include "zero.h"
 
 namespace ember::dist {
 
@@ -36,10 +37,10 @@ std::vector<int> ranks_where(const std::vector<std::vector<int64_t>>& all, bool 
 }
 
 std::string describe_row(const std::vector<int64_t>& row) {
-  static const char* const names[] = {"none",       "DDP forward", "all-reduce",
-                                      "all-gather", "broadcast",   "bucket rebuild"};
+  static const char* const names[] = {"none",      "DDP forward",    "all-reduce", "all-gather",
+                                      "broadcast", "bucket rebuild", "ZeRO step"};
   const int64_t op = row[kOpField];
-  std::string s = op >= 0 && op <= 5 ? names[op] : "unknown operation " + std::to_string(op);
+  std::string s = op >= 0 && op <= 6 ? names[op] : "unknown operation " + std::to_string(op);
   if (op == 2 || op == 3 || op == 4) {
     s += ::ember::detail::str_cat(" of ", row[kNumel], " ",
                                   row[kDType] >= 0 && row[kDType] < kNumDTypes
@@ -117,12 +118,16 @@ void JoinChannel::check_termination(const std::vector<std::vector<int64_t>>& all
 }
 
 JoinChannel::ForwardInfo JoinChannel::announce_forward(int joinable) {
+  return announce_and_wait(Op::kForward, joinable);
+}
+
+JoinChannel::ForwardInfo JoinChannel::announce_and_wait(Op op, int joinable) {
   wait_pending();
-  const auto all = exchange(describe(Op::kForward, Tensor(), 0, ReduceOp::kSum, joinable));
+  const auto all = exchange(describe(op, Tensor(), 0, ReduceOp::kSum, joinable));
   check_termination(all);
-  const std::vector<int> active = ranks_where(all, true);
+  std::vector<int> active = ranks_where(all, true);
   agreed_row(all, active, group_->rank());
-  return {static_cast<int>(active.size()), active.back()};
+  return {static_cast<int>(active.size()), active.back(), std::move(active)};
 }
 
 void JoinChannel::announce(Op op, const Tensor& tensor, int root, ReduceOp reduce, int joinable) {
@@ -148,7 +153,12 @@ void JoinChannel::announce(Op op, const Tensor& tensor, int root, ReduceOp reduc
 }  // namespace detail
 
 Join::Join(std::vector<std::shared_ptr<nn::Module>> joinables, JoinOptions options)
+    : Join(std::move(joinables), std::vector<ZeroRedundancyOptimizer*>{}, options) {}
+
+Join::Join(std::vector<std::shared_ptr<nn::Module>> joinables,
+           std::vector<ZeroRedundancyOptimizer*> optimizers, JoinOptions options)
     : joinables_(std::move(joinables)),
+      zeros_(std::move(optimizers)),
       options_(options),
       uncaught_at_start_(std::uncaught_exceptions()) {
   EMBER_CHECK(!joinables_.empty(), "Join",
@@ -185,10 +195,20 @@ Join::Join(std::vector<std::shared_ptr<nn::Module>> joinables, JoinOptions optio
     EMBER_CHECK(sync_bns_[i]->join_ == nullptr, "Join", "SyncBatchNorm ", i,
                 " is already covered by another live Join");
   }
+  for (size_t i = 0; i < zeros_.size(); ++i) {
+    EMBER_CHECK(zeros_[i] != nullptr, "Join", "ZeroRedundancyOptimizer ", i, " is null");
+    EMBER_CHECK(&zeros_[i]->group() == group.get(), "Join", "ZeroRedundancyOptimizer ", i,
+                " uses another process group than the modules; one Join covers one group");
+    EMBER_CHECK(!zeros_[i]->shards_gradients(), "Join", "ZeroRedundancyOptimizer ", i,
+                " shards the gradients (ZeRO-2), which a Join cannot shadow");
+    EMBER_CHECK(!zeros_[i]->join_, "Join", "ZeroRedundancyOptimizer ", i,
+                " is already covered by another live Join");
+  }
   channel_ = std::make_shared<detail::JoinChannel>(group, options_);
   if (!options_.enable) return;
   for (size_t i = 0; i < ddps_.size(); ++i) ddps_[i]->set_join(channel_, static_cast<int>(i));
   for (SyncBatchNorm* bn : sync_bns_) bn->join_ = channel_;
+  for (size_t i = 0; i < zeros_.size(); ++i) zeros_[i]->set_join(channel_, static_cast<int>(i));
 }
 
 Join::~Join() {
@@ -213,6 +233,7 @@ void Join::release() {
   channel_->state_ = detail::JoinChannel::State::kDone;
   for (DistributedDataParallel* ddp : ddps_) ddp->set_join(nullptr, -1);
   for (SyncBatchNorm* bn : sync_bns_) bn->join_ = nullptr;
+  for (ZeroRedundancyOptimizer* zero : zeros_) zero->set_join(nullptr, -1);
 }
 
 void Join::join() {
@@ -255,9 +276,27 @@ void Join::join() {
       switch (op) {
         case Op::kForward:
           break;  // the count itself was the collective
-        case Op::kAllreduce:
-          pg.allreduce(scratch(), static_cast<ReduceOp>(row[detail::kReduce]))->wait();
+        case Op::kAllreduce: {
+          // A DDP bucket is shadowed in the bucket itself, so that this rank holds the active
+          // ranks' average there (a ZeroRedundancyOptimizer steps its shard with it).
+          const int64_t index = row[detail::kJoinable];
+          const auto reduce = static_cast<ReduceOp>(row[detail::kReduce]);
+          if (index >= 0 && index < static_cast<int64_t>(ddps_.size())) {
+            ddps_[static_cast<size_t>(index)]->join_shadow_bucket(
+                static_cast<size_t>(row[detail::kRoot]), row[detail::kNumel], reduce);
+          } else {
+            pg.allreduce(scratch(), reduce)->wait();
+          }
           break;
+        }
+        case Op::kZeroStep: {
+          const int64_t index = row[detail::kJoinable];
+          EMBER_CHECK(index >= 0 && index < static_cast<int64_t>(zeros_.size()), "Join", "rank ",
+                      active.front(), " steps its ZeroRedundancyOptimizer ", index, " but rank ",
+                      pg.rank(), "'s Join covers ", zeros_.size());
+          zeros_[static_cast<size_t>(index)]->join_step(active);
+          break;
+        }
         case Op::kAllgather: {
           const Tensor mine = scratch();
           std::vector<Tensor> outputs;

@@ -60,6 +60,7 @@ namespace ember::dist {
 
 class DistributedDataParallel;
 class Join;
+class ZeroRedundancyOptimizer;
 class SyncBatchNorm;
 
 struct JoinOptions {
@@ -87,10 +88,12 @@ class JoinChannel {
     kAllgather = 3,       // shadowed with zeros
     kBroadcast = 4,       // shadowed by receiving into scratch
     kRebuildBuckets = 5,  // DDP rebuilds its buckets (a broadcast from rank 0)
+    kZeroStep = 6,        // a ZeroRedundancyOptimizer steps: joined ranks step their shards too
   };
   struct ForwardInfo {
     int active_ranks = 0;        // ranks still training, this one included
     int authoritative_rank = 0;  // the highest of them
+    std::vector<int> active;     // all of them, ascending
   };
 
   JoinChannel(std::shared_ptr<ProcessGroup> group, JoinOptions options);
@@ -102,6 +105,8 @@ class JoinChannel {
 
   // A DDP forward (`joinable`: the DDP's index in this Join); waits for the count.
   ForwardInfo announce_forward(int joinable);
+  // The same for another operation whose callers need the count (a ZeRO step).
+  ForwardInfo announce_and_wait(Op op, int joinable);
   // Announces `op` over `tensor` (its dtype and size; root for broadcasts, reduce op for
   // all-reduces) before the caller issues it.
   void announce(Op op, const Tensor& tensor, int root = 0, ReduceOp reduce = ReduceOp::kSum,
@@ -138,6 +143,13 @@ class Join {
   // layers (searched recursively, so a DDP over a SyncBatchNorm model covers both). Each
   // may be covered by one live Join at a time.
   explicit Join(std::vector<std::shared_ptr<nn::Module>> joinables, JoinOptions options = {});
+  // Also ZeroRedundancyOptimizers (PyTorch: Join([model, optim]); ember: Join({ddp}, {&opt},
+  // {}), the options given so that the call is not ambiguous), over the same group: each
+  // step on the ranks still training is announced, and a rank that joined steps its own shard
+  // with the gradients it shadowed (the active ranks' average) and broadcasts it, so every
+  // shard keeps being updated. Not with gradient sharding (ZeRO-2).
+  Join(std::vector<std::shared_ptr<nn::Module>> joinables,
+       std::vector<ZeroRedundancyOptimizer*> optimizers, JoinOptions options);
   ~Join();
   Join(const Join&) = delete;
   Join& operator=(const Join&) = delete;
@@ -160,6 +172,7 @@ class Join {
   std::vector<std::shared_ptr<nn::Module>> joinables_;
   std::vector<DistributedDataParallel*> ddps_;
   std::vector<SyncBatchNorm*> sync_bns_;
+  std::vector<ZeroRedundancyOptimizer*> zeros_;
   std::shared_ptr<detail::JoinChannel> channel_;
   JoinOptions options_;
   int uncaught_at_start_;

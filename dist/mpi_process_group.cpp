@@ -256,9 +256,11 @@ void start_main(State& s, Op& op) {
       rc = MPI_Ibcast(buf, count, type, op.peer, s.comm, &op.request);
       break;
     case OpKind::kReduce:
-      rc = s.rank == op.peer
-               ? MPI_Ireduce(MPI_IN_PLACE, buf, count, type, tp.op, op.peer, s.comm, &op.request)
-               : MPI_Ireduce(buf, nullptr, count, type, tp.op, op.peer, s.comm, &op.request);
+      // Blocking, as the all-reduce: Open MPI's MPI_Ireduce of megabytes runs several times
+      // slower than MPI_Reduce (ZeRO-2's gradient reduces, bench/zero).
+      rc = s.rank == op.peer ? MPI_Reduce(MPI_IN_PLACE, buf, count, type, tp.op, op.peer, s.comm)
+                             : MPI_Reduce(buf, nullptr, count, type, tp.op, op.peer, s.comm);
+      op.request = MPI_REQUEST_NULL;  // MPI_Test reports it complete at once
       break;
     case OpKind::kAllgather:
       rc = MPI_Iallgather(buf, count, type, op.packed_data, count, type, s.comm, &op.request);

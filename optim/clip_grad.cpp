@@ -9,46 +9,82 @@
 
 namespace ember::optim {
 
-Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, double norm_type,
-                       std::optional<bool> foreach) {
-  EMBER_CHECK(norm_type > 0.0, "clip_grad_norm_", "norm_type must be > 0, got ", norm_type);
-  EMBER_CHECK(max_norm >= 0.0, "clip_grad_norm_", "max_norm must be >= 0, got ", max_norm);
-  NoGradGuard no_grad;
-  // Gradients of one device and dtype that the multi-tensor pass takes, and the rest.
-  struct Bucket {
-    std::vector<Tensor> grads;
-  };
-  std::vector<Bucket> buckets;
+namespace {
+
+// Tensors of one device and dtype that the multi-tensor passes take together, and the rest.
+struct Split {
+  std::vector<std::vector<Tensor>> buckets;
   std::vector<Tensor> single;
-  for (const Tensor& p : params) {
-    if (!p.defined() || !p.grad().defined()) continue;
-    const Tensor& g = p.grad();
-    const bool multi = foreach.value_or(g.device().is_cuda()) && is_flat(g);
-    if (!multi) {
-      single.push_back(g);
+  bool empty() const { return buckets.empty() && single.empty(); }
+  const Tensor& first() const { return buckets.empty() ? single.front() : buckets.front().front(); }
+};
+
+Split split(const std::vector<Tensor>& tensors, std::optional<bool> foreach) {
+  Split s;
+  for (const Tensor& t : tensors) {
+    if (!t.defined()) continue;
+    if (!(foreach.value_or(t.device().is_cuda()) && is_flat(t))) {
+      s.single.push_back(t);
       continue;
     }
-    auto it = std::find_if(buckets.begin(), buckets.end(), [&](const Bucket& b) {
-      return b.grads.front().device() == g.device() && b.grads.front().dtype() == g.dtype();
+    auto it = std::find_if(s.buckets.begin(), s.buckets.end(), [&](const auto& b) {
+      return b.front().device() == t.device() && b.front().dtype() == t.dtype();
     });
-    if (it == buckets.end()) it = buckets.insert(it, Bucket{});
-    it->grads.push_back(g);
+    if (it == s.buckets.end()) it = s.buckets.insert(it, std::vector<Tensor>{});
+    it->push_back(t);
   }
-  if (buckets.empty() && single.empty()) return scalar_tensor(0.0, kF32);
+  return s;
+}
 
-  const Tensor& first = buckets.empty() ? single.front() : buckets.front().grads.front();
-  const Device device = first.device();
-  const DType dtype = first.dtype();
+std::vector<Tensor> grads_of(const std::vector<Tensor>& params) {
+  std::vector<Tensor> grads;
+  for (const Tensor& p : params) {
+    if (p.defined() && p.grad().defined()) grads.push_back(p.grad());
+  }
+  return grads;
+}
+
+void check_norm_type(const char* op, double norm_type) {
+  EMBER_CHECK(norm_type > 0.0, op, "norm_type must be > 0, got ", norm_type);
+}
+
+}  // namespace
+
+Tensor get_total_norm(const std::vector<Tensor>& tensors, double norm_type,
+                      std::optional<bool> foreach) {
+  check_norm_type("get_total_norm", norm_type);
+  NoGradGuard no_grad;
+  const Split s = split(tensors, foreach);
+  if (s.empty()) return scalar_tensor(0.0, kF32);
+  const Device device = s.first().device();
+  const DType dtype = s.first().dtype();
   std::vector<Tensor> norms;
-  for (const Bucket& b : buckets)
-    norms.push_back(multi_tensor_norm(b.grads, norm_type).to(device, dtype));
-  for (const Tensor& g : single) norms.push_back(norm(g, norm_type).to(device, dtype));
-  const Tensor total = norms.size() == 1 ? norms.front() : norm(stack(norms), norm_type);
+  for (const auto& b : s.buckets)
+    norms.push_back(multi_tensor_norm(b, norm_type).to(device, dtype));
+  for (const Tensor& t : s.single) norms.push_back(norm(t, norm_type).to(device, dtype));
+  return norms.size() == 1 ? norms.front() : norm(stack(norms), norm_type);
+}
 
-  const Tensor coef = clamp(max_norm / add(total, 1e-6), {}, 1.0);
-  for (const Bucket& b : buckets)
-    multi_tensor_mul_(b.grads, coef.to(b.grads.front().device(), b.grads.front().dtype()));
-  for (Tensor& g : single) g.mul_(coef.to(g.device(), g.dtype()));
+void clip_grads_with_norm_(const std::vector<Tensor>& params, double max_norm,
+                           const Tensor& total_norm, std::optional<bool> foreach) {
+  EMBER_CHECK(max_norm >= 0.0, "clip_grads_with_norm_", "max_norm must be >= 0, got ", max_norm);
+  EMBER_CHECK(total_norm.defined() && total_norm.numel() == 1, "clip_grads_with_norm_",
+              "total_norm must be a one-element tensor");
+  NoGradGuard no_grad;
+  const Split s = split(grads_of(params), foreach);
+  if (s.empty()) return;
+  const Tensor coef = clamp(max_norm / add(total_norm, 1e-6), {}, 1.0);
+  for (const auto& b : s.buckets)
+    multi_tensor_mul_(b, coef.to(b.front().device(), b.front().dtype()));
+  for (const Tensor& g : s.single) Tensor(g).mul_(coef.to(g.device(), g.dtype()));
+}
+
+Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, double norm_type,
+                       std::optional<bool> foreach) {
+  check_norm_type("clip_grad_norm_", norm_type);
+  EMBER_CHECK(max_norm >= 0.0, "clip_grad_norm_", "max_norm must be >= 0, got ", max_norm);
+  const Tensor total = get_total_norm(grads_of(params), norm_type, foreach);
+  clip_grads_with_norm_(params, max_norm, total, foreach);
   return total;
 }
 

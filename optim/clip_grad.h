@@ -1,4 +1,6 @@
-// Gradient-norm clipping, as torch.nn.utils.clip_grad_norm_.
+// Gradient-norm clipping, as torch.nn.utils.clip_grad_norm_ and its two halves
+// get_total_norm and clip_grads_with_norm_ (for callers that combine norms across processes,
+// like dist::ZeroRedundancyOptimizer::clip_grad_norm_).
 #pragma once
 
 #include <optional>
@@ -21,5 +23,16 @@ namespace ember::optim {
 // agrees within rounding (it is summed in another order).
 Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, double norm_type = 2.0,
                        std::optional<bool> foreach = std::nullopt);
+
+// The norm_type-norm of the per-tensor norms of `tensors` (undefined ones skipped), as
+// torch.nn.utils.get_total_norm: clip_grad_norm_'s total, on the first tensor's device in its
+// dtype; 0 for no tensor. foreach as above.
+Tensor get_total_norm(const std::vector<Tensor>& tensors, double norm_type = 2.0,
+                      std::optional<bool> foreach = std::nullopt);
+
+// Multiplies the gradients of `params` by min(1, max_norm / (total_norm + 1e-6)), as
+// torch.nn.utils.clip_grads_with_norm_ (clip_grad_norm_'s second half).
+void clip_grads_with_norm_(const std::vector<Tensor>& params, double max_norm,
+                           const Tensor& total_norm, std::optional<bool> foreach = std::nullopt);
 
 }  // namespace ember::optim

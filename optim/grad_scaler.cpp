@@ -100,6 +100,7 @@ Tensor GradScaler::check_gradients(Optimizer& optimizer, PerOptimizer& state, bo
     if (reducer_) reducer_(found_inf);
     state.found_inf.emplace_back(device, found_inf);
   }
+  optimizer.agree_found_inf(state.found_inf);  // a sharded optimizer's ranks decide together
   return inv_scale;
 }
 

@@ -22,7 +22,9 @@
 // launches for all gradients, none per parameter), and update() decides the new scale on the
 // device. bf16 needs no scaler; an enabled one with bf16 is harmless. Under data parallelism
 // pass a FoundInfReducer (dist::make_found_inf_agreement) so that every rank sees the same
-// flag and all skip together.
+// flag and all skip together. An optimizer holding a shard of the gradients
+// (dist::ZeroRedundancyOptimizer under ZeRO-2) agrees its flags itself
+// (Optimizer::agree_found_inf), with or without a reducer.
 //
 // NOTE: the fused path. When every parameter of the optimizer takes its multi-tensor update
 // (optimizer.device_step_refusal() is empty: SGD/Adam/AdamW with foreach or fused, or on

@@ -197,6 +197,29 @@ const ParamState& Optimizer::state(size_t group, size_t index) const {
   return index < state_[group].size() ? state_[group][index] : kEmpty;
 }
 
+void Optimizer::set_state(size_t group, size_t index, const ParamState& state) {
+  EMBER_CHECK(group < groups_.size() && index < groups_[group].params.size(), name_,
+              "set_state: no parameter ", index, " in group ", group, " (", groups_.size(),
+              " groups)");
+  const Tensor& p = groups_[group].params[index];
+  ParamState copy;
+  copy.step = state.step_count();
+  NoGradGuard no_grad;
+  for (const auto& [name, buffer] : state.buffers) {
+    EMBER_CHECK(buffer.defined() && buffer.sizes() == p.sizes(), name_, "set_state: buffer \"",
+                name, "\" has shape ",
+                buffer.defined() ? shape_str(buffer.sizes()) : std::string("undefined"),
+                " but parameter ", index, " of group ", group, " has shape ", shape_str(p.sizes()));
+    Tensor own = empty(p.sizes(), p.options());
+    own.copy_(buffer);
+    copy.buffers[name] = own;
+  }
+  state_[group].resize(groups_[group].params.size());
+  state_[group][index] = std::move(copy);
+}
+
+void Optimizer::agree_found_inf(std::vector<std::pair<Device, Tensor>>& /*flags*/) {}
+
 StateDict Optimizer::state_dict() const {
   StateDict dict;
   dict.scalars[std::string(kTypePrefix) + name_] = 1.0;

@@ -100,7 +100,8 @@ class Optimizer {
   // parameter with a gradient must take the multi-tensor update and already have its state
   // (a first update creates it, SGD's momentum buffer from the gradient), and a capturable
   // Adam's step counts must be on the device.
-  std::string device_step_refusal() const;
+  // A wrapper such as dist::ZeroRedundancyOptimizer gives its own answer.
+  virtual std::string device_step_refusal() const;
 
   // Capturable: lr and step counts read on the device (see the top of this file). Turning it
   // on needs the multi-tensor update (ember::Error with foreach = false); it is an execution
@@ -120,7 +121,10 @@ class Optimizer {
   const std::vector<ParamGroup>& param_groups() const { return groups_; }
   const Options& defaults() const { return defaults_; }
   // The state of parameter `index` of group `group` (empty until its first update).
-  const ParamState& state(size_t group, size_t index) const;
+  virtual const ParamState& state(size_t group, size_t index) const;
+  // Replaces that state: the step count and buffers (each shaped like the parameter, copied to
+  // its device and dtype). ember::Error naming the parameter for a wrong shape or index.
+  void set_state(size_t group, size_t index, const ParamState& state);
   const std::string& name() const { return name_; }
 
   // Keys: "type.<name>" (= 1, which optimizer wrote it), "param_groups.<g>.<option>" and
@@ -128,12 +132,18 @@ class Optimizer {
   // "state.<k>.<buffer>" (tensors), where k numbers the parameters across all groups in
   // order, as PyTorch does. The tensors alias the live state: clone them to keep a snapshot
   // while training goes on.
-  StateDict state_dict() const;
+  virtual StateDict state_dict() const;
   // Restores options and state saved by state_dict() of the same kind of optimizer with the
   // same groups (same counts, same option names, buffers shaped like the parameters). A state
   // from another optimizer (AdamW's into SGD) throws ember::Error naming both. Buffers are
   // copied to each parameter's device and dtype; nothing changes when the dict does not fit.
-  void load_state_dict(const StateDict& dict);
+  virtual void load_state_dict(const StateDict& dict);
+
+  // GradScaler's found-inf flags for this optimizer's gradients (one per device), before it
+  // decides to step. An optimizer whose ranks each hold a shard of the gradients
+  // (dist::ZeroRedundancyOptimizer under ZeRO-2) makes them agree across ranks here, so all
+  // step or skip together; the default leaves them as they are.
+  virtual void agree_found_inf(std::vector<std::pair<Device, Tensor>>& flags);
 
  protected:
   Optimizer(std::string name, Options defaults);
@@ -162,10 +172,11 @@ class Optimizer {
                                      const std::vector<ParamState>& state) const;
   // Whether the optimizer has a multi-tensor update it may use (capturable needs one).
   virtual bool has_multi_tensor_update() const { return false; }
+  // step() and step(scaling) after their checks: every group's step_group. A wrapper that
+  // steps another optimizer (dist::ZeroRedundancyOptimizer) replaces it.
+  virtual void run_step(const StepScaling* scaling);
 
  private:
-  void run_step(const StepScaling* scaling);
-
   std::string name_;
   Options defaults_;
   std::vector<ParamGroup> groups_;

@@ -97,6 +97,23 @@ TEST(ClipGradNorm, HandComputed) {
   EXPECT_EQ(clip_grad_norm_({no_grad}, 1.0).item<double>(), 0.0);
 }
 
+// The two halves PyTorch also offers: get_total_norm then clip_grads_with_norm_ give
+// clip_grad_norm_'s result bit for bit.
+TEST(ClipGradNorm, TotalNormThenClipWithItIsClipGradNorm) {
+  auto whole = golden_params(kCPU, kF32);
+  auto halves = golden_params(kCPU, kF32);
+  const Tensor total = clip_grad_norm_(whole, 0.5);
+  std::vector<Tensor> grads;
+  for (const Tensor& p : halves) grads.push_back(p.grad());
+  const Tensor again = get_total_norm(grads);
+  EXPECT_TRUE(equal(again, total));
+  clip_grads_with_norm_(halves, 0.5, again);
+  for (size_t i = 0; i < whole.size(); ++i) EXPECT_TRUE(equal(halves[i].grad(), whole[i].grad()));
+  EXPECT_EQ(get_total_norm({}).item<double>(), 0.0);
+  EXPECT_EMBER_ERROR(clip_grads_with_norm_(halves, 0.5, Tensor()),
+                     "clip_grads_with_norm_: total_norm must be a one-element tensor");
+}
+
 TEST(ClipGradNorm, RejectsBadArguments) {
   Tensor a = zeros({2});
   a.requires_grad_();

@@ -301,5 +301,40 @@ TEST(Optimizer, StateDictRecordsItsOptimizer) {
   EXPECT_EQ(target.state_dict().scalars, dict.scalars);
 }
 
+// set_state moves one parameter's state between optimizers (what dist::ZeroRedundancyOptimizer
+// does between a shard's optimizer and the whole one): the receiver then steps exactly as the
+// giver would have.
+TEST(Optimizer, SetStateCopiesOneParametersStateAndContinuesExactly) {
+  auto a = fresh_params();
+  auto b = fresh_params();
+  AdamW first(std::vector<Tensor>{a[0], a[1]}, AdamWOptions{.lr = 0.01});
+  AdamW second(two_groups(b), AdamWOptions{.lr = 0.01});
+  for (int step = 0; step < 3; ++step) {
+    set_grads({a[0], a[1]}, step);
+    first.step();
+  }
+  {
+    NoGradGuard no_grad;
+    Tensor(b[0]).copy_(a[0]);
+  }
+  second.set_state(0, 0, first.state(0, 0));
+  EXPECT_EQ(second.state(0, 0).step_count(), 3);
+  // A copy, on the parameter's device: the giver's buffers are not shared.
+  EXPECT_NE(second.state(0, 0).buffers.at("exp_avg").data_ptr(),
+            first.state(0, 0).buffers.at("exp_avg").data_ptr());
+  set_grads({a[0], a[1]}, 3);
+  first.step();
+  set_grads(b, 3);
+  second.step();
+  EXPECT_TRUE(equal(b[0].detach(), a[0].detach()));
+  ParamState wrong;
+  wrong.buffers["exp_avg"] = zeros({3});
+  EXPECT_EMBER_ERROR(second.set_state(0, 0, wrong),
+                     "AdamW: set_state: buffer \"exp_avg\" has shape [3] but parameter 0 of group "
+                     "0 has shape [4]");
+  EXPECT_EMBER_ERROR(second.set_state(2, 0, ParamState{}),
+                     "AdamW: set_state: no parameter 0 in group 2 (2 groups)");
+}
+
 }  // namespace
 }  // namespace ember::optim
