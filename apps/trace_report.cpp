@@ -83,12 +83,15 @@ std::vector<OverlapFigures> write_merged_trace(dist::ProcessGroup& group, Device
                                                const std::vector<trace::Event>& events,
                                                const std::string& path) {
   const int64_t offset = clock_offset_ns(group, device);
-  // Rank 0's origin (its first event), on this rank's clock.
+  // The origin is the earliest first event of any rank (on rank 0's clock), so no event has
+  // a negative timestamp (Perfetto drops those); converted back to this rank's clock.
   int64_t first = std::numeric_limits<int64_t>::max();
   for (const trace::Event& e : events) first = std::min(first, e.start_ns - offset);
   if (events.empty()) first = trace::now_ns() - offset;
-  const Tensor firsts = from_vector<int64_t>({first}, {1});
-  const int64_t origin = allgather(group, device, firsts)[0].item<int64_t>() + offset;
+  int64_t earliest = first;
+  for (const Tensor& f : allgather(group, device, from_vector<int64_t>({first}, {1})))
+    earliest = std::min(earliest, f.item<int64_t>());
+  const int64_t origin = earliest + offset;
   const std::string mine = trace::chrome_trace_events(events, group.rank(), origin);
 
   // The fragments, padded to the longest, gathered everywhere (rank 0 writes them).

@@ -421,14 +421,17 @@ std::string chrome_trace_events(const std::vector<Event>& events, int pid, int64
          ",\"tid\":0,\"args\":{\"sort_index\":" + p + "}}";
   std::map<int32_t, bool> used;
   for (const Event& e : events) used[e.row] = true;
+  // Rows are numbered from 1: Perfetto takes tid 0 for a process's idle thread and files
+  // other processes' events with it, so rank 1's rows would merge into rank 0's.
+  const auto tid = [](int32_t row) { return std::to_string(row + 1); };
   for (const auto& [row, name] : row_names()) {
     if (!used.count(row)) continue;
-    out += ",{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":" + p +
-           ",\"tid\":" + std::to_string(row) + ",\"args\":{\"name\":" + json_string(name) + "}}";
+    out += ",{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":" + p + ",\"tid\":" + tid(row) +
+           ",\"args\":{\"name\":" + json_string(name) + "}}";
   }
   for (const Event& e : events) {
     out += ",{\"name\":" + json_string(e.name) + ",\"cat\":\"" + category_name(e.category) +
-           "\",\"ph\":\"X\",\"pid\":" + p + ",\"tid\":" + std::to_string(e.row);
+           "\",\"ph\":\"X\",\"pid\":" + p + ",\"tid\":" + tid(e.row);
     append_number(out, "ts", static_cast<double>(e.start_ns - origin_ns) / 1e3, "%.3f");
     append_number(out, "dur", static_cast<double>(e.dur_ns) / 1e3, "%.3f");
     out += ",\"args\":{\"step\":" + std::to_string(e.step);

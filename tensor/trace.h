@@ -148,7 +148,7 @@ class BackwardSpans {
 
 // Chrome Trace Event JSON. chrome_trace_events writes `events` of one process (pid: the
 // rank) as comma-separated event objects: "M" events naming the process ("rank N") and its
-// rows, then one "X" event each, ts and dur in microseconds since origin_ns.
+// rows (tid: the row + 1), then one "X" event each, ts and dur in microseconds since origin_ns.
 // write_chrome_trace wraps fragments (one per process) into {"traceEvents": [...]}.
 std::string chrome_trace_events(const std::vector<Event>& events, int pid, int64_t origin_ns);
 void write_chrome_trace(std::ostream& out, const std::vector<std::string>& fragments);

@@ -74,6 +74,13 @@ TEST(TraceTrain, TwoRanksTraceEveryModuleBucketAndOptimizerStep) {
   std::map<int, std::set<std::string>> rows;
   for (const json& e : trace.at("traceEvents")) {
     if (e.at("ph") == "X") by_rank[e.at("pid").get<int>()].push_back(e);
+    // What Perfetto needs beside chrome://tracing: no event before the origin, no tid 0.
+    if (e.at("ph") == "X") {
+      EXPECT_GE(e.at("ts").get<double>(), 0.0) << e;
+    }
+    if (e.at("ph") != "M" || e.at("name") == "thread_name") {
+      EXPECT_GT(e.at("tid").get<int>(), 0) << e;
+    }
     if (e.at("ph") == "M" && e.at("name") == "thread_name")
       rows[e.at("pid").get<int>()].insert(e.at("args").at("name").get<std::string>());
   }
