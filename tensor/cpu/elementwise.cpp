@@ -1,4 +1,4 @@
-// CPU kernels for fill, copy, unary and binary math, where and random draws.
+// CPU kernels for fill, copy, unary and binary math and where (random draws: random.cpp).
 #include <cmath>
 #include <cstring>
 #include <tuple>
@@ -7,36 +7,13 @@
 
 #include "../detail/dispatch.h"
 #include "../detail/gelu_math.h"
-#include "../detail/philox.h"
 #include "../detail/tensor_iter.h"
+#include "convert.h"
 #include "cpu_kernels.h"
 
 namespace ember::detail {
 
 namespace {
-
-template <typename T>
-constexpr bool kIsFloat =
-    std::is_floating_point_v<T> || std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>;
-
-// Converts between any two element types (through float for the 16-bit floats).
-template <typename To, typename From>
-inline To convert(From value) {
-  if constexpr (std::is_same_v<To, From>) {
-    return value;
-  } else if constexpr (std::is_same_v<To, bool>) {
-    if constexpr (std::is_same_v<From, Half> || std::is_same_v<From, BFloat16>)
-      return static_cast<float>(value) != 0.0f;
-    else
-      return value != From(0);
-  } else if constexpr (std::is_same_v<From, Half> || std::is_same_v<From, BFloat16>) {
-    return convert<To>(static_cast<float>(value));
-  } else if constexpr (std::is_same_v<To, Half> || std::is_same_v<To, BFloat16>) {
-    return To(static_cast<float>(value));
-  } else {
-    return static_cast<To>(value);
-  }
-}
 
 // Runs out[i] = op(in[i]...) over an iterator whose operand 0 is the output. Dense layouts
 // take a flat loop the compiler vectorises; others walk the innermost dim with strides.
@@ -296,41 +273,14 @@ void where_kernel(const Tensor& out, const Tensor& cond, const Tensor& a, const 
   });
 }
 
-void random_kernel(RandomKind kind, const Tensor& out, uint64_t seed, uint64_t offset, double a,
-                   double b) {
-  const int64_t n = out.numel();
-  dispatch_all(out.dtype(), "random", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    T* data = static_cast<T*>(out.data_ptr());
-    const auto range = static_cast<uint64_t>(static_cast<int64_t>(b) - static_cast<int64_t>(a));
-#pragma omp parallel for if (n >= kParallelGrain) schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-      const auto idx = static_cast<uint64_t>(i);
-      if (kind == RandomKind::kRandint) {
-        data[i] = convert<T>(random_int(seed, offset, idx, static_cast<int64_t>(a), range));
-      } else if constexpr (std::is_same_v<T, double>) {
-        data[i] = kind == RandomKind::kUniform ? random_uniform_double(seed, offset, idx, a, b)
-                                               : random_normal_double(seed, offset, idx, a, b);
-      } else {
-        const float fa = static_cast<float>(a), fb = static_cast<float>(b);
-        data[i] = convert<T>(kind == RandomKind::kUniform
-                                 ? random_uniform_float(seed, offset, idx, fa, fb)
-                                 : random_normal_float(seed, offset, idx, fa, fb));
-      }
-    }
-  });
-}
-
 }  // namespace
 
 void register_cpu_elementwise_kernels(KernelTable& table) {
-  table.allocator = [](int) { return &cpu_allocator(); };
   table.fill = fill_kernel;
   table.copy = copy_kernel;
   table.unary = unary_kernel;
   table.binary = binary_kernel;
   table.where = where_kernel;
-  table.random = random_kernel;
 }
 
 }  // namespace ember::detail

@@ -13,7 +13,7 @@ void register_cuda_elementwise_kernels(KernelTable& table);  // fill, copy, unar
 void register_cuda_reduce_kernels(KernelTable& table);       // reduce, arg_reduce, softmax
 void register_cuda_index_kernels(KernelTable& table);        // index_select, gather, scatter_add
 void register_cuda_random_kernels(KernelTable& table);       // random
-void register_cuda_blas_kernels(KernelTable& table);         // gemm
+void register_cuda_linalg_kernels(KernelTable& table);         // gemm
 void register_cuda_memory_kernels(KernelTable& table);       // allocator, transfer
 void register_cuda_conv_kernels(KernelTable& table);         // conv2d (cuDNN)
 void register_cuda_layer_kernels(KernelTable& table);        // batch norm, cross-entropy

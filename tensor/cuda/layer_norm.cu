@@ -1,4 +1,4 @@
-// CUDA layer norm over rows [rows, n] (GPT layers); semantics match tensor/cpu/layers.cpp.
+// CUDA layer norm over rows [rows, n] (GPT layers); semantics match tensor/cpu/layer_norm.cpp.
 //
 // One warp per row: each lane folds a strided slice of the row and the warp combines the lanes
 // with a butterfly of shuffles, the same order every time. The weight and bias gradients are

@@ -9,7 +9,7 @@ void register_cuda_kernels(KernelTable& table) {
   register_cuda_reduce_kernels(table);
   register_cuda_index_kernels(table);
   register_cuda_random_kernels(table);
-  register_cuda_blas_kernels(table);
+  register_cuda_linalg_kernels(table);
   register_cuda_conv_kernels(table);
   register_cuda_layer_kernels(table);
   register_cuda_amp_kernels(table);

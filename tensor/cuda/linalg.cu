@@ -357,7 +357,7 @@ void bias_activation(Activation activation, const Tensor& out, const Tensor& in,
 
 }  // namespace
 
-void register_cuda_blas_kernels(KernelTable& table) {
+void register_cuda_linalg_kernels(KernelTable& table) {
 #if !defined(EMBER_CUDA_EMULATED)
   table.gemm = gemm;
 #endif
