@@ -48,7 +48,7 @@ void amp_update_scale(const Tensor& scale, const Tensor& growth_tracker, const T
 
 }  // namespace
 
-void register_cpu_amp_kernels(KernelTable& table) {
+EMBER_REGISTER_CPU_KERNELS(amp) {
   table.amp_non_finite_check_and_unscale = amp_non_finite_check_and_unscale;
   table.amp_update_scale = amp_update_scale;
 }

@@ -275,7 +275,7 @@ void where_kernel(const Tensor& out, const Tensor& cond, const Tensor& a, const 
 
 }  // namespace
 
-void register_cpu_elementwise_kernels(KernelTable& table) {
+EMBER_REGISTER_CPU_KERNELS(elementwise) {
   table.fill = fill_kernel;
   table.copy = copy_kernel;
   table.unary = unary_kernel;

@@ -125,7 +125,7 @@ void layer_norm_backward_cpu(const Tensor& grad_input, const Tensor& grad_weight
 
 }  // namespace
 
-void register_cpu_layer_norm_kernels(KernelTable& table) {
+EMBER_REGISTER_CPU_KERNELS(layer_norm) {
   table.layer_norm_forward = &layer_norm_forward_cpu;
   table.layer_norm_backward = &layer_norm_backward_cpu;
 }

@@ -446,7 +446,7 @@ void cross_entropy_backward_cpu(const Tensor& grad_logits, const Tensor& grad_lo
 }
 }  // namespace
 
-void register_cpu_layer_kernels(KernelTable& table) {
+EMBER_REGISTER_CPU_KERNELS(layers) {
   table.batch_norm_relu_forward = &batch_norm_relu_forward_cpu;
   table.batch_norm_relu_backward = &batch_norm_relu_backward_cpu;
   table.batch_norm_forward = &batch_norm_forward_cpu;

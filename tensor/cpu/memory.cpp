@@ -5,7 +5,7 @@
 
 namespace ember::detail {
 
-void register_cpu_memory_kernels(KernelTable& table) {
+EMBER_REGISTER_CPU_KERNELS(memory) {
   table.allocator = [](int) { return &cpu_allocator(); };
 }
 

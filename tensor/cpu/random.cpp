@@ -37,6 +37,6 @@ void random_kernel(RandomKind kind, const Tensor& out, uint64_t seed, uint64_t o
 
 }  // namespace
 
-void register_cpu_random_kernels(KernelTable& table) { table.random = random_kernel; }
+EMBER_REGISTER_CPU_KERNELS(random) { table.random = random_kernel; }
 
 }  // namespace ember::detail

@@ -309,7 +309,7 @@ void softmax_cpu(const Tensor& out, const Tensor& in, int64_t outer, int64_t n, 
 
 }  // namespace
 
-void register_cpu_reduce_kernels(KernelTable& table) {
+EMBER_REGISTER_CPU_KERNELS(reduce) {
   table.reduce = &reduce_cpu;
   table.arg_reduce = &arg_reduce_cpu;
   table.softmax = &softmax_cpu;

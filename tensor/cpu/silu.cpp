@@ -41,7 +41,7 @@ void silu_backward(const Tensor& grad_in, const Tensor& grad_out, const Tensor& 
 
 }  // namespace
 
-EMBER_REGISTER_OWN_KERNEL(silu_forward_kernels, DeviceType::kCPU, silu_forward);
-EMBER_REGISTER_OWN_KERNEL(silu_backward_kernels, DeviceType::kCPU, silu_backward);
+EMBER_REGISTER_CPU_KERNEL(silu_forward_kernels, silu_forward);
+EMBER_REGISTER_CPU_KERNEL(silu_backward_kernels, silu_backward);
 
 }  // namespace ember::detail

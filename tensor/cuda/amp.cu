@@ -10,7 +10,6 @@
 #include "../detail/amp_math.h"
 #include "../detail/dispatch.h"
 #include "../ops.h"
-#include "cuda_kernels.h"
 #include "multi_tensor_apply.cuh"
 
 EMBER_KERNELS_BEGIN
@@ -83,7 +82,7 @@ void amp_update_scale(const Tensor& scale, const Tensor& growth_tracker, const T
 
 }  // namespace
 
-void register_cuda_amp_kernels(KernelTable& table) {
+EMBER_REGISTER_CUDA_KERNELS(amp) {
   table.amp_non_finite_check_and_unscale = amp_non_finite_check_and_unscale;
   table.amp_update_scale = amp_update_scale;
 }

@@ -13,7 +13,6 @@
 #include "../detail/dispatch.h"
 #include "../precision.h"
 #include "block_sum.cuh"
-#include "cuda_kernels.h"
 #include "launch.cuh"
 #if !defined(EMBER_CUDA_EMULATED)
 #include "cudnn_context.h"
@@ -379,7 +378,7 @@ void conv2d_backward_cuda(const Tensor& grad_input, const Tensor& grad_weight,
 }  // namespace
 
 #if !defined(EMBER_CUDA_EMULATED)
-void register_cuda_conv_kernels(KernelTable& table) {
+EMBER_REGISTER_CUDA_KERNELS(conv) {
   table.conv2d_forward = &conv2d_forward_cuda;
   table.conv2d_backward = &conv2d_backward_cuda;
 }

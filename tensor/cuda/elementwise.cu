@@ -1,7 +1,6 @@
 // Elementwise CUDA kernels: fill, copy (any dtype to any dtype), unary, binary and where.
 #include "../detail/dispatch.h"
 #include "../detail/gelu_math.h"
-#include "cuda_kernels.h"
 #include "launch.cuh"
 
 EMBER_KERNELS_BEGIN
@@ -307,7 +306,7 @@ void where(const Tensor& out, const Tensor& cond, const Tensor& a, const Tensor&
 
 }  // namespace
 
-void register_cuda_elementwise_kernels(KernelTable& table) {
+EMBER_REGISTER_CUDA_KERNELS(elementwise) {
   table.fill = fill;
   table.copy = copy;
   table.unary = unary;

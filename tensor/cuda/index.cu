@@ -5,7 +5,6 @@
 #endif
 
 #include "../detail/dispatch.h"
-#include "cuda_kernels.h"
 #include "launch.cuh"
 
 EMBER_KERNELS_BEGIN
@@ -152,7 +151,7 @@ void scatter_add(const Tensor& self, int64_t dim, const Tensor& index, const Ten
 
 }  // namespace
 
-void register_cuda_index_kernels(KernelTable& table) {
+EMBER_REGISTER_CUDA_KERNELS(index) {
   table.index_select = index_select;
   table.gather = gather;
   table.scatter_add = scatter_add;

@@ -6,7 +6,6 @@
 // adds the chunks in order, so no atomics are used and results do not depend on timing.
 #include "../detail/dispatch.h"
 #include "../ops.h"
-#include "cuda_kernels.h"
 #include "launch.cuh"
 
 EMBER_KERNELS_BEGIN
@@ -219,7 +218,7 @@ void layer_norm_backward_cuda(const Tensor& grad_input, const Tensor& grad_weigh
 
 }  // namespace
 
-void register_cuda_layer_norm_kernels(KernelTable& table) {
+EMBER_REGISTER_CUDA_KERNELS(layer_norm) {
   table.layer_norm_forward = layer_norm_forward_cuda;
   table.layer_norm_backward = layer_norm_backward_cuda;
 }

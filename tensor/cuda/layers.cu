@@ -7,7 +7,6 @@
 #include "../detail/op_utils.h"
 #include "../ops.h"
 #include "block_sum.cuh"
-#include "cuda_kernels.h"
 #include "launch.cuh"
 #if !defined(EMBER_CUDA_EMULATED)
 #include "cudnn_context.h"
@@ -719,7 +718,7 @@ void cross_entropy_backward_cuda(const Tensor& grad_logits, const Tensor& grad_l
 
 }  // namespace
 
-void register_cuda_layer_kernels(KernelTable& table) {
+EMBER_REGISTER_CUDA_KERNELS(layers) {
   table.batch_norm_relu_forward = &batch_norm_relu_forward_cuda;
   table.batch_norm_relu_backward = &batch_norm_relu_backward_cuda;
 #if !defined(EMBER_CUDA_EMULATED)

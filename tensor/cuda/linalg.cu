@@ -20,7 +20,6 @@
 #include "../cuda.h"
 #include "../detail/dispatch.h"
 #include "../precision.h"
-#include "cuda_kernels.h"
 #include "launch.cuh"
 #if !defined(EMBER_CUDA_EMULATED)
 #include "cudnn_context.h"
@@ -357,7 +356,7 @@ void bias_activation(Activation activation, const Tensor& out, const Tensor& in,
 
 }  // namespace
 
-void register_cuda_linalg_kernels(KernelTable& table) {
+EMBER_REGISTER_CUDA_KERNELS(linalg) {
 #if !defined(EMBER_CUDA_EMULATED)
   table.gemm = gemm;
 #endif

@@ -7,7 +7,7 @@
 #include "../detail/caching_allocator.h"
 #include "cuda_check.h"
 #include "cuda_context.h"
-#include "cuda_kernels.h"
+#include "device.cuh"
 
 namespace ember::detail {
 namespace {
@@ -160,7 +160,7 @@ void transfer(const Tensor& dst, const Tensor& src, bool non_blocking) {
 
 CachingAllocator& cuda_caching_allocator(int device) { return cuda_allocator(device).cache(); }
 
-void register_cuda_memory_kernels(KernelTable& table) {
+EMBER_REGISTER_CUDA_KERNELS(memory) {
   table.allocator = allocator_entry;
   table.transfer = transfer;
 }

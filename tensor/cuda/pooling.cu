@@ -9,7 +9,6 @@
 
 #include "../detail/dispatch.h"
 #include "../detail/op_utils.h"
-#include "cuda_kernels.h"
 #include "launch.cuh"
 
 EMBER_KERNELS_BEGIN
@@ -325,7 +324,7 @@ void adaptive_avg_pool2d_backward_cuda(const Tensor& grad_input, const Tensor& g
 
 }  // namespace
 
-void register_cuda_pooling_kernels(KernelTable& table) {
+EMBER_REGISTER_CUDA_KERNELS(pooling) {
   table.max_pool2d_forward = &max_pool2d_forward_cuda;
   table.max_pool2d_backward = &max_pool2d_backward_cuda;
   table.avg_pool2d_forward = &avg_pool2d_forward_cuda;

@@ -8,7 +8,6 @@
 // glibc versions may differ by an ulp.
 #include "../detail/dispatch.h"
 #include "../detail/philox.h"
-#include "cuda_kernels.h"
 #include "launch.cuh"
 
 EMBER_KERNELS_BEGIN
@@ -50,6 +49,6 @@ void random(RandomKind kind, const Tensor& out, uint64_t seed, uint64_t offset, 
 
 }  // namespace
 
-void register_cuda_random_kernels(KernelTable& table) { table.random = random; }
+EMBER_REGISTER_CUDA_KERNELS(random) { table.random = random; }
 
 EMBER_KERNELS_END  // namespace ember::detail

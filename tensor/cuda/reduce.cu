@@ -7,7 +7,6 @@
 #include <cmath>
 
 #include "../detail/dispatch.h"
-#include "cuda_kernels.h"
 #include "launch.cuh"
 
 EMBER_KERNELS_BEGIN
@@ -415,7 +414,7 @@ void softmax(const Tensor& out, const Tensor& in, int64_t outer, int64_t n, int6
 
 }  // namespace
 
-void register_cuda_reduce_kernels(KernelTable& table) {
+EMBER_REGISTER_CUDA_KERNELS(reduce) {
   table.reduce = reduce;
   table.arg_reduce = arg_reduce;
   table.softmax = softmax;
