@@ -414,10 +414,13 @@ EMBER_OP(kGeluOp,
          detail::define_op("gelu", "GeluBackward", detail::saves({0}, false), gelu_backward_formula,
                            detail::kNoAutocast, detail::uses_kernels({EMBER_KERNEL(unary)})));
 
-// The descriptor of a binary kernel op (comparisons and relu_backward record as add, with no
-// differentiable input).
+// The descriptor of a binary kernel op (comparisons and the backward kernels record as add,
+// with no differentiable input). Every op is a case and there is no default, so a BinaryOp
+// added without one does not compile (-Wswitch, an error under -Werror).
 const detail::OpDef& grad_op(BinaryOp op) {
   switch (op) {
+    case BinaryOp::kAdd:
+      return kAddOp;
     case BinaryOp::kSub:
       return kSubOp;
     case BinaryOp::kMul:
@@ -430,11 +433,22 @@ const detail::OpDef& grad_op(BinaryOp op) {
       return kMaximumOp;
     case BinaryOp::kMinimum:
       return kMinimumOp;
-    default:
+    case BinaryOp::kReluBackward:
+    case BinaryOp::kGeluBackward:
+    case BinaryOp::kGeluTanhBackward:
+    case BinaryOp::kEq:
+    case BinaryOp::kNe:
+    case BinaryOp::kLt:
+    case BinaryOp::kLe:
+    case BinaryOp::kGt:
+    case BinaryOp::kGe:
       return kAddOp;
   }
+  EMBER_ASSERT(false, "grad_op: BinaryOp ", static_cast<int>(op), " out of range");
+  return kAddOp;
 }
 
+// As above: every UnaryOp is a case, none is a default.
 const detail::OpDef& grad_op(UnaryOp op) {
   switch (op) {
     case UnaryOp::kNeg:
@@ -463,6 +477,7 @@ const detail::OpDef& grad_op(UnaryOp op) {
     case UnaryOp::kGeluTanh:
       return kGeluOp;
   }
+  EMBER_ASSERT(false, "grad_op: UnaryOp ", static_cast<int>(op), " out of range");
   return kNegOp;
 }
 
