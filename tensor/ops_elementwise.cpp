@@ -6,6 +6,7 @@
 #include "detail/autocast_policy.h"
 #include "detail/autograd_hooks.h"
 #include "detail/dispatch.h"
+#include "detail/gelu_math.h"
 #include "detail/kernel_table.h"
 #include "detail/layer_backward.h"
 #include "detail/op_def.h"
@@ -343,9 +344,9 @@ std::vector<Tensor> where_backward(const detail::BackwardContext& c, const Tenso
   return {Tensor(), c.needs(1) ? detail::sum_to(where(cond, g, 0.0), c.shape(1)) : Tensor(),
           c.needs(2) ? detail::sum_to(where(cond, 0.0, g), c.shape(2)) : Tensor()};
 }
-// OpArgs::a: 1 for the tanh approximation.
+// OpArgs::a: the GeluApproximate.
 std::vector<Tensor> gelu_backward_formula(const detail::BackwardContext& c, const Tensor& g) {
-  return {detail::gelu_backward(g, c.in(0), c.args().a != 0.0)};
+  return {detail::gelu_backward(g, c.in(0), detail::gelu_approximate_of(c.args().a))};
 }
 
 EMBER_OP(kAddOp,
@@ -435,7 +436,6 @@ const detail::OpDef& grad_op(BinaryOp op) {
       return kMinimumOp;
     case BinaryOp::kReluBackward:
     case BinaryOp::kGeluBackward:
-    case BinaryOp::kGeluTanhBackward:
     case BinaryOp::kEq:
     case BinaryOp::kNe:
     case BinaryOp::kLt:
@@ -474,7 +474,6 @@ const detail::OpDef& grad_op(UnaryOp op) {
     case UnaryOp::kClamp:
       return kClampOp;
     case UnaryOp::kGelu:
-    case UnaryOp::kGeluTanh:
       return kGeluOp;
   }
   EMBER_ASSERT(false, "grad_op: UnaryOp ", static_cast<int>(op), " out of range");
@@ -685,9 +684,8 @@ Tensor tanh(const Tensor& t) { return unary(UnaryOp::kTanh, "tanh", t, UnaryKind
 Tensor gelu(const Tensor& input, GeluApproximate approximate) {
   detail::check_defined(input, "gelu");
   EMBER_CHECK(input.is_floating_point(), "gelu", "expected a floating input, got ", input.dtype());
-  const bool tanh_form = approximate == GeluApproximate::kTanh;
-  return unary(tanh_form ? UnaryOp::kGeluTanh : UnaryOp::kGelu, "gelu", input, UnaryKind::kSameType,
-               tanh_form ? 1.0 : 0.0);
+  return unary(UnaryOp::kGelu, "gelu", input, UnaryKind::kSameType,
+               static_cast<double>(approximate));
 }
 
 namespace {
@@ -770,9 +768,9 @@ Tensor relu_backward(const Tensor& grad, const Tensor& output) {
   return binary(BinaryOp::kReluBackward, "relu_backward", grad, output);
 }
 
-Tensor gelu_backward(const Tensor& grad, const Tensor& input, bool tanh_form) {
-  return binary(tanh_form ? BinaryOp::kGeluTanhBackward : BinaryOp::kGeluBackward, "gelu_backward",
-                grad, input);
+Tensor gelu_backward(const Tensor& grad, const Tensor& input, GeluApproximate approximate) {
+  return binary(BinaryOp::kGeluBackward, "gelu_backward", grad, input,
+                static_cast<double>(approximate));
 }
 
 }  // namespace detail

@@ -1,5 +1,5 @@
 // Element conversions of the CPU kernels (elementwise.cpp, random.cpp): between any two
-// element types, through float for the 16-bit floats, and which element types are floating.
+// element types, through float for the 16-bit floats.
 #pragma once
 
 #include <type_traits>
@@ -7,10 +7,6 @@
 #include "../dtype.h"
 
 namespace ember::detail {
-
-template <typename T>
-inline constexpr bool kIsFloat =
-    std::is_floating_point_v<T> || std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>;
 
 // Converts between any two element types (through float for the 16-bit floats).
 template <typename To, typename From>

@@ -54,7 +54,7 @@ void elementwise(const StridedIter& it, Op op) {
   (std::index_sequence_for<In...>{});
 }
 
-void fill_kernel(const Tensor& out, Scalar value) {
+void fill_cpu(const Tensor& out, Scalar value) {
   dispatch_all(out.dtype(), "fill_", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T v = value.is_floating() ? convert<T>(value.to_double())
@@ -64,7 +64,7 @@ void fill_kernel(const Tensor& out, Scalar value) {
   });
 }
 
-void copy_kernel(const Tensor& dst, const Tensor& src) {
+void copy_cpu(const Tensor& dst, const Tensor& src) {
   const StridedIter it = make_iter({&dst, &src});
   if (dst.dtype() == src.dtype() && it.contiguous) {
     std::memcpy(it.data[0], it.data[1], static_cast<size_t>(it.numel) * dst.element_size());
@@ -135,10 +135,10 @@ void unary_typed(UnaryOp op, const StridedIter& it, double p0, double p1) {
         const A lo = static_cast<A>(p0), hi = static_cast<A>(p1);
         return run([lo, hi](A x) { return std::isnan(x) ? x : x < lo ? lo : (x > hi ? hi : x); });
       }
-      case UnaryOp::kGelu:
-        return run([](A x) { return gelu_forward(x, false); });
-      case UnaryOp::kGeluTanh:
-        return run([](A x) { return gelu_forward(x, true); });
+      case UnaryOp::kGelu:  // one loop per form, so each vectorises
+        if (gelu_approximate_of(p0) == GeluApproximate::kTanh)
+          return run([](A x) { return gelu_forward(x, GeluApproximate::kTanh); });
+        return run([](A x) { return gelu_forward(x, GeluApproximate::kNone); });
     }
   } else if constexpr (!std::is_same_v<T, bool>) {
     switch (op) {
@@ -169,7 +169,7 @@ void unary_typed(UnaryOp op, const StridedIter& it, double p0, double p1) {
                dtype_of<T>);
 }
 
-void unary_kernel(UnaryOp op, const Tensor& out, const Tensor& in, double p0, double p1) {
+void unary_cpu(UnaryOp op, const Tensor& out, const Tensor& in, double p0, double p1) {
   const StridedIter it = make_iter({&out, &in});
   dispatch_all(out.dtype(), "unary",
                [&](auto tag) { unary_typed<typename decltype(tag)::type>(op, it, p0, p1); });
@@ -226,10 +226,11 @@ void binary_typed(BinaryOp op, const StridedIter& it, Scalar alpha_scalar) {
       case BinaryOp::kReluBackward:
         return run([](A a, A b) { return b > A(0) ? a : A(0); });
       case BinaryOp::kGeluBackward:
-        if constexpr (kIsFloat<T>) return run([](A a, A b) { return gelu_backward(a, b, false); });
-        break;
-      case BinaryOp::kGeluTanhBackward:
-        if constexpr (kIsFloat<T>) return run([](A a, A b) { return gelu_backward(a, b, true); });
+        if constexpr (kIsFloat<T>) {
+          if (gelu_approximate_of(alpha_scalar.to_double()) == GeluApproximate::kTanh)
+            return run([](A a, A b) { return gelu_backward(a, b, GeluApproximate::kTanh); });
+          return run([](A a, A b) { return gelu_backward(a, b, GeluApproximate::kNone); });
+        }
         break;
       case BinaryOp::kDiv:
         if constexpr (kIsFloat<T>) return run([](A a, A b) { return a / b; });
@@ -259,13 +260,13 @@ void binary_typed(BinaryOp op, const StridedIter& it, Scalar alpha_scalar) {
                dtype_of<T>);
 }
 
-void binary_kernel(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b, Scalar alpha) {
+void binary_cpu(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b, Scalar alpha) {
   const StridedIter it = make_iter({&out, &a, &b});
   dispatch_all(a.dtype(), "binary",
                [&](auto tag) { binary_typed<typename decltype(tag)::type>(op, it, alpha); });
 }
 
-void where_kernel(const Tensor& out, const Tensor& cond, const Tensor& a, const Tensor& b) {
+void where_cpu(const Tensor& out, const Tensor& cond, const Tensor& a, const Tensor& b) {
   const StridedIter it = make_iter({&out, &cond, &a, &b});
   dispatch_all(out.dtype(), "where", [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -276,11 +277,11 @@ void where_kernel(const Tensor& out, const Tensor& cond, const Tensor& a, const 
 }  // namespace
 
 EMBER_REGISTER_CPU_KERNELS(elementwise) {
-  table.fill = fill_kernel;
-  table.copy = copy_kernel;
-  table.unary = unary_kernel;
-  table.binary = binary_kernel;
-  table.where = where_kernel;
+  table.fill = fill_cpu;
+  table.copy = copy_cpu;
+  table.unary = unary_cpu;
+  table.binary = binary_cpu;
+  table.where = where_cpu;
 }
 
 }  // namespace ember::detail

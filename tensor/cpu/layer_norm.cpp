@@ -25,7 +25,7 @@ void layer_norm_forward_typed(const Tensor& out, const Tensor& mean, const Tenso
                               const Tensor& input, const Tensor& weight, const Tensor& bias,
                               double eps) {
   using A = acc_t<T>;
-  using S = std::conditional_t<std::is_same_v<T, double>, double, float>;
+  using S = acc_t<T>;
   const int64_t rows = input.size(0), n = input.size(1);
   const T* x = input.data_ptr<T>();
   T* y = out.data_ptr<T>();
@@ -66,7 +66,7 @@ void layer_norm_backward_typed(const Tensor& grad_input, const Tensor& grad_weig
                                const Tensor& grad_bias, const Tensor& grad_out, const Tensor& input,
                                const Tensor& weight, const Tensor& mean, const Tensor& rstd) {
   using A = acc_t<T>;
-  using S = std::conditional_t<std::is_same_v<T, double>, double, float>;
+  using S = acc_t<T>;
   const int64_t rows = input.size(0), n = input.size(1);
   const T* x = input.data_ptr<T>();
   const T* gy = grad_out.data_ptr<T>();

@@ -10,8 +10,8 @@
 namespace ember::detail {
 namespace {
 
-void random_kernel(RandomKind kind, const Tensor& out, uint64_t seed, uint64_t offset, double a,
-                   double b) {
+void random_cpu(RandomKind kind, const Tensor& out, uint64_t seed, uint64_t offset, double a,
+                double b) {
   const int64_t n = out.numel();
   dispatch_all(out.dtype(), "random", [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -37,6 +37,6 @@ void random_kernel(RandomKind kind, const Tensor& out, uint64_t seed, uint64_t o
 
 }  // namespace
 
-EMBER_REGISTER_CPU_KERNELS(random) { table.random = random_kernel; }
+EMBER_REGISTER_CPU_KERNELS(random) { table.random = random_cpu; }
 
 }  // namespace ember::detail

@@ -238,7 +238,7 @@ AlgoChoice backward_filter_algo(const CudnnHandle& h, ConvSetup& s, const void* 
 template <typename T>
 __global__ void add_bias_kernel(T* y, const T* bias, int64_t total, int64_t channels,
                                 int64_t plane) {
-  using C = compute_t<T>;
+  using C = acc_t<T>;
   for (int64_t i = global_thread(); i < total; i += grid_stride()) {
     const int64_t o = (i / plane) % channels;
     y[i] = cast_to<T>(cast_to<C>(y[i]) + cast_to<C>(bias[o]));

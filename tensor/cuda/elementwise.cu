@@ -65,9 +65,7 @@ __device__ __forceinline__ C apply_unary(UnaryOp op, C x, C a, C b) {
       case UnaryOp::kClamp:
         return x != x ? x : (x < a ? a : (x > b ? b : x));
       case UnaryOp::kGelu:
-        return gelu_forward(x, false);
-      case UnaryOp::kGeluTanh:
-        return gelu_forward(x, true);
+        return gelu_forward(x, gelu_approximate_of(static_cast<double>(a)));
     }
     return x;
   } else {
@@ -109,9 +107,7 @@ __device__ __forceinline__ C apply_binary(BinaryOp op, C x, C y, C alpha) {
       case BinaryOp::kReluBackward:
         return y > C(0) ? x : C(0);
       case BinaryOp::kGeluBackward:
-        return gelu_backward(x, y, false);
-      case BinaryOp::kGeluTanhBackward:
-        return gelu_backward(x, y, true);
+        return gelu_backward(x, y, gelu_approximate_of(static_cast<double>(alpha)));
       case BinaryOp::kDiv:
         return x / y;
       case BinaryOp::kPow:
@@ -188,7 +184,7 @@ struct CopyFn {
 
 template <typename T>
 struct UnaryFn {
-  using C = compute_t<T>;
+  using C = acc_t<T>;
   UnaryOp op;
   double a, b;
   __device__ void operator()(char* const* data, const int64_t* offsets) const {
@@ -207,7 +203,7 @@ struct UnaryFn {
 
 template <typename T>
 struct BinaryFn {
-  using C = compute_t<T>;
+  using C = acc_t<T>;
   BinaryOp op;
   C alpha;
   __device__ void operator()(char* const* data, const int64_t* offsets) const {
@@ -219,7 +215,7 @@ struct BinaryFn {
 
 template <typename T>
 struct CompareFn {
-  using C = compute_t<T>;
+  using C = acc_t<T>;
   BinaryOp op;
   __device__ void operator()(char* const* data, const int64_t* offsets) const {
     const C x = cast_to<C>(element<T>(data, offsets, 1));
@@ -238,7 +234,7 @@ struct WhereFn {
 
 // --- table entries -------------------------------------------------------------------------
 
-void fill(const Tensor& out, Scalar value) {
+void fill_cuda(const Tensor& out, Scalar value) {
   if (out.numel() == 0) return;
   KernelContext ctx(out);
   const StridedIter it = make_iter({&out});
@@ -251,7 +247,7 @@ void fill(const Tensor& out, Scalar value) {
   });
 }
 
-void copy(const Tensor& dst, const Tensor& src) {
+void copy_cuda(const Tensor& dst, const Tensor& src) {
   if (dst.numel() == 0) return;
   KernelContext ctx(dst);
   const StridedIter it = make_iter({&dst, &src});
@@ -269,7 +265,7 @@ void copy(const Tensor& dst, const Tensor& src) {
   });
 }
 
-void unary(UnaryOp op, const Tensor& out, const Tensor& in, double a, double b) {
+void unary_cuda(UnaryOp op, const Tensor& out, const Tensor& in, double a, double b) {
   if (out.numel() == 0) return;
   KernelContext ctx(out);
   const StridedIter it = make_iter({&out, &in});
@@ -279,13 +275,13 @@ void unary(UnaryOp op, const Tensor& out, const Tensor& in, double a, double b) 
   });
 }
 
-void binary(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b, Scalar alpha) {
+void binary_cuda(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b, Scalar alpha) {
   if (out.numel() == 0) return;
   KernelContext ctx(out);
   const StridedIter it = make_iter({&out, &a, &b});
   dispatch_all(a.dtype(), "binary", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    using C = compute_t<T>;
+    using C = acc_t<T>;
     if (is_comparison(op)) {
       launch_elementwise<3>(it, ctx.stream, CompareFn<T>{op});
     } else {
@@ -294,7 +290,7 @@ void binary(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b, Sc
   });
 }
 
-void where(const Tensor& out, const Tensor& cond, const Tensor& a, const Tensor& b) {
+void where_cuda(const Tensor& out, const Tensor& cond, const Tensor& a, const Tensor& b) {
   if (out.numel() == 0) return;
   KernelContext ctx(out);
   const StridedIter it = make_iter({&out, &cond, &a, &b});
@@ -307,11 +303,11 @@ void where(const Tensor& out, const Tensor& cond, const Tensor& a, const Tensor&
 }  // namespace
 
 EMBER_REGISTER_CUDA_KERNELS(elementwise) {
-  table.fill = fill;
-  table.copy = copy;
-  table.unary = unary;
-  table.binary = binary;
-  table.where = where;
+  table.fill = fill_cuda;
+  table.copy = copy_cuda;
+  table.unary = unary_cuda;
+  table.binary = binary_cuda;
+  table.where = where_cuda;
 }
 
 EMBER_KERNELS_END  // namespace ember::detail

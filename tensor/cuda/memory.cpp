@@ -112,9 +112,9 @@ CudaAllocator& cuda_allocator(int device) {
   return *(*allocators)[static_cast<size_t>(device)];
 }
 
-Allocator* allocator_entry(int device) { return &cuda_allocator(device); }
+Allocator* allocator_cuda(int device) { return &cuda_allocator(device); }
 
-void transfer(const Tensor& dst, const Tensor& src, bool non_blocking) {
+void transfer_cuda(const Tensor& dst, const Tensor& src, bool non_blocking) {
   const size_t nbytes = dst.nbytes();
   EMBER_ASSERT(nbytes == src.nbytes() && dst.dtype() == src.dtype(),
                "transfer: mismatched tensors");
@@ -161,8 +161,8 @@ void transfer(const Tensor& dst, const Tensor& src, bool non_blocking) {
 CachingAllocator& cuda_caching_allocator(int device) { return cuda_allocator(device).cache(); }
 
 EMBER_REGISTER_CUDA_KERNELS(memory) {
-  table.allocator = allocator_entry;
-  table.transfer = transfer;
+  table.allocator = allocator_cuda;
+  table.transfer = transfer_cuda;
 }
 
 }  // namespace ember::detail

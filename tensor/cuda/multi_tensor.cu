@@ -50,7 +50,7 @@ struct SGDExtra {
 
 template <typename T>
 struct SGDOp {
-  using A = compute_t<T>;
+  using A = acc_t<T>;
   SGDUpdate update;
   DeviceReads device;
 
@@ -78,7 +78,7 @@ struct AdamExtra {
 
 template <typename T>
 struct AdamOp {
-  using A = compute_t<T>;
+  using A = acc_t<T>;
   AdamUpdate update;
   DeviceReads device;
 
@@ -115,7 +115,7 @@ struct NormExtra {
 // Each block: the sum of |x|^p (max |x| for Inf) over its chunk, to partials[base + chunk].
 template <typename T, bool Inf>
 struct NormOp {
-  using A = compute_t<T>;
+  using A = acc_t<T>;
   A* partials;
   A p;
 
@@ -160,7 +160,7 @@ struct StepIncrementOp {
 
 template <typename T>
 struct MulOp {
-  using A = compute_t<T>;
+  using A = acc_t<T>;
   const T* scale;
 
   __device__ void operator()(const TensorListMeta<1, NoExtra, kSGDMaxTensors>& meta, int tensor,
@@ -189,7 +189,7 @@ Tensor multi_tensor_norm_partials_cuda(std::span<const Tensor> tensors, double p
       zeros({std::max<int64_t>(chunks, 1)}, TensorOptions(dtype, tensors[0].device()));
   dispatch_floating(tensors[0].dtype(), "multi_tensor_norm", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    using A = compute_t<T>;
+    using A = acc_t<T>;
     A* out = static_cast<A*>(partials.data_ptr());
     auto run = [&](auto op) {
       multi_tensor_apply<1, NormExtra, kSGDMaxTensors>(

@@ -32,8 +32,8 @@ __global__ void random_kernel(RandomKind kind, T* data, int64_t n, uint64_t seed
   }
 }
 
-void random(RandomKind kind, const Tensor& out, uint64_t seed, uint64_t offset, double a,
-            double b) {
+void random_cuda(RandomKind kind, const Tensor& out, uint64_t seed, uint64_t offset, double a,
+                 double b) {
   const int64_t n = out.numel();
   if (n == 0) return;
   KernelContext ctx(out);
@@ -49,6 +49,6 @@ void random(RandomKind kind, const Tensor& out, uint64_t seed, uint64_t offset, 
 
 }  // namespace
 
-EMBER_REGISTER_CUDA_KERNELS(random) { table.random = random; }
+EMBER_REGISTER_CUDA_KERNELS(random) { table.random = random_cuda; }
 
 EMBER_KERNELS_END  // namespace ember::detail

@@ -31,9 +31,9 @@ enum class UnaryOp : uint8_t {
   kTanh,
   kPowScalar,  // x ** a, a rounded to the dtype first (as PyTorch does for f16/bf16)
   kClamp,      // min(max(x, a), b)
-  // GPT layers: GELU, exact x * Phi(x) (erf) and its tanh approximation (PyTorch's formulas).
+  // GPT layers: GELU, exact x * Phi(x) (erf) or its tanh approximation (PyTorch's formulas):
+  // a is the GeluApproximate (detail/gelu_math.h's gelu_approximate_of).
   kGelu,
-  kGeluTanh,
 };
 
 enum class BinaryOp : uint8_t {
@@ -45,9 +45,8 @@ enum class BinaryOp : uint8_t {
   kMaximum,
   kMinimum,
   kReluBackward,  // b > 0 ? a : 0 (a: gradient, b: the relu's output)
-  // GPT layers: a * gelu'(b) (a: gradient, b: the gelu's input), exact and tanh forms.
+  // GPT layers: a * gelu'(b) (a: gradient, b: the gelu's input); alpha is the GeluApproximate.
   kGeluBackward,
-  kGeluTanhBackward,
   kEq,
   kNe,
   kLt,
@@ -57,6 +56,10 @@ enum class BinaryOp : uint8_t {
 };
 constexpr bool is_comparison(BinaryOp op) { return op >= BinaryOp::kEq; }
 
+// The reduce kernel's reductions along a dim. Deliberately not dist::ReduceOp
+// (dist/process_group.h), the collectives' torch.distributed.ReduceOp: the two share kSum, kMax
+// and kMin, but kVar and kNorm have no collective form, and one enum would let a collective
+// take them (or the kernel take kAvg) and fail at run time instead of at compile time.
 enum class ReduceOp : uint8_t {
   kSum,
   kMean,

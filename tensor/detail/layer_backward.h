@@ -43,7 +43,7 @@ Tensor cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits, con
 
 // --- GPT layers.
 // grad * gelu'(input), in one pass (first-order: the result records no history).
-Tensor gelu_backward(const Tensor& grad, const Tensor& input, bool tanh_form);
+Tensor gelu_backward(const Tensor& grad, const Tensor& input, GeluApproximate approximate);
 // Gradients for input, weight and bias of layer_norm from its saved mean and rstd.
 std::array<Tensor, 3> layer_norm_backward(const Tensor& grad_out, const Tensor& input,
                                           const Tensor& weight, const Tensor& mean,
