@@ -769,6 +769,10 @@ Tensor relu_backward(const Tensor& grad, const Tensor& output) {
 }
 
 Tensor gelu_backward(const Tensor& grad, const Tensor& input, GeluApproximate approximate) {
+  // The fused kernel's result records no formula of its own: a recorded gradient would be
+  // wrong, so create_graph through gelu is an error instead.
+  EMBER_CHECK(!grad_needed({&grad, &input}), "gelu",
+              "its gradient cannot be recorded (create_graph=true through gelu is not supported)");
   return binary(BinaryOp::kGeluBackward, "gelu_backward", grad, input,
                 static_cast<double>(approximate));
 }
