@@ -161,7 +161,7 @@ void unary_typed(UnaryOp op, const StridedIter& it, double p0, double p1) {
           return static_cast<A>(v < p0 ? p0 : (v > p1 ? p1 : v));
         });
       }
-      default:
+      EMBER_CASES_UNARY_FLOATING_ONLY:  // floating inputs only
         break;
     }
   }
@@ -197,7 +197,7 @@ void binary_typed(BinaryOp op, const StridedIter& it, Scalar alpha_scalar) {
       return compare([](A a, A b) { return a > b; });
     case BinaryOp::kGe:
       return compare([](A a, A b) { return a >= b; });
-    default:
+    EMBER_CASES_BINARY_ARITHMETIC:
       break;
   }
   if constexpr (std::is_same_v<T, bool>) {
@@ -208,7 +208,12 @@ void binary_typed(BinaryOp op, const StridedIter& it, Scalar alpha_scalar) {
       case BinaryOp::kMul:
       case BinaryOp::kMinimum:
         return run([](A a, A b) { return static_cast<A>(a && b); });
-      default:
+      case BinaryOp::kSub:
+      case BinaryOp::kDiv:
+      case BinaryOp::kPow:
+      case BinaryOp::kReluBackward:
+      case BinaryOp::kGeluBackward:
+      EMBER_CASES_BINARY_COMPARISON:
         break;
     }
   } else {
@@ -252,7 +257,7 @@ void binary_typed(BinaryOp op, const StridedIter& it, Scalar alpha_scalar) {
               [](A a, A b) { return std::isnan(a) || std::isnan(b) ? a + b : (a < b ? a : b); });
         else
           return run([](A a, A b) { return a < b ? a : b; });
-      default:
+      EMBER_CASES_BINARY_COMPARISON:
         break;
     }
   }

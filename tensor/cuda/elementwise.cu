@@ -88,7 +88,7 @@ __device__ __forceinline__ int64_t apply_unary_int(UnaryOp op, int64_t x, double
       const double v = static_cast<double>(x);
       return static_cast<int64_t>(v < a ? a : (v > b ? b : v));
     }
-    default:
+    EMBER_CASES_UNARY_FLOATING_ONLY:  // floating inputs only
       break;
   }
   return static_cast<int64_t>(apply_unary<double>(op, static_cast<double>(x), a, b));
@@ -116,7 +116,7 @@ __device__ __forceinline__ C apply_binary(BinaryOp op, C x, C y, C alpha) {
         return (x != x || y != y) ? x + y : (x > y ? x : y);  // NaN wins
       case BinaryOp::kMinimum:
         return (x != x || y != y) ? x + y : (x < y ? x : y);
-      default:
+      EMBER_CASES_BINARY_COMPARISON:
         break;
     }
   } else {
@@ -137,7 +137,8 @@ __device__ __forceinline__ C apply_binary(BinaryOp op, C x, C y, C alpha) {
         return x > y ? x : y;
       case BinaryOp::kMinimum:
         return x < y ? x : y;
-      default:
+      case BinaryOp::kGeluBackward:
+      EMBER_CASES_BINARY_COMPARISON:
         break;
     }
   }
@@ -159,7 +160,7 @@ __device__ __forceinline__ bool apply_compare(BinaryOp op, C x, C y) {
       return x > y;
     case BinaryOp::kGe:
       return x >= y;
-    default:
+    EMBER_CASES_BINARY_ARITHMETIC:
       break;
   }
   return false;

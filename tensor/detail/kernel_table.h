@@ -56,6 +56,35 @@ enum class BinaryOp : uint8_t {
 };
 constexpr bool is_comparison(BinaryOp op) { return op >= BinaryOp::kEq; }
 
+// Case labels for kernel switches that treat a group of ops alike (the ops a dtype does not
+// take fall through to an assertion): with every label listed and no default, an op added to
+// an enum without a case in such a switch does not compile (-Wswitch under -Werror).
+#define EMBER_CASES_UNARY_FLOATING_ONLY \
+  case UnaryOp::kExp:                   \
+  case UnaryOp::kLog:                   \
+  case UnaryOp::kSqrt:                  \
+  case UnaryOp::kRsqrt:                 \
+  case UnaryOp::kSigmoid:               \
+  case UnaryOp::kTanh:                  \
+  case UnaryOp::kGelu
+#define EMBER_CASES_BINARY_COMPARISON \
+  case BinaryOp::kEq:                 \
+  case BinaryOp::kNe:                 \
+  case BinaryOp::kLt:                 \
+  case BinaryOp::kLe:                 \
+  case BinaryOp::kGt:                 \
+  case BinaryOp::kGe
+#define EMBER_CASES_BINARY_ARITHMETIC \
+  case BinaryOp::kAdd:                \
+  case BinaryOp::kSub:                \
+  case BinaryOp::kMul:                \
+  case BinaryOp::kDiv:                \
+  case BinaryOp::kPow:                \
+  case BinaryOp::kMaximum:            \
+  case BinaryOp::kMinimum:            \
+  case BinaryOp::kReluBackward:       \
+  case BinaryOp::kGeluBackward
+
 // The reduce kernel's reductions along a dim. Deliberately not dist::ReduceOp
 // (dist/process_group.h), the collectives' torch.distributed.ReduceOp: the two share kSum, kMax
 // and kMin, but kVar and kNorm have no collective form, and one enum would let a collective
