@@ -17,6 +17,8 @@
 
 namespace ember::dist {
 
+// torch.distributed.ReduceOp's reductions across ranks (a reduction within a tensor is the
+// kernel table's detail::ReduceOp, a separate enum on purpose: see tensor/detail/kernel_table.h).
 enum class ReduceOp { kSum, kAvg, kMax, kMin };
 inline constexpr int kNumReduceOps = 4;
 

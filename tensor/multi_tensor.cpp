@@ -1,13 +1,12 @@
-// Front end of the multi-tensor optimizer updates: checks the lists, then runs the CPU loop
-// or the CUDA kernels (tensor/cpu/multi_tensor.cpp, tensor/cuda/multi_tensor.cu).
+// Front end of the multi-tensor optimizer updates: checks the lists, then runs the kernel
+// table's entry for their device (tensor/cpu/multi_tensor.cpp, tensor/cuda/multi_tensor.cu).
 #include "multi_tensor.h"
 
 #include <cmath>
 #include <vector>
 
-#include <ember/config.h>
-
-#include "detail/multi_tensor_math.h"
+#include "detail/kernel_table.h"
+#include "detail/op_utils.h"
 #include "error.h"
 #include "ops.h"
 
@@ -84,10 +83,6 @@ void check_device_args(const char* op, std::span<const Tensor> params,
   check_device_input(op, "found_inf", device.found_inf, kF32, -1, on);
 }
 
-[[maybe_unused]] [[noreturn]] void no_cuda(const char* op) {
-  throw Error(detail::str_cat(op, ": ember was built without CUDA"));
-}
-
 }  // namespace
 
 bool is_flat(const Tensor& t) {
@@ -125,15 +120,8 @@ void multi_tensor_sgd_(std::span<const Tensor> params, std::span<const Tensor> g
   const std::vector<Tensor> g = grads_like_params(params, grads);
   const std::span<const Tensor> buffers = momentum ? momentum_buffers : std::span<const Tensor>{};
   const std::span<const uint8_t> fresh = momentum ? new_buffer : std::span<const uint8_t>{};
-  if (params[0].device().is_cpu()) {
-    detail::cpu_multi_tensor_sgd(params, g, buffers, fresh, update, device);
-  } else {
-#if EMBER_WITH_CUDA
-    detail::cuda_multi_tensor_sgd(params, g, buffers, fresh, update, device);
-#else
-    no_cuda(op);
-#endif
-  }
+  detail::kernels_for(params[0].device(), op)
+      .multi_tensor_sgd(params, g, buffers, fresh, update, device);
 }
 
 void multi_tensor_adam_(std::span<const Tensor> params, std::span<const Tensor> grads,
@@ -169,17 +157,8 @@ void multi_tensor_adam_(std::span<const Tensor> params, std::span<const Tensor> 
     }
   }
   const std::vector<Tensor> g = grads_like_params(params, grads);
-  if (params[0].device().is_cpu()) {
-    detail::cpu_multi_tensor_adam(params, g, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, update,
-                                  device);
-  } else {
-#if EMBER_WITH_CUDA
-    detail::cuda_multi_tensor_adam(params, g, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, update,
-                                   device);
-#else
-    no_cuda(op);
-#endif
-  }
+  detail::kernels_for(params[0].device(), op)
+      .multi_tensor_adam(params, g, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, update, device);
 }
 
 namespace {
@@ -206,26 +185,14 @@ Tensor multi_tensor_norm(std::span<const Tensor> tensors, double p) {
   EMBER_CHECK(p > 0.0, op, "p must be > 0, got ", p);
   EMBER_CHECK(!tensors.empty(), op, "got no tensors");
   check_same_kind(op, tensors);
-  const Tensor& first = tensors[0];
-  if (first.device().is_cpu()) {
-    const double total = detail::cpu_multi_tensor_norm_total(tensors, p);
-    const double norm = std::isinf(p) ? total
-                        : p == 1.0    ? total
-                        : p == 2.0    ? std::sqrt(total)
-                                      : std::pow(total, 1.0 / p);
-    return scalar_tensor(norm, TensorOptions(first.dtype(), first.device()));
-  }
-#if EMBER_WITH_CUDA
-  const Tensor partials = detail::cuda_multi_tensor_norm_partials(tensors, p);
+  const Tensor partials =
+      detail::kernels_for(tensors[0].device(), op).multi_tensor_norm_partials(tensors, p);
   Tensor total = std::isinf(p) ? max(partials) : sum(partials);
   if (p == 2.0)
     total = sqrt(total);
   else if (!std::isinf(p) && p != 1.0)
     total = pow(total, 1.0 / p);
-  return total.to(first.dtype());
-#else
-  no_cuda(op);
-#endif
+  return total.to(tensors[0].dtype());
 }
 
 void multi_tensor_mul_(std::span<const Tensor> tensors, const Tensor& scale) {
@@ -236,15 +203,7 @@ void multi_tensor_mul_(std::span<const Tensor> tensors, const Tensor& scale) {
                   scale.device() == tensors[0].device(),
               op, "scale must be a 0-d tensor of dtype ", tensors[0].dtype(), " on ",
               tensors[0].device());
-  if (tensors[0].device().is_cpu()) {
-    detail::cpu_multi_tensor_mul(tensors, scale);
-  } else {
-#if EMBER_WITH_CUDA
-    detail::cuda_multi_tensor_mul(tensors, scale);
-#else
-    no_cuda(op);
-#endif
-  }
+  detail::kernels_for(tensors[0].device(), op).multi_tensor_mul(tensors, scale);
 }
 
 }  // namespace ember

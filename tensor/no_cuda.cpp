@@ -2,7 +2,6 @@
 // that would need one throws ember::Error.
 #include "cuda.h"
 #include "cuda_graph.h"
-#include "detail/kernel_table.h"
 #include "error.h"
 
 namespace ember {
@@ -13,12 +12,6 @@ namespace {
 }
 
 }  // namespace
-
-namespace detail {
-
-void register_cuda_kernels(KernelTable& /*table*/) {}  // every CUDA entry stays null
-
-}  // namespace detail
 
 namespace cuda {
 

@@ -6,6 +6,7 @@
 #include "detail/autocast_policy.h"
 #include "detail/autograd_hooks.h"
 #include "detail/dispatch.h"
+#include "detail/gelu_math.h"
 #include "detail/kernel_table.h"
 #include "detail/layer_backward.h"
 #include "detail/op_def.h"
@@ -343,9 +344,9 @@ std::vector<Tensor> where_backward(const detail::BackwardContext& c, const Tenso
   return {Tensor(), c.needs(1) ? detail::sum_to(where(cond, g, 0.0), c.shape(1)) : Tensor(),
           c.needs(2) ? detail::sum_to(where(cond, 0.0, g), c.shape(2)) : Tensor()};
 }
-// OpArgs::a: 1 for the tanh approximation.
+// OpArgs::a: the GeluApproximate.
 std::vector<Tensor> gelu_backward_formula(const detail::BackwardContext& c, const Tensor& g) {
-  return {detail::gelu_backward(g, c.in(0), c.args().a != 0.0)};
+  return {detail::gelu_backward(g, c.in(0), detail::gelu_approximate_of(c.args().a))};
 }
 
 EMBER_OP(kAddOp,
@@ -414,10 +415,13 @@ EMBER_OP(kGeluOp,
          detail::define_op("gelu", "GeluBackward", detail::saves({0}, false), gelu_backward_formula,
                            detail::kNoAutocast, detail::uses_kernels({EMBER_KERNEL(unary)})));
 
-// The descriptor of a binary kernel op (comparisons and relu_backward record as add, with no
-// differentiable input).
+// The descriptor of a binary kernel op (comparisons and the backward kernels record as add,
+// with no differentiable input). Every op is a case and there is no default, so a BinaryOp
+// added without one does not compile (-Wswitch, an error under -Werror).
 const detail::OpDef& grad_op(BinaryOp op) {
   switch (op) {
+    case BinaryOp::kAdd:
+      return kAddOp;
     case BinaryOp::kSub:
       return kSubOp;
     case BinaryOp::kMul:
@@ -430,11 +434,21 @@ const detail::OpDef& grad_op(BinaryOp op) {
       return kMaximumOp;
     case BinaryOp::kMinimum:
       return kMinimumOp;
-    default:
+    case BinaryOp::kReluBackward:
+    case BinaryOp::kGeluBackward:
+    case BinaryOp::kEq:
+    case BinaryOp::kNe:
+    case BinaryOp::kLt:
+    case BinaryOp::kLe:
+    case BinaryOp::kGt:
+    case BinaryOp::kGe:
       return kAddOp;
   }
+  EMBER_ASSERT(false, "grad_op: BinaryOp ", static_cast<int>(op), " out of range");
+  return kAddOp;
 }
 
+// As above: every UnaryOp is a case, none is a default.
 const detail::OpDef& grad_op(UnaryOp op) {
   switch (op) {
     case UnaryOp::kNeg:
@@ -460,9 +474,9 @@ const detail::OpDef& grad_op(UnaryOp op) {
     case UnaryOp::kClamp:
       return kClampOp;
     case UnaryOp::kGelu:
-    case UnaryOp::kGeluTanh:
       return kGeluOp;
   }
+  EMBER_ASSERT(false, "grad_op: UnaryOp ", static_cast<int>(op), " out of range");
   return kNegOp;
 }
 
@@ -670,9 +684,8 @@ Tensor tanh(const Tensor& t) { return unary(UnaryOp::kTanh, "tanh", t, UnaryKind
 Tensor gelu(const Tensor& input, GeluApproximate approximate) {
   detail::check_defined(input, "gelu");
   EMBER_CHECK(input.is_floating_point(), "gelu", "expected a floating input, got ", input.dtype());
-  const bool tanh_form = approximate == GeluApproximate::kTanh;
-  return unary(tanh_form ? UnaryOp::kGeluTanh : UnaryOp::kGelu, "gelu", input, UnaryKind::kSameType,
-               tanh_form ? 1.0 : 0.0);
+  return unary(UnaryOp::kGelu, "gelu", input, UnaryKind::kSameType,
+               static_cast<double>(approximate));
 }
 
 namespace {
@@ -755,9 +768,13 @@ Tensor relu_backward(const Tensor& grad, const Tensor& output) {
   return binary(BinaryOp::kReluBackward, "relu_backward", grad, output);
 }
 
-Tensor gelu_backward(const Tensor& grad, const Tensor& input, bool tanh_form) {
-  return binary(tanh_form ? BinaryOp::kGeluTanhBackward : BinaryOp::kGeluBackward, "gelu_backward",
-                grad, input);
+Tensor gelu_backward(const Tensor& grad, const Tensor& input, GeluApproximate approximate) {
+  // The fused kernel's result records no formula of its own: a recorded gradient would be
+  // wrong, so create_graph through gelu is an error instead.
+  EMBER_CHECK(!grad_needed({&grad, &input}), "gelu",
+              "its gradient cannot be recorded (create_graph=true through gelu is not supported)");
+  return binary(BinaryOp::kGeluBackward, "gelu_backward", grad, input,
+                static_cast<double>(approximate));
 }
 
 }  // namespace detail

@@ -14,15 +14,15 @@ namespace {
 // As torch's _amp_foreach_non_finite_check_and_unscale_ on the CPU: each element is read in
 // its compute type (float for f16/bf16/f32, double for f64), flagged when not finite, and
 // multiplied by inv_scale unless inv_scale is 1 (so a disabled scale leaves bits untouched).
-void amp_non_finite_check_and_unscale(const std::vector<Tensor>& tensors, const Tensor& found_inf,
-                                      const Tensor& inv_scale) {
+void amp_non_finite_check_and_unscale_cpu(const std::vector<Tensor>& tensors,
+                                          const Tensor& found_inf, const Tensor& inv_scale) {
   float* found = found_inf.data_ptr<float>();
   const float inv = *inv_scale.data_ptr<float>();
   bool any_non_finite = false;
   for (const Tensor& t : tensors) {
     dispatch_floating(t.dtype(), "_amp_foreach_non_finite_check_and_unscale_", [&](auto tag) {
       using T = typename decltype(tag)::type;
-      using C = std::conditional_t<std::is_same_v<T, double>, double, float>;
+      using C = acc_t<T>;
       T* data = static_cast<T*>(t.data_ptr());
       const int64_t n = t.numel();
       bool local = false;
@@ -38,8 +38,9 @@ void amp_non_finite_check_and_unscale(const std::vector<Tensor>& tensors, const 
   if (any_non_finite) *found = 1.f;
 }
 
-void amp_update_scale(const Tensor& scale, const Tensor& growth_tracker, const Tensor& found_inf,
-                      double growth_factor, double backoff_factor, int64_t growth_interval) {
+void amp_update_scale_cpu(const Tensor& scale, const Tensor& growth_tracker,
+                          const Tensor& found_inf, double growth_factor, double backoff_factor,
+                          int64_t growth_interval) {
   amp_update_scale_value(*static_cast<float*>(scale.data_ptr()),
                          *static_cast<int32_t*>(growth_tracker.data_ptr()),
                          *static_cast<const float*>(found_inf.data_ptr()), growth_factor,
@@ -48,9 +49,9 @@ void amp_update_scale(const Tensor& scale, const Tensor& growth_tracker, const T
 
 }  // namespace
 
-void register_cpu_amp_kernels(KernelTable& table) {
-  table.amp_non_finite_check_and_unscale = amp_non_finite_check_and_unscale;
-  table.amp_update_scale = amp_update_scale;
+EMBER_REGISTER_CPU_KERNELS(amp) {
+  table.amp_non_finite_check_and_unscale = amp_non_finite_check_and_unscale_cpu;
+  table.amp_update_scale = amp_update_scale_cpu;
 }
 
 }  // namespace ember::detail

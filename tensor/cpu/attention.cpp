@@ -254,7 +254,7 @@ void attention_backward_cpu(const Tensor& grad_q, const Tensor& grad_k, const Te
 
 }  // namespace
 
-void register_cpu_attention_kernels(KernelTable& table) {
+EMBER_REGISTER_CPU_KERNELS(attention) {
   table.attention_forward = &attention_forward_cpu;
   table.attention_backward = &attention_backward_cpu;
 }

@@ -596,7 +596,7 @@ void conv2d_backward_cpu(const Tensor& grad_input, const Tensor& grad_weight,
 
 }  // namespace
 
-void register_cpu_conv_kernels(KernelTable& table) {
+EMBER_REGISTER_CPU_KERNELS(conv) {
   table.conv2d_forward = &conv2d_forward_cpu;
   table.conv2d_backward = &conv2d_backward_cpu;
 }

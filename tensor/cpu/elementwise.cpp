@@ -1,4 +1,4 @@
-// CPU kernels for fill, copy, unary and binary math, where and random draws.
+// CPU kernels for fill, copy, unary and binary math and where (random draws: random.cpp).
 #include <cmath>
 #include <cstring>
 #include <tuple>
@@ -7,36 +7,13 @@
 
 #include "../detail/dispatch.h"
 #include "../detail/gelu_math.h"
-#include "../detail/philox.h"
 #include "../detail/tensor_iter.h"
+#include "convert.h"
 #include "cpu_kernels.h"
 
 namespace ember::detail {
 
 namespace {
-
-template <typename T>
-constexpr bool kIsFloat =
-    std::is_floating_point_v<T> || std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>;
-
-// Converts between any two element types (through float for the 16-bit floats).
-template <typename To, typename From>
-inline To convert(From value) {
-  if constexpr (std::is_same_v<To, From>) {
-    return value;
-  } else if constexpr (std::is_same_v<To, bool>) {
-    if constexpr (std::is_same_v<From, Half> || std::is_same_v<From, BFloat16>)
-      return static_cast<float>(value) != 0.0f;
-    else
-      return value != From(0);
-  } else if constexpr (std::is_same_v<From, Half> || std::is_same_v<From, BFloat16>) {
-    return convert<To>(static_cast<float>(value));
-  } else if constexpr (std::is_same_v<To, Half> || std::is_same_v<To, BFloat16>) {
-    return To(static_cast<float>(value));
-  } else {
-    return static_cast<To>(value);
-  }
-}
 
 // Runs out[i] = op(in[i]...) over an iterator whose operand 0 is the output. Dense layouts
 // take a flat loop the compiler vectorises; others walk the innermost dim with strides.
@@ -77,7 +54,7 @@ void elementwise(const StridedIter& it, Op op) {
   (std::index_sequence_for<In...>{});
 }
 
-void fill_kernel(const Tensor& out, Scalar value) {
+void fill_cpu(const Tensor& out, Scalar value) {
   dispatch_all(out.dtype(), "fill_", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T v = value.is_floating() ? convert<T>(value.to_double())
@@ -87,7 +64,7 @@ void fill_kernel(const Tensor& out, Scalar value) {
   });
 }
 
-void copy_kernel(const Tensor& dst, const Tensor& src) {
+void copy_cpu(const Tensor& dst, const Tensor& src) {
   const StridedIter it = make_iter({&dst, &src});
   if (dst.dtype() == src.dtype() && it.contiguous) {
     std::memcpy(it.data[0], it.data[1], static_cast<size_t>(it.numel) * dst.element_size());
@@ -158,10 +135,10 @@ void unary_typed(UnaryOp op, const StridedIter& it, double p0, double p1) {
         const A lo = static_cast<A>(p0), hi = static_cast<A>(p1);
         return run([lo, hi](A x) { return std::isnan(x) ? x : x < lo ? lo : (x > hi ? hi : x); });
       }
-      case UnaryOp::kGelu:
-        return run([](A x) { return gelu_forward(x, false); });
-      case UnaryOp::kGeluTanh:
-        return run([](A x) { return gelu_forward(x, true); });
+      case UnaryOp::kGelu:  // one loop per form, so each vectorises
+        if (gelu_approximate_of(p0) == GeluApproximate::kTanh)
+          return run([](A x) { return gelu_forward(x, GeluApproximate::kTanh); });
+        return run([](A x) { return gelu_forward(x, GeluApproximate::kNone); });
     }
   } else if constexpr (!std::is_same_v<T, bool>) {
     switch (op) {
@@ -184,7 +161,7 @@ void unary_typed(UnaryOp op, const StridedIter& it, double p0, double p1) {
           return static_cast<A>(v < p0 ? p0 : (v > p1 ? p1 : v));
         });
       }
-      default:
+      EMBER_CASES_UNARY_FLOATING_ONLY:  // floating inputs only
         break;
     }
   }
@@ -192,7 +169,7 @@ void unary_typed(UnaryOp op, const StridedIter& it, double p0, double p1) {
                dtype_of<T>);
 }
 
-void unary_kernel(UnaryOp op, const Tensor& out, const Tensor& in, double p0, double p1) {
+void unary_cpu(UnaryOp op, const Tensor& out, const Tensor& in, double p0, double p1) {
   const StridedIter it = make_iter({&out, &in});
   dispatch_all(out.dtype(), "unary",
                [&](auto tag) { unary_typed<typename decltype(tag)::type>(op, it, p0, p1); });
@@ -220,7 +197,7 @@ void binary_typed(BinaryOp op, const StridedIter& it, Scalar alpha_scalar) {
       return compare([](A a, A b) { return a > b; });
     case BinaryOp::kGe:
       return compare([](A a, A b) { return a >= b; });
-    default:
+    EMBER_CASES_BINARY_ARITHMETIC:
       break;
   }
   if constexpr (std::is_same_v<T, bool>) {
@@ -231,7 +208,12 @@ void binary_typed(BinaryOp op, const StridedIter& it, Scalar alpha_scalar) {
       case BinaryOp::kMul:
       case BinaryOp::kMinimum:
         return run([](A a, A b) { return static_cast<A>(a && b); });
-      default:
+      case BinaryOp::kSub:
+      case BinaryOp::kDiv:
+      case BinaryOp::kPow:
+      case BinaryOp::kReluBackward:
+      case BinaryOp::kGeluBackward:
+      EMBER_CASES_BINARY_COMPARISON:
         break;
     }
   } else {
@@ -249,10 +231,11 @@ void binary_typed(BinaryOp op, const StridedIter& it, Scalar alpha_scalar) {
       case BinaryOp::kReluBackward:
         return run([](A a, A b) { return b > A(0) ? a : A(0); });
       case BinaryOp::kGeluBackward:
-        if constexpr (kIsFloat<T>) return run([](A a, A b) { return gelu_backward(a, b, false); });
-        break;
-      case BinaryOp::kGeluTanhBackward:
-        if constexpr (kIsFloat<T>) return run([](A a, A b) { return gelu_backward(a, b, true); });
+        if constexpr (kIsFloat<T>) {
+          if (gelu_approximate_of(alpha_scalar.to_double()) == GeluApproximate::kTanh)
+            return run([](A a, A b) { return gelu_backward(a, b, GeluApproximate::kTanh); });
+          return run([](A a, A b) { return gelu_backward(a, b, GeluApproximate::kNone); });
+        }
         break;
       case BinaryOp::kDiv:
         if constexpr (kIsFloat<T>) return run([](A a, A b) { return a / b; });
@@ -274,7 +257,7 @@ void binary_typed(BinaryOp op, const StridedIter& it, Scalar alpha_scalar) {
               [](A a, A b) { return std::isnan(a) || std::isnan(b) ? a + b : (a < b ? a : b); });
         else
           return run([](A a, A b) { return a < b ? a : b; });
-      default:
+      EMBER_CASES_BINARY_COMPARISON:
         break;
     }
   }
@@ -282,13 +265,13 @@ void binary_typed(BinaryOp op, const StridedIter& it, Scalar alpha_scalar) {
                dtype_of<T>);
 }
 
-void binary_kernel(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b, Scalar alpha) {
+void binary_cpu(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b, Scalar alpha) {
   const StridedIter it = make_iter({&out, &a, &b});
   dispatch_all(a.dtype(), "binary",
                [&](auto tag) { binary_typed<typename decltype(tag)::type>(op, it, alpha); });
 }
 
-void where_kernel(const Tensor& out, const Tensor& cond, const Tensor& a, const Tensor& b) {
+void where_cpu(const Tensor& out, const Tensor& cond, const Tensor& a, const Tensor& b) {
   const StridedIter it = make_iter({&out, &cond, &a, &b});
   dispatch_all(out.dtype(), "where", [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -296,41 +279,14 @@ void where_kernel(const Tensor& out, const Tensor& cond, const Tensor& a, const 
   });
 }
 
-void random_kernel(RandomKind kind, const Tensor& out, uint64_t seed, uint64_t offset, double a,
-                   double b) {
-  const int64_t n = out.numel();
-  dispatch_all(out.dtype(), "random", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    T* data = static_cast<T*>(out.data_ptr());
-    const auto range = static_cast<uint64_t>(static_cast<int64_t>(b) - static_cast<int64_t>(a));
-#pragma omp parallel for if (n >= kParallelGrain) schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-      const auto idx = static_cast<uint64_t>(i);
-      if (kind == RandomKind::kRandint) {
-        data[i] = convert<T>(random_int(seed, offset, idx, static_cast<int64_t>(a), range));
-      } else if constexpr (std::is_same_v<T, double>) {
-        data[i] = kind == RandomKind::kUniform ? random_uniform_double(seed, offset, idx, a, b)
-                                               : random_normal_double(seed, offset, idx, a, b);
-      } else {
-        const float fa = static_cast<float>(a), fb = static_cast<float>(b);
-        data[i] = convert<T>(kind == RandomKind::kUniform
-                                 ? random_uniform_float(seed, offset, idx, fa, fb)
-                                 : random_normal_float(seed, offset, idx, fa, fb));
-      }
-    }
-  });
-}
-
 }  // namespace
 
-void register_cpu_elementwise_kernels(KernelTable& table) {
-  table.allocator = [](int) { return &cpu_allocator(); };
-  table.fill = fill_kernel;
-  table.copy = copy_kernel;
-  table.unary = unary_kernel;
-  table.binary = binary_kernel;
-  table.where = where_kernel;
-  table.random = random_kernel;
+EMBER_REGISTER_CPU_KERNELS(elementwise) {
+  table.fill = fill_cpu;
+  table.copy = copy_cpu;
+  table.unary = unary_cpu;
+  table.binary = binary_cpu;
+  table.where = where_cpu;
 }
 
 }  // namespace ember::detail

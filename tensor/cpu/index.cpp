@@ -138,7 +138,7 @@ void scatter_add_cpu(const Tensor& self, int64_t dim, const Tensor& index, const
 
 }  // namespace
 
-void register_cpu_index_kernels(KernelTable& table) {
+EMBER_REGISTER_CPU_KERNELS(index) {
   table.index_select = &index_select_cpu;
   table.gather = &gather_cpu;
   table.scatter_add = &scatter_add_cpu;

@@ -1,4 +1,4 @@
-// CPU kernels for batch norm, cross-entropy and layer norm (pooling: pooling.cpp).
+// CPU kernels for batch norm and cross-entropy (layer norm: layer_norm.cpp; pooling: pooling.cpp).
 // Statistics and sums accumulate in double; planes and channels split across OpenMP threads.
 #include <algorithm>
 #include <cmath>
@@ -9,68 +9,13 @@
 #include "../detail/dispatch.h"
 #include "../detail/op_utils.h"
 #include "../ops.h"
-#include "cpu_kernels.h"
+#include "row_stats.h"
 
 namespace ember::detail {
 namespace {
 
-// The values of a small per-channel tensor (any floating dtype) as doubles; `fallback`
-// when undefined.
-std::vector<double> to_doubles(const Tensor& t, int64_t n, double fallback) {
-  if (!t.defined()) return std::vector<double>(static_cast<size_t>(n), fallback);
-  EMBER_ASSERT(t.numel() == n && t.is_contiguous());
-  return t.to_vector<double>();
-}
-
-// Writes doubles into a contiguous floating tensor of `values.size()` elements.
-void store_doubles(const Tensor& t, const std::vector<double>& values) {
-  EMBER_ASSERT(t.is_contiguous() && t.numel() == static_cast<int64_t>(values.size()));
-  dispatch_floating(t.dtype(), "batch_norm", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    T* p = t.data_ptr<T>();
-    for (size_t i = 0; i < values.size(); ++i) p[i] = static_cast<T>(values[i]);
-  });
-}
-
 // ---------------------------------------------------------------------------------------
 // Batch norm over [N, C, S].
-
-// NOTE: the channel statistics accumulate in double over four independent lanes: one running
-// sum is a chain of dependent adds that cannot vectorise, and batch norm's reductions are a
-// large share of a CPU training step.
-template <typename T>
-double lane_sum(const T* p, int64_t n) {
-  double a0 = 0, a1 = 0, a2 = 0, a3 = 0;
-  int64_t i = 0;
-  for (; i + 4 <= n; i += 4) {
-    a0 += static_cast<double>(p[i]);
-    a1 += static_cast<double>(p[i + 1]);
-    a2 += static_cast<double>(p[i + 2]);
-    a3 += static_cast<double>(p[i + 3]);
-  }
-  for (; i < n; ++i) a0 += static_cast<double>(p[i]);
-  return (a0 + a1) + (a2 + a3);
-}
-
-// sum((p - m)^2)
-template <typename T>
-double lane_sum_sq_dev(const T* p, int64_t n, double m) {
-  double a0 = 0, a1 = 0, a2 = 0, a3 = 0;
-  int64_t i = 0;
-  for (; i + 4 <= n; i += 4) {
-    const double d0 = static_cast<double>(p[i]) - m, d1 = static_cast<double>(p[i + 1]) - m;
-    const double d2 = static_cast<double>(p[i + 2]) - m, d3 = static_cast<double>(p[i + 3]) - m;
-    a0 += d0 * d0;
-    a1 += d1 * d1;
-    a2 += d2 * d2;
-    a3 += d3 * d3;
-  }
-  for (; i < n; ++i) {
-    const double d = static_cast<double>(p[i]) - m;
-    a0 += d * d;
-  }
-  return (a0 + a1) + (a2 + a3);
-}
 
 // sum(g) and sum(g * (p - m))
 template <typename T>
@@ -112,33 +57,10 @@ void update_running_stats(const Tensor& running_mean, const Tensor& running_var,
   }
 }
 
-// Channels-last batch norm sees [N, C, S] with strides {S * C, 1, C}: N * S rows of C
-// channels. Column sums accumulate per block of kRowBlock rows and the blocks combine in
-// order, so the result does not depend on the thread count.
-constexpr int64_t kRowBlock = 256;
-
 // Both NCHW-contiguous or both channels-last rows (the layouts the kernels walk).
 bool same_layout(const Tensor& a, const Tensor& b) {
   return !b.defined() || (a.is_contiguous() && b.is_contiguous()) ||
          (is_channels_last_rows(a) && is_channels_last_rows(b));
-}
-
-// sums[j] over rows r of what add_row(r, acc) adds to acc[j], j < width.
-template <typename AddRow>
-std::vector<double> column_sums(int64_t rows, int64_t width, AddRow&& add_row) {
-  const int64_t blocks = (rows + kRowBlock - 1) / kRowBlock;
-  std::vector<double> partial(static_cast<size_t>(blocks * width), 0.0);
-#pragma omp parallel for schedule(static) if (rows * width >= kParallelGrain)
-  for (int64_t b = 0; b < blocks; ++b) {
-    double* acc = partial.data() + b * width;
-    const int64_t end = std::min(rows, (b + 1) * kRowBlock);
-    for (int64_t r = b * kRowBlock; r < end; ++r) add_row(r, acc);
-  }
-  std::vector<double> sums(static_cast<size_t>(width), 0.0);
-  for (int64_t b = 0; b < blocks; ++b) {
-    for (int64_t j = 0; j < width; ++j) sums[j] += partial[b * width + j];
-  }
-  return sums;
 }
 
 // Channel means and biased variances of channels-last rows x [rows, C].
@@ -522,134 +444,15 @@ void cross_entropy_backward_cpu(const Tensor& grad_logits, const Tensor& grad_lo
                                                                target, ignore_index, smoothing);
   });
 }
-
-// ---------------------------------------------------------------------------------------
-// Layer norm over rows [rows, n] (GPT layers). Each row's statistics accumulate in double over
-// lanes, rows split across threads; the weight and bias gradients are column sums over blocks
-// of rows combined in order (column_sums), so results do not depend on the thread count.
-
-// The values of a parameter vector in the compute type A (`fallback` when undefined).
-template <typename A>
-std::vector<A> param_values(const Tensor& t, int64_t n, double fallback) {
-  const std::vector<double> v = to_doubles(t, n, fallback);
-  return std::vector<A>(v.begin(), v.end());
-}
-
-template <typename T>
-void layer_norm_forward_typed(const Tensor& out, const Tensor& mean, const Tensor& rstd,
-                              const Tensor& input, const Tensor& weight, const Tensor& bias,
-                              double eps) {
-  using A = acc_t<T>;
-  using S = std::conditional_t<std::is_same_v<T, double>, double, float>;
-  const int64_t rows = input.size(0), n = input.size(1);
-  const T* x = input.data_ptr<T>();
-  T* y = out.data_ptr<T>();
-  S* mean_out = mean.data_ptr<S>();
-  S* rstd_out = rstd.data_ptr<S>();
-  const std::vector<A> w = param_values<A>(weight, n, 1.0), b = param_values<A>(bias, n, 0.0);
-  const bool affine = weight.defined() || bias.defined();
-#pragma omp parallel for schedule(static) if (rows * n >= kParallelGrain)
-  for (int64_t r = 0; r < rows; ++r) {
-    const T* p = x + r * n;
-    T* q = y + r * n;
-    const double m = lane_sum(p, n) / static_cast<double>(n);
-    const double var = lane_sum_sq_dev(p, n, m) / static_cast<double>(n);
-    mean_out[r] = static_cast<S>(m);
-    rstd_out[r] = static_cast<S>(1.0 / std::sqrt(var + eps));
-    const A mr = static_cast<A>(mean_out[r]), rr = static_cast<A>(rstd_out[r]);
-    if (affine) {
-      for (int64_t j = 0; j < n; ++j)
-        q[j] = static_cast<T>((static_cast<A>(p[j]) - mr) * rr * w[j] + b[j]);
-    } else {
-      for (int64_t j = 0; j < n; ++j) q[j] = static_cast<T>((static_cast<A>(p[j]) - mr) * rr);
-    }
-  }
-}
-
-void layer_norm_forward_cpu(const Tensor& out, const Tensor& mean, const Tensor& rstd,
-                            const Tensor& input, const Tensor& weight, const Tensor& bias,
-                            double eps) {
-  EMBER_ASSERT(input.dim() == 2 && input.is_contiguous() && out.is_contiguous());
-  dispatch_floating(input.dtype(), "layer_norm", [&](auto tag) {
-    layer_norm_forward_typed<typename decltype(tag)::type>(out, mean, rstd, input, weight, bias,
-                                                           eps);
-  });
-}
-
-template <typename T>
-void layer_norm_backward_typed(const Tensor& grad_input, const Tensor& grad_weight,
-                               const Tensor& grad_bias, const Tensor& grad_out, const Tensor& input,
-                               const Tensor& weight, const Tensor& mean, const Tensor& rstd) {
-  using A = acc_t<T>;
-  using S = std::conditional_t<std::is_same_v<T, double>, double, float>;
-  const int64_t rows = input.size(0), n = input.size(1);
-  const T* x = input.data_ptr<T>();
-  const T* gy = grad_out.data_ptr<T>();
-  const S* mean_in = mean.data_ptr<S>();
-  const S* rstd_in = rstd.data_ptr<S>();
-  const std::vector<A> w = param_values<A>(weight, n, 1.0);
-  if (grad_input.defined()) {
-    T* gx = grad_input.data_ptr<T>();
-#pragma omp parallel for schedule(static) if (rows * n >= kParallelGrain)
-    for (int64_t r = 0; r < rows; ++r) {
-      const T* p = x + r * n;
-      const T* g = gy + r * n;
-      const A m = static_cast<A>(mean_in[r]), rs = static_cast<A>(rstd_in[r]);
-      double sum_g = 0, sum_gx = 0;  // sum(g * w) and sum(g * w * xhat)
-      for (int64_t j = 0; j < n; ++j) {
-        const A gw = static_cast<A>(g[j]) * w[j];
-        sum_g += static_cast<double>(gw);
-        sum_gx += static_cast<double>(gw * (static_cast<A>(p[j]) - m) * rs);
-      }
-      const A c1 = static_cast<A>(sum_g / static_cast<double>(n));
-      const A c2 = static_cast<A>(sum_gx / static_cast<double>(n));
-      T* q = gx + r * n;
-      for (int64_t j = 0; j < n; ++j) {
-        const A xhat = (static_cast<A>(p[j]) - m) * rs;
-        q[j] = static_cast<T>(rs * (static_cast<A>(g[j]) * w[j] - c1 - xhat * c2));
-      }
-    }
-  }
-  if (!grad_weight.defined() && !grad_bias.defined()) return;
-  // Columns [0, n): sum(g * xhat); [n, 2n): sum(g).
-  const std::vector<double> sums = column_sums(rows, 2 * n, [&](int64_t r, double* acc) {
-    const T* p = x + r * n;
-    const T* g = gy + r * n;
-    const double m = static_cast<double>(mean_in[r]), rs = static_cast<double>(rstd_in[r]);
-    for (int64_t j = 0; j < n; ++j) {
-      const double gj = static_cast<double>(g[j]);
-      acc[j] += gj * (static_cast<double>(p[j]) - m) * rs;
-      acc[n + j] += gj;
-    }
-  });
-  if (grad_weight.defined())
-    store_doubles(grad_weight, std::vector<double>(sums.begin(), sums.begin() + n));
-  if (grad_bias.defined())
-    store_doubles(grad_bias, std::vector<double>(sums.begin() + n, sums.end()));
-}
-
-void layer_norm_backward_cpu(const Tensor& grad_input, const Tensor& grad_weight,
-                             const Tensor& grad_bias, const Tensor& grad_out, const Tensor& input,
-                             const Tensor& weight, const Tensor& mean, const Tensor& rstd) {
-  EMBER_ASSERT(input.dim() == 2 && input.is_contiguous() && grad_out.is_contiguous());
-  dispatch_floating(input.dtype(), "layer_norm", [&](auto tag) {
-    layer_norm_backward_typed<typename decltype(tag)::type>(grad_input, grad_weight, grad_bias,
-                                                            grad_out, input, weight, mean, rstd);
-  });
-}
-
 }  // namespace
 
-void register_cpu_layer_kernels(KernelTable& table) {
+EMBER_REGISTER_CPU_KERNELS(layers) {
   table.batch_norm_relu_forward = &batch_norm_relu_forward_cpu;
   table.batch_norm_relu_backward = &batch_norm_relu_backward_cpu;
   table.batch_norm_forward = &batch_norm_forward_cpu;
   table.batch_norm_backward = &batch_norm_backward_cpu;
   table.cross_entropy_forward = &cross_entropy_forward_cpu;
   table.cross_entropy_backward = &cross_entropy_backward_cpu;
-  // GPT layers
-  table.layer_norm_forward = &layer_norm_forward_cpu;
-  table.layer_norm_backward = &layer_norm_backward_cpu;
 }
 
 }  // namespace ember::detail

@@ -262,7 +262,7 @@ void bias_activation_cpu(Activation activation, const Tensor& out, const Tensor&
 
 }  // namespace
 
-void register_cpu_linalg_kernels(KernelTable& table) {
+EMBER_REGISTER_CPU_KERNELS(linalg) {
   table.gemm = &gemm_cpu;
   table.bias_activation = &bias_activation_cpu;
 }

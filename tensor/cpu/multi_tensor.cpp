@@ -8,6 +8,7 @@
 
 #include "../detail/dispatch.h"
 #include "../detail/multi_tensor_math.h"
+#include "../ops.h"
 #include "cpu_kernels.h"
 
 namespace ember::detail {
@@ -164,9 +165,7 @@ void adam_typed(std::span<const Tensor> params, std::span<const Tensor> grads,
   for (const Tensor& step : device.steps) ++*static_cast<int64_t*>(step.data_ptr());
 }
 
-}  // namespace
-
-double cpu_multi_tensor_norm_total(std::span<const Tensor> tensors, double p) {
+Tensor multi_tensor_norm_partials_cpu(std::span<const Tensor> tensors, double p) {
   int64_t total = 0;
   const std::vector<Chunk> chunks = make_chunks(tensors, &total);
   std::vector<double> partials(chunks.size(), 0.0);
@@ -204,10 +203,10 @@ double cpu_multi_tensor_norm_total(std::span<const Tensor> tensors, double p) {
   });
   double result = 0.0;
   for (const double v : partials) result = inf ? norm_max<double>(result, v) : result + v;
-  return result;
+  return full({1}, result, kF64);
 }
 
-void cpu_multi_tensor_mul(std::span<const Tensor> tensors, const Tensor& scale) {
+void multi_tensor_mul_cpu(std::span<const Tensor> tensors, const Tensor& scale) {
   dispatch_floating(tensors[0].dtype(), "multi_tensor_mul_", [&](auto tag) {
     using T = typename decltype(tag)::type;
     using A = acc_t<T>;
@@ -220,7 +219,7 @@ void cpu_multi_tensor_mul(std::span<const Tensor> tensors, const Tensor& scale) 
   });
 }
 
-void cpu_multi_tensor_sgd(std::span<const Tensor> params, std::span<const Tensor> grads,
+void multi_tensor_sgd_cpu(std::span<const Tensor> params, std::span<const Tensor> grads,
                           std::span<const Tensor> momentum_buffers,
                           std::span<const uint8_t> new_buffer, const SGDUpdate& update,
                           const MultiTensorDeviceArgs& device) {
@@ -230,7 +229,7 @@ void cpu_multi_tensor_sgd(std::span<const Tensor> params, std::span<const Tensor
   });
 }
 
-void cpu_multi_tensor_adam(std::span<const Tensor> params, std::span<const Tensor> grads,
+void multi_tensor_adam_cpu(std::span<const Tensor> params, std::span<const Tensor> grads,
                            std::span<const Tensor> exp_avgs, std::span<const Tensor> exp_avg_sqs,
                            std::span<const Tensor> max_exp_avg_sqs, std::span<const int64_t> steps,
                            const AdamUpdate& update, const MultiTensorDeviceArgs& device) {
@@ -238,6 +237,15 @@ void cpu_multi_tensor_adam(std::span<const Tensor> params, std::span<const Tenso
     adam_typed<typename decltype(tag)::type>(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs,
                                              steps, update, device);
   });
+}
+
+}  // namespace
+
+EMBER_REGISTER_CPU_KERNELS(multi_tensor) {
+  table.multi_tensor_sgd = multi_tensor_sgd_cpu;
+  table.multi_tensor_adam = multi_tensor_adam_cpu;
+  table.multi_tensor_norm_partials = multi_tensor_norm_partials_cpu;
+  table.multi_tensor_mul = multi_tensor_mul_cpu;
 }
 
 }  // namespace ember::detail

@@ -343,7 +343,7 @@ void adaptive_avg_pool2d_backward_cpu(const Tensor& grad_input, const Tensor& gr
 
 }  // namespace
 
-void register_cpu_pooling_kernels(KernelTable& table) {
+EMBER_REGISTER_CPU_KERNELS(pooling) {
   table.max_pool2d_forward = &max_pool2d_forward_cpu;
   table.max_pool2d_backward = &max_pool2d_backward_cpu;
   table.avg_pool2d_forward = &avg_pool2d_forward_cpu;

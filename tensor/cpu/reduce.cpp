@@ -14,19 +14,11 @@ namespace ember::detail {
 namespace {
 
 template <typename T>
-constexpr bool kIsFloat =
-    std::is_floating_point_v<T> || std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>;
-
-// The type a reduction accumulates T in.
-template <typename T>
-using reduce_acc_t = std::conditional_t<kIsFloat<T>, double, int64_t>;
-
-template <typename T>
-inline reduce_acc_t<T> load(T x) {
+inline wide_acc_t<T> load(T x) {
   if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
     return static_cast<double>(static_cast<float>(x));
   } else {
-    return static_cast<reduce_acc_t<T>>(x);
+    return static_cast<wide_acc_t<T>>(x);
   }
 }
 
@@ -73,8 +65,8 @@ A sum_row(const T* x, int64_t r, bool parallel, F f) {
 
 // The max (or min) of f(x) over a non-empty row; for floats NaN wins, as in PyTorch.
 template <bool kMax, typename T, typename F>
-reduce_acc_t<T> extreme_row(const T* x, int64_t r, bool parallel, F f) {
-  using A = reduce_acc_t<T>;
+wide_acc_t<T> extreme_row(const T* x, int64_t r, bool parallel, F f) {
+  using A = wide_acc_t<T>;
   struct Partial {
     A value;
     bool nan;
@@ -115,7 +107,7 @@ reduce_acc_t<T> extreme_row(const T* x, int64_t r, bool parallel, F f) {
 
 template <typename T>
 T reduce_one_row(ReduceOp op, const T* x, int64_t r, double p, int64_t correction, bool parallel) {
-  using A = reduce_acc_t<T>;
+  using A = wide_acc_t<T>;
   const auto identity = [](A v) { return v; };
   switch (op) {
     case ReduceOp::kSum:
@@ -182,8 +174,8 @@ void reduce_cpu(ReduceOp op, const Tensor& out, const Tensor& in, int64_t outer,
 
 // Index of the max (or min) of a non-empty row: the first NaN, else the first extreme.
 template <bool kMax, typename T>
-std::pair<reduce_acc_t<T>, int64_t> arg_row(const T* x, int64_t r, bool parallel) {
-  using A = reduce_acc_t<T>;
+std::pair<wide_acc_t<T>, int64_t> arg_row(const T* x, int64_t r, bool parallel) {
+  using A = wide_acc_t<T>;
   using Best = std::pair<A, int64_t>;
   // a is better than b when it is NaN (and b is not) or strictly more extreme.
   const auto better = [](A a, A b) {
@@ -309,7 +301,7 @@ void softmax_cpu(const Tensor& out, const Tensor& in, int64_t outer, int64_t n, 
 
 }  // namespace
 
-void register_cpu_reduce_kernels(KernelTable& table) {
+EMBER_REGISTER_CPU_KERNELS(reduce) {
   table.reduce = &reduce_cpu;
   table.arg_reduce = &arg_reduce_cpu;
   table.softmax = &softmax_cpu;

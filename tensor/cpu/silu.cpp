@@ -28,12 +28,12 @@ void silu_backward_typed(const Tensor& grad_in, const Tensor& grad_out, const Te
     dx[i] = T(silu_grad<A>(static_cast<A>(dy[i]), static_cast<A>(x[i])));
 }
 
-void silu_forward(const Tensor& out, const Tensor& in) {
+void silu_forward_cpu(const Tensor& out, const Tensor& in) {
   dispatch_floating(out.dtype(), "silu",
                     [&](auto tag) { silu_forward_typed<typename decltype(tag)::type>(out, in); });
 }
 
-void silu_backward(const Tensor& grad_in, const Tensor& grad_out, const Tensor& in) {
+void silu_backward_cpu(const Tensor& grad_in, const Tensor& grad_out, const Tensor& in) {
   dispatch_floating(grad_in.dtype(), "silu_backward", [&](auto tag) {
     silu_backward_typed<typename decltype(tag)::type>(grad_in, grad_out, in);
   });
@@ -41,7 +41,7 @@ void silu_backward(const Tensor& grad_in, const Tensor& grad_out, const Tensor& 
 
 }  // namespace
 
-EMBER_REGISTER_OWN_KERNEL(silu_forward_kernels, DeviceType::kCPU, silu_forward);
-EMBER_REGISTER_OWN_KERNEL(silu_backward_kernels, DeviceType::kCPU, silu_backward);
+EMBER_REGISTER_CPU_KERNEL(silu_forward_kernels, silu_forward_cpu);
+EMBER_REGISTER_CPU_KERNEL(silu_backward_kernels, silu_backward_cpu);
 
 }  // namespace ember::detail

@@ -10,7 +10,6 @@
 #include "../detail/amp_math.h"
 #include "../detail/dispatch.h"
 #include "../ops.h"
-#include "cuda_kernels.h"
 #include "multi_tensor_apply.cuh"
 
 EMBER_KERNELS_BEGIN
@@ -23,7 +22,7 @@ constexpr int kUnscaleMaxTensors = 110;  // 1 list: 110 * (8 + 8) bytes of addre
 // scale leaves the bits untouched), as the CPU kernel.
 template <typename T>
 struct CheckAndUnscaleOp {
-  using C = compute_t<T>;
+  using C = acc_t<T>;
   float* found_inf;
   const float* inv_scale;
 
@@ -41,8 +40,8 @@ struct CheckAndUnscaleOp {
   }
 };
 
-void amp_non_finite_check_and_unscale(const std::vector<Tensor>& tensors, const Tensor& found_inf,
-                                      const Tensor& inv_scale) {
+void amp_non_finite_check_and_unscale_cuda(const std::vector<Tensor>& tensors,
+                                           const Tensor& found_inf, const Tensor& inv_scale) {
   const KernelContext ctx(found_inf);
   float* found = static_cast<float*>(found_inf.data_ptr());
   const auto* inv = static_cast<const float*>(inv_scale.data_ptr());
@@ -72,8 +71,9 @@ __global__ void amp_update_scale_kernel(float* scale, int32_t* tracker, const fl
                          growth_interval);
 }
 
-void amp_update_scale(const Tensor& scale, const Tensor& growth_tracker, const Tensor& found_inf,
-                      double growth_factor, double backoff_factor, int64_t growth_interval) {
+void amp_update_scale_cuda(const Tensor& scale, const Tensor& growth_tracker,
+                           const Tensor& found_inf, double growth_factor, double backoff_factor,
+                           int64_t growth_interval) {
   const KernelContext ctx(scale);
   EMBER_LAUNCH(1, 1, 0, ctx.stream, amp_update_scale_kernel)
   (static_cast<float*>(scale.data_ptr()), static_cast<int32_t*>(growth_tracker.data_ptr()),
@@ -83,9 +83,9 @@ void amp_update_scale(const Tensor& scale, const Tensor& growth_tracker, const T
 
 }  // namespace
 
-void register_cuda_amp_kernels(KernelTable& table) {
-  table.amp_non_finite_check_and_unscale = amp_non_finite_check_and_unscale;
-  table.amp_update_scale = amp_update_scale;
+EMBER_REGISTER_CUDA_KERNELS(amp) {
+  table.amp_non_finite_check_and_unscale = amp_non_finite_check_and_unscale_cuda;
+  table.amp_update_scale = amp_update_scale_cuda;
 }
 
 EMBER_KERNELS_END  // namespace ember::detail

@@ -20,7 +20,6 @@
 #include "../detail/dispatch.h"
 #include "../ops.h"
 #include "attention_tc.cuh"
-#include "cuda_kernels.h"
 #include "launch.cuh"
 
 EMBER_KERNELS_BEGIN
@@ -351,7 +350,7 @@ void attention_backward_cuda(const Tensor& grad_q, const Tensor& grad_k, const T
 
 }  // namespace
 
-void register_cuda_attention_kernels(KernelTable& table) {
+EMBER_REGISTER_CUDA_KERNELS(attention) {
   table.attention_forward = &attention_forward_cuda;
   table.attention_backward = &attention_backward_cuda;
 }

@@ -13,7 +13,6 @@
 #include "../detail/dispatch.h"
 #include "../precision.h"
 #include "block_sum.cuh"
-#include "cuda_kernels.h"
 #include "launch.cuh"
 #if !defined(EMBER_CUDA_EMULATED)
 #include "cudnn_context.h"
@@ -239,7 +238,7 @@ AlgoChoice backward_filter_algo(const CudnnHandle& h, ConvSetup& s, const void* 
 template <typename T>
 __global__ void add_bias_kernel(T* y, const T* bias, int64_t total, int64_t channels,
                                 int64_t plane) {
-  using C = compute_t<T>;
+  using C = acc_t<T>;
   for (int64_t i = global_thread(); i < total; i += grid_stride()) {
     const int64_t o = (i / plane) % channels;
     y[i] = cast_to<T>(cast_to<C>(y[i]) + cast_to<C>(bias[o]));
@@ -379,7 +378,7 @@ void conv2d_backward_cuda(const Tensor& grad_input, const Tensor& grad_weight,
 }  // namespace
 
 #if !defined(EMBER_CUDA_EMULATED)
-void register_cuda_conv_kernels(KernelTable& table) {
+EMBER_REGISTER_CUDA_KERNELS(conv) {
   table.conv2d_forward = &conv2d_forward_cuda;
   table.conv2d_backward = &conv2d_backward_cuda;
 }

@@ -5,9 +5,12 @@
 //   EMBER_SHARED(type, name, [dims])    the block's shared type name[dims]
 //   EMBER_DYNAMIC_SHARED(type, name)    the block's dynamic shared memory as type name[]
 //   EMBER_KERNELS_BEGIN / EMBER_KERNELS_END    open / close the kernels' namespace
+//   EMBER_REGISTER_CUDA_KERNELS(NAME) { table.entry = entry_cuda; ... }   this file's entries
+//       of the CUDA kernel table, filled at start-up (kernel_table.h); when emulated, only
+//       the function register_cuda_NAME_kernels(table), which a test runs on a table of its
+//       own while libember's real kernels stay registered
 //   EMBER_REGISTER_CUDA_KERNEL(kernels, fn)    an op's own CUDA kernel (kernel_table.h's
 //       EMBER_REGISTER_OWN_KERNEL); nothing when emulated, where a test reaches fn directly
-//       and libember's real kernel stays registered
 // Private to tensor/cuda/.
 #pragma once
 
@@ -27,9 +30,15 @@
 #define EMBER_KERNELS_END }
 #endif
 
+#include "../detail/kernel_table.h"
+
 #if defined(EMBER_CUDA_EMULATED)
+#define EMBER_REGISTER_CUDA_KERNELS(name) \
+  void register_cuda_##name##_kernels(::ember::detail::KernelTable& table)
 #define EMBER_REGISTER_CUDA_KERNEL(kernels, fn) static_assert(true)
 #else
+#define EMBER_REGISTER_CUDA_KERNELS(name) \
+  EMBER_REGISTER_TABLE_KERNELS(::ember::DeviceType::kCUDA, register_cuda_##name##_kernels)
 #define EMBER_REGISTER_CUDA_KERNEL(kernels, fn) \
-  EMBER_REGISTER_OWN_KERNEL(kernels, DeviceType::kCUDA, fn)
+  EMBER_REGISTER_OWN_KERNEL(kernels, ::ember::DeviceType::kCUDA, fn)
 #endif

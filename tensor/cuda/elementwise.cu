@@ -1,7 +1,6 @@
 // Elementwise CUDA kernels: fill, copy (any dtype to any dtype), unary, binary and where.
 #include "../detail/dispatch.h"
 #include "../detail/gelu_math.h"
-#include "cuda_kernels.h"
 #include "launch.cuh"
 
 EMBER_KERNELS_BEGIN
@@ -66,9 +65,7 @@ __device__ __forceinline__ C apply_unary(UnaryOp op, C x, C a, C b) {
       case UnaryOp::kClamp:
         return x != x ? x : (x < a ? a : (x > b ? b : x));
       case UnaryOp::kGelu:
-        return gelu_forward(x, false);
-      case UnaryOp::kGeluTanh:
-        return gelu_forward(x, true);
+        return gelu_forward(x, gelu_approximate_of(static_cast<double>(a)));
     }
     return x;
   } else {
@@ -91,7 +88,7 @@ __device__ __forceinline__ int64_t apply_unary_int(UnaryOp op, int64_t x, double
       const double v = static_cast<double>(x);
       return static_cast<int64_t>(v < a ? a : (v > b ? b : v));
     }
-    default:
+    EMBER_CASES_UNARY_FLOATING_ONLY:  // floating inputs only
       break;
   }
   return static_cast<int64_t>(apply_unary<double>(op, static_cast<double>(x), a, b));
@@ -110,9 +107,7 @@ __device__ __forceinline__ C apply_binary(BinaryOp op, C x, C y, C alpha) {
       case BinaryOp::kReluBackward:
         return y > C(0) ? x : C(0);
       case BinaryOp::kGeluBackward:
-        return gelu_backward(x, y, false);
-      case BinaryOp::kGeluTanhBackward:
-        return gelu_backward(x, y, true);
+        return gelu_backward(x, y, gelu_approximate_of(static_cast<double>(alpha)));
       case BinaryOp::kDiv:
         return x / y;
       case BinaryOp::kPow:
@@ -121,7 +116,7 @@ __device__ __forceinline__ C apply_binary(BinaryOp op, C x, C y, C alpha) {
         return (x != x || y != y) ? x + y : (x > y ? x : y);  // NaN wins
       case BinaryOp::kMinimum:
         return (x != x || y != y) ? x + y : (x < y ? x : y);
-      default:
+      EMBER_CASES_BINARY_COMPARISON:
         break;
     }
   } else {
@@ -142,7 +137,8 @@ __device__ __forceinline__ C apply_binary(BinaryOp op, C x, C y, C alpha) {
         return x > y ? x : y;
       case BinaryOp::kMinimum:
         return x < y ? x : y;
-      default:
+      case BinaryOp::kGeluBackward:
+      EMBER_CASES_BINARY_COMPARISON:
         break;
     }
   }
@@ -164,7 +160,7 @@ __device__ __forceinline__ bool apply_compare(BinaryOp op, C x, C y) {
       return x > y;
     case BinaryOp::kGe:
       return x >= y;
-    default:
+    EMBER_CASES_BINARY_ARITHMETIC:
       break;
   }
   return false;
@@ -189,7 +185,7 @@ struct CopyFn {
 
 template <typename T>
 struct UnaryFn {
-  using C = compute_t<T>;
+  using C = acc_t<T>;
   UnaryOp op;
   double a, b;
   __device__ void operator()(char* const* data, const int64_t* offsets) const {
@@ -208,7 +204,7 @@ struct UnaryFn {
 
 template <typename T>
 struct BinaryFn {
-  using C = compute_t<T>;
+  using C = acc_t<T>;
   BinaryOp op;
   C alpha;
   __device__ void operator()(char* const* data, const int64_t* offsets) const {
@@ -220,7 +216,7 @@ struct BinaryFn {
 
 template <typename T>
 struct CompareFn {
-  using C = compute_t<T>;
+  using C = acc_t<T>;
   BinaryOp op;
   __device__ void operator()(char* const* data, const int64_t* offsets) const {
     const C x = cast_to<C>(element<T>(data, offsets, 1));
@@ -239,7 +235,7 @@ struct WhereFn {
 
 // --- table entries -------------------------------------------------------------------------
 
-void fill(const Tensor& out, Scalar value) {
+void fill_cuda(const Tensor& out, Scalar value) {
   if (out.numel() == 0) return;
   KernelContext ctx(out);
   const StridedIter it = make_iter({&out});
@@ -252,7 +248,7 @@ void fill(const Tensor& out, Scalar value) {
   });
 }
 
-void copy(const Tensor& dst, const Tensor& src) {
+void copy_cuda(const Tensor& dst, const Tensor& src) {
   if (dst.numel() == 0) return;
   KernelContext ctx(dst);
   const StridedIter it = make_iter({&dst, &src});
@@ -270,7 +266,7 @@ void copy(const Tensor& dst, const Tensor& src) {
   });
 }
 
-void unary(UnaryOp op, const Tensor& out, const Tensor& in, double a, double b) {
+void unary_cuda(UnaryOp op, const Tensor& out, const Tensor& in, double a, double b) {
   if (out.numel() == 0) return;
   KernelContext ctx(out);
   const StridedIter it = make_iter({&out, &in});
@@ -280,13 +276,13 @@ void unary(UnaryOp op, const Tensor& out, const Tensor& in, double a, double b) 
   });
 }
 
-void binary(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b, Scalar alpha) {
+void binary_cuda(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b, Scalar alpha) {
   if (out.numel() == 0) return;
   KernelContext ctx(out);
   const StridedIter it = make_iter({&out, &a, &b});
   dispatch_all(a.dtype(), "binary", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    using C = compute_t<T>;
+    using C = acc_t<T>;
     if (is_comparison(op)) {
       launch_elementwise<3>(it, ctx.stream, CompareFn<T>{op});
     } else {
@@ -295,7 +291,7 @@ void binary(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b, Sc
   });
 }
 
-void where(const Tensor& out, const Tensor& cond, const Tensor& a, const Tensor& b) {
+void where_cuda(const Tensor& out, const Tensor& cond, const Tensor& a, const Tensor& b) {
   if (out.numel() == 0) return;
   KernelContext ctx(out);
   const StridedIter it = make_iter({&out, &cond, &a, &b});
@@ -307,12 +303,12 @@ void where(const Tensor& out, const Tensor& cond, const Tensor& a, const Tensor&
 
 }  // namespace
 
-void register_cuda_elementwise_kernels(KernelTable& table) {
-  table.fill = fill;
-  table.copy = copy;
-  table.unary = unary;
-  table.binary = binary;
-  table.where = where;
+EMBER_REGISTER_CUDA_KERNELS(elementwise) {
+  table.fill = fill_cuda;
+  table.copy = copy_cuda;
+  table.unary = unary_cuda;
+  table.binary = binary_cuda;
+  table.where = where_cuda;
 }
 
 EMBER_KERNELS_END  // namespace ember::detail

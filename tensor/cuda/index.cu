@@ -5,7 +5,6 @@
 #endif
 
 #include "../detail/dispatch.h"
-#include "cuda_kernels.h"
 #include "launch.cuh"
 
 EMBER_KERNELS_BEGIN
@@ -21,8 +20,8 @@ __global__ void index_select_kernel(W* out, const W* in, const int64_t* index, i
   }
 }
 
-void index_select(const Tensor& out, const Tensor& in, const Tensor& index, int64_t /*outer*/,
-                  int64_t n, int64_t inner) {
+void index_select_cuda(const Tensor& out, const Tensor& in, const Tensor& index, int64_t /*outer*/,
+                       int64_t n, int64_t inner) {
   const int64_t total = out.numel();
   if (total == 0) return;
   KernelContext ctx(out);
@@ -80,7 +79,7 @@ __global__ void gather_kernel(W* out, const W* in, const int64_t* index, int64_t
   }
 }
 
-void gather(const Tensor& out, const Tensor& in, int64_t dim, const Tensor& index) {
+void gather_cuda(const Tensor& out, const Tensor& in, int64_t dim, const Tensor& index) {
   const int64_t total = index.numel();
   if (total == 0) return;
   KernelContext ctx(out);
@@ -136,7 +135,7 @@ __global__ void scatter_add_kernel(T* self, const T* src, const int64_t* index, 
   }
 }
 
-void scatter_add(const Tensor& self, int64_t dim, const Tensor& index, const Tensor& src) {
+void scatter_add_cuda(const Tensor& self, int64_t dim, const Tensor& index, const Tensor& src) {
   const int64_t total = index.numel();
   if (total == 0) return;
   KernelContext ctx(self);
@@ -152,10 +151,10 @@ void scatter_add(const Tensor& self, int64_t dim, const Tensor& index, const Ten
 
 }  // namespace
 
-void register_cuda_index_kernels(KernelTable& table) {
-  table.index_select = index_select;
-  table.gather = gather;
-  table.scatter_add = scatter_add;
+EMBER_REGISTER_CUDA_KERNELS(index) {
+  table.index_select = index_select_cuda;
+  table.gather = gather_cuda;
+  table.scatter_add = scatter_add_cuda;
 }
 
 EMBER_KERNELS_END  // namespace ember::detail

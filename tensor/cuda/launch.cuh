@@ -1,11 +1,13 @@
-// What every ember CUDA kernel file shares: launch geometry, element casts, compute types,
-// and a grid-stride elementwise launcher over a StridedIter. Private to tensor/cuda/.
+// What every ember CUDA kernel file shares: launch geometry, element casts and a grid-stride
+// elementwise launcher over a StridedIter (math runs in detail/dispatch.h's acc_t). Private to
+// tensor/cuda/.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
+#include "../detail/dispatch.h"
 #include "../detail/tensor_iter.h"
 #include "../dtype.h"
 #include "device.cuh"
@@ -34,31 +36,6 @@ __device__ __forceinline__ int64_t grid_stride() {
 
 template <typename T>
 inline constexpr bool kIsHalfLike = std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>;
-
-// The type elementwise math runs in: float for f32/f16/bf16, double for f64, int64 for
-// integers and bool (then cast back, wrapping as the CPU's integer math does).
-template <typename T>
-struct ComputeType {
-  using type = int64_t;
-};
-template <>
-struct ComputeType<float> {
-  using type = float;
-};
-template <>
-struct ComputeType<double> {
-  using type = double;
-};
-template <>
-struct ComputeType<Half> {
-  using type = float;
-};
-template <>
-struct ComputeType<BFloat16> {
-  using type = float;
-};
-template <typename T>
-using compute_t = typename ComputeType<T>::type;
 
 // A value of one element type as another: 16-bit floats pass through float, bool is != 0.
 template <typename To, typename From>

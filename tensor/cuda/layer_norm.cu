@@ -1,4 +1,4 @@
-// CUDA layer norm over rows [rows, n] (GPT layers); semantics match tensor/cpu/layers.cpp.
+// CUDA layer norm over rows [rows, n] (GPT layers); semantics match tensor/cpu/layer_norm.cpp.
 //
 // One warp per row: each lane folds a strided slice of the row and the warp combines the lanes
 // with a butterfly of shuffles, the same order every time. The weight and bias gradients are
@@ -6,7 +6,6 @@
 // adds the chunks in order, so no atomics are used and results do not depend on timing.
 #include "../detail/dispatch.h"
 #include "../ops.h"
-#include "cuda_kernels.h"
 #include "launch.cuh"
 
 EMBER_KERNELS_BEGIN
@@ -18,8 +17,6 @@ constexpr int64_t kChunkRows = 128;    // rows per partial sum of the parameter 
 constexpr int64_t kMaxChunks = 65535;  // gridDim.y limit
 
 // The statistics type (mean/rstd) for inputs of type T.
-template <typename T>
-using stat_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
 
 // Every lane gets the sum of `value` over the warp.
 template <typename A>
@@ -49,10 +46,10 @@ unsigned row_blocks(int64_t rows) {
 }
 
 template <typename T>
-__global__ void layer_norm_forward_kernel(T* y, stat_t<T>* mean_out, stat_t<T>* rstd_out,
-                                          const T* x, const T* weight, const T* bias, int64_t rows,
-                                          int64_t n, double eps) {
-  using A = compute_t<T>;
+__global__ void layer_norm_forward_kernel(T* y, acc_t<T>* mean_out, acc_t<T>* rstd_out, const T* x,
+                                          const T* weight, const T* bias, int64_t rows, int64_t n,
+                                          double eps) {
+  using A = acc_t<T>;
   const WarpRows warp;
   const int lane = warp.lane;
   for (int64_t r = warp.first; r < rows; r += warp.step) {
@@ -66,8 +63,8 @@ __global__ void layer_norm_forward_kernel(T* y, stat_t<T>* mean_out, stat_t<T>* 
       sq += d * d;
     }
     const A var = warp_sum(sq) / static_cast<A>(n);
-    const stat_t<T> mean_r = static_cast<stat_t<T>>(m);
-    const stat_t<T> rstd_r = static_cast<stat_t<T>>(inverse_sqrt(var + static_cast<A>(eps)));
+    const acc_t<T> mean_r = static_cast<acc_t<T>>(m);
+    const acc_t<T> rstd_r = static_cast<acc_t<T>>(inverse_sqrt(var + static_cast<A>(eps)));
     if (lane == 0) {
       mean_out[r] = mean_r;
       rstd_out[r] = rstd_r;
@@ -85,9 +82,9 @@ __global__ void layer_norm_forward_kernel(T* y, stat_t<T>* mean_out, stat_t<T>* 
 
 template <typename T>
 __global__ void layer_norm_input_grad_kernel(T* gx, const T* gy, const T* x, const T* weight,
-                                             const stat_t<T>* mean, const stat_t<T>* rstd,
+                                             const acc_t<T>* mean, const acc_t<T>* rstd,
                                              int64_t rows, int64_t n) {
-  using A = compute_t<T>;
+  using A = acc_t<T>;
   const WarpRows warp;
   const int lane = warp.lane;
   for (int64_t r = warp.first; r < rows; r += warp.step) {
@@ -115,10 +112,10 @@ __global__ void layer_norm_input_grad_kernel(T* gx, const T* gy, const T* x, con
 // partial[chunk, col] = sum(g * xhat) and partial[chunk, n + col] = sum(g) over the chunk's
 // rows; block (32, kRowsPerBlock) covers 32 columns of one chunk.
 template <typename T>
-__global__ void layer_norm_param_partial_kernel(compute_t<T>* partial, const T* gy, const T* x,
-                                                const stat_t<T>* mean, const stat_t<T>* rstd,
+__global__ void layer_norm_param_partial_kernel(acc_t<T>* partial, const T* gy, const T* x,
+                                                const acc_t<T>* mean, const acc_t<T>* rstd,
                                                 int64_t rows, int64_t n, int64_t chunk_rows) {
-  using A = compute_t<T>;
+  using A = acc_t<T>;
   EMBER_SHARED(A, shared_w, [kRowsPerBlock][kWarp]);
   EMBER_SHARED(A, shared_b, [kRowsPerBlock][kWarp]);
   const int64_t col = static_cast<int64_t>(blockIdx.x) * kWarp + threadIdx.x;
@@ -146,10 +143,9 @@ __global__ void layer_norm_param_partial_kernel(compute_t<T>* partial, const T* 
 }
 
 template <typename T>
-__global__ void layer_norm_param_final_kernel(T* grad_weight, T* grad_bias,
-                                              const compute_t<T>* partial, int64_t chunks,
-                                              int64_t n) {
-  using A = compute_t<T>;
+__global__ void layer_norm_param_final_kernel(T* grad_weight, T* grad_bias, const acc_t<T>* partial,
+                                              int64_t chunks, int64_t n) {
+  using A = acc_t<T>;
   for (int64_t col = global_thread(); col < n; col += grid_stride()) {
     A sum_w = 0, sum_b = 0;
     for (int64_t c = 0; c < chunks; ++c) {
@@ -177,7 +173,7 @@ void layer_norm_forward_cuda(const Tensor& out, const Tensor& mean, const Tensor
     using T = typename decltype(tag)::type;
     EMBER_LAUNCH(row_blocks(rows), kWarp * kRowsPerBlock, 0, ctx.stream,
                  layer_norm_forward_kernel<T>)
-    (out.data_ptr<T>(), mean.data_ptr<stat_t<T>>(), rstd.data_ptr<stat_t<T>>(), input.data_ptr<T>(),
+    (out.data_ptr<T>(), mean.data_ptr<acc_t<T>>(), rstd.data_ptr<acc_t<T>>(), input.data_ptr<T>(),
      data_or_null<T>(weight), data_or_null<T>(bias), rows, n, eps);
     EMBER_CUDA_CHECK_LAUNCH();
   });
@@ -191,9 +187,9 @@ void layer_norm_backward_cuda(const Tensor& grad_input, const Tensor& grad_weigh
   const KernelContext ctx(input);
   dispatch_floating(input.dtype(), "layer_norm", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    using A = compute_t<T>;
-    const stat_t<T>* m = mean.data_ptr<stat_t<T>>();
-    const stat_t<T>* rs = rstd.data_ptr<stat_t<T>>();
+    using A = acc_t<T>;
+    const acc_t<T>* m = mean.data_ptr<acc_t<T>>();
+    const acc_t<T>* rs = rstd.data_ptr<acc_t<T>>();
     if (grad_input.defined()) {
       EMBER_LAUNCH(row_blocks(rows), kWarp * kRowsPerBlock, 0, ctx.stream,
                    layer_norm_input_grad_kernel<T>)
@@ -219,7 +215,7 @@ void layer_norm_backward_cuda(const Tensor& grad_input, const Tensor& grad_weigh
 
 }  // namespace
 
-void register_cuda_layer_norm_kernels(KernelTable& table) {
+EMBER_REGISTER_CUDA_KERNELS(layer_norm) {
   table.layer_norm_forward = layer_norm_forward_cuda;
   table.layer_norm_backward = layer_norm_backward_cuda;
 }

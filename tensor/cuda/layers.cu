@@ -7,7 +7,6 @@
 #include "../detail/op_utils.h"
 #include "../ops.h"
 #include "block_sum.cuh"
-#include "cuda_kernels.h"
 #include "launch.cuh"
 #if !defined(EMBER_CUDA_EMULATED)
 #include "cudnn_context.h"
@@ -19,8 +18,6 @@ namespace {
 constexpr int kWarp = 32;
 
 // The statistics type for inputs of type T (save_mean/save_invstd, cuDNN's parameters).
-template <typename T>
-using stat_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
 
 // ---------------------------------------------------------------------------------------
 // Batch norm over [N, C, S], viewed by cuDNN as NCHW with H = S, W = 1 (channels-last
@@ -325,7 +322,7 @@ __global__ void bn_fused_stats_kernel(P* save_mean, P* save_invstd, P* scale, P*
 template <typename T, typename P>
 __global__ void bn_relu_apply_kernel(T* out, const T* x, const T* residual, const P* scale,
                                      const P* shift, int64_t total, int64_t channels, int64_t s) {
-  using A = compute_t<T>;
+  using A = acc_t<T>;
   for (int64_t i = global_thread(); i < total; i += grid_stride()) {
     const int64_t c = (i / s) % channels;
     A v = cast_to<A>(x[i]) * static_cast<A>(scale[c]) + static_cast<A>(shift[c]);
@@ -355,7 +352,7 @@ void batch_norm_relu_forward_cuda(const Tensor& out_in, const Tensor& save_mean,
   Tensor affine = empty({2, g.c}, TensorOptions(launch.param, device));
   dispatch_floating(input.dtype(), "batch_norm_relu", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    using P = stat_t<T>;
+    using P = acc_t<T>;
     const T* x = input.data_ptr<T>();
     Tensor partial;
     if (training)
@@ -387,7 +384,7 @@ struct BnReluGradTerms {
   const T* x;
   const P* mean;
   __device__ double2 operator()(int64_t c, int64_t at) const {
-    if (!(cast_to<compute_t<T>>(out[at]) > compute_t<T>(0))) return make_double2(0.0, 0.0);
+    if (!(cast_to<acc_t<T>>(out[at]) > acc_t<T>(0))) return make_double2(0.0, 0.0);
     const double gm = cast_to<double>(grad_out[at]);
     return make_double2(gm, gm * (cast_to<double>(x[at]) - static_cast<double>(mean[c])));
   }
@@ -426,7 +423,7 @@ template <typename T, typename P>
 __global__ void bn_relu_grad_apply_kernel(T* grad_input, T* grad_residual, const T* grad_out,
                                           const T* out, const T* x, const P* coeffs, int64_t total,
                                           int64_t channels, int64_t s) {
-  using A = compute_t<T>;
+  using A = acc_t<T>;
   for (int64_t i = global_thread(); i < total; i += grid_stride()) {
     const A gm = cast_to<A>(out[i]) > A(0) ? cast_to<A>(grad_out[i]) : A(0);
     if (grad_residual != nullptr) grad_residual[i] = cast_to<T>(gm);
@@ -459,7 +456,7 @@ void batch_norm_relu_backward_cuda(const Tensor& grad_input_in, const Tensor& gr
   Tensor coeffs = empty({3, g.c}, TensorOptions(launch.param, device));
   dispatch_floating(input.dtype(), "batch_norm_relu_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    using P = stat_t<T>;
+    using P = acc_t<T>;
     const P* mean = save_mean.data_ptr<P>();
     Tensor partial;
     if (training || grad_weight.defined() || grad_bias.defined()) {
@@ -517,7 +514,7 @@ template <typename T, typename P>
 __global__ void bn_eval_input_grad_kernel(T* grad_input, const T* grad_out, const P* weight,
                                           const P* invstd, int64_t total, int64_t channels,
                                           int64_t s) {
-  using A = compute_t<T>;
+  using A = acc_t<T>;
   for (int64_t i = global_thread(); i < total; i += grid_stride()) {
     const int64_t c = (i / s) % channels;
     const double w = weight != nullptr ? static_cast<double>(weight[c]) : 1.0;
@@ -542,7 +539,7 @@ void batch_norm_eval_backward(const Tensor& grad_input, const Tensor& grad_weigh
   const Staged db = grad_bias.defined() ? output_buffer(grad_bias, param, {c}, device) : Staged{};
   dispatch_floating(input.dtype(), "batch_norm_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    using P = stat_t<T>;
+    using P = acc_t<T>;
     if (grad_weight.defined() || grad_bias.defined()) {
       EMBER_LAUNCH(static_cast<unsigned>(std::min<int64_t>(c, kMaxGridBlocks)), kBlockSize, 0,
                    ctx.stream, bn_eval_param_grad_kernel<T, P>)
@@ -719,7 +716,7 @@ void cross_entropy_backward_cuda(const Tensor& grad_logits, const Tensor& grad_l
 
 }  // namespace
 
-void register_cuda_layer_kernels(KernelTable& table) {
+EMBER_REGISTER_CUDA_KERNELS(layers) {
   table.batch_norm_relu_forward = &batch_norm_relu_forward_cuda;
   table.batch_norm_relu_backward = &batch_norm_relu_backward_cuda;
 #if !defined(EMBER_CUDA_EMULATED)

@@ -7,7 +7,7 @@
 #include "../detail/caching_allocator.h"
 #include "cuda_check.h"
 #include "cuda_context.h"
-#include "cuda_kernels.h"
+#include "device.cuh"
 
 namespace ember::detail {
 namespace {
@@ -112,9 +112,9 @@ CudaAllocator& cuda_allocator(int device) {
   return *(*allocators)[static_cast<size_t>(device)];
 }
 
-Allocator* allocator_entry(int device) { return &cuda_allocator(device); }
+Allocator* allocator_cuda(int device) { return &cuda_allocator(device); }
 
-void transfer(const Tensor& dst, const Tensor& src, bool non_blocking) {
+void transfer_cuda(const Tensor& dst, const Tensor& src, bool non_blocking) {
   const size_t nbytes = dst.nbytes();
   EMBER_ASSERT(nbytes == src.nbytes() && dst.dtype() == src.dtype(),
                "transfer: mismatched tensors");
@@ -160,9 +160,9 @@ void transfer(const Tensor& dst, const Tensor& src, bool non_blocking) {
 
 CachingAllocator& cuda_caching_allocator(int device) { return cuda_allocator(device).cache(); }
 
-void register_cuda_memory_kernels(KernelTable& table) {
-  table.allocator = allocator_entry;
-  table.transfer = transfer;
+EMBER_REGISTER_CUDA_KERNELS(memory) {
+  table.allocator = allocator_cuda;
+  table.transfer = transfer_cuda;
 }
 
 }  // namespace ember::detail

@@ -50,7 +50,7 @@ struct SGDExtra {
 
 template <typename T>
 struct SGDOp {
-  using A = compute_t<T>;
+  using A = acc_t<T>;
   SGDUpdate update;
   DeviceReads device;
 
@@ -78,7 +78,7 @@ struct AdamExtra {
 
 template <typename T>
 struct AdamOp {
-  using A = compute_t<T>;
+  using A = acc_t<T>;
   AdamUpdate update;
   DeviceReads device;
 
@@ -115,7 +115,7 @@ struct NormExtra {
 // Each block: the sum of |x|^p (max |x| for Inf) over its chunk, to partials[base + chunk].
 template <typename T, bool Inf>
 struct NormOp {
-  using A = compute_t<T>;
+  using A = acc_t<T>;
   A* partials;
   A p;
 
@@ -160,7 +160,7 @@ struct StepIncrementOp {
 
 template <typename T>
 struct MulOp {
-  using A = compute_t<T>;
+  using A = acc_t<T>;
   const T* scale;
 
   __device__ void operator()(const TensorListMeta<1, NoExtra, kSGDMaxTensors>& meta, int tensor,
@@ -172,9 +172,7 @@ struct MulOp {
   }
 };
 
-}  // namespace
-
-Tensor cuda_multi_tensor_norm_partials(std::span<const Tensor> tensors, double p) {
+Tensor multi_tensor_norm_partials_cuda(std::span<const Tensor> tensors, double p) {
   const KernelContext ctx(tensors[0]);
   std::vector<std::array<void*, 1>> addresses(tensors.size());
   std::vector<int64_t> numels(tensors.size());
@@ -191,7 +189,7 @@ Tensor cuda_multi_tensor_norm_partials(std::span<const Tensor> tensors, double p
       zeros({std::max<int64_t>(chunks, 1)}, TensorOptions(dtype, tensors[0].device()));
   dispatch_floating(tensors[0].dtype(), "multi_tensor_norm", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    using A = compute_t<T>;
+    using A = acc_t<T>;
     A* out = static_cast<A*>(partials.data_ptr());
     auto run = [&](auto op) {
       multi_tensor_apply<1, NormExtra, kSGDMaxTensors>(
@@ -206,7 +204,7 @@ Tensor cuda_multi_tensor_norm_partials(std::span<const Tensor> tensors, double p
   return partials;
 }
 
-void cuda_multi_tensor_mul(std::span<const Tensor> tensors, const Tensor& scale) {
+void multi_tensor_mul_cuda(std::span<const Tensor> tensors, const Tensor& scale) {
   const KernelContext ctx(tensors[0]);
   std::vector<std::array<void*, 1>> addresses(tensors.size());
   std::vector<int64_t> numels(tensors.size());
@@ -223,7 +221,7 @@ void cuda_multi_tensor_mul(std::span<const Tensor> tensors, const Tensor& scale)
   });
 }
 
-void cuda_multi_tensor_sgd(std::span<const Tensor> params, std::span<const Tensor> grads,
+void multi_tensor_sgd_cuda(std::span<const Tensor> params, std::span<const Tensor> grads,
                            std::span<const Tensor> momentum_buffers,
                            std::span<const uint8_t> new_buffer, const SGDUpdate& update,
                            const MultiTensorDeviceArgs& device) {
@@ -246,7 +244,7 @@ void cuda_multi_tensor_sgd(std::span<const Tensor> params, std::span<const Tenso
   });
 }
 
-void cuda_multi_tensor_adam(std::span<const Tensor> params, std::span<const Tensor> grads,
+void multi_tensor_adam_cuda(std::span<const Tensor> params, std::span<const Tensor> grads,
                             std::span<const Tensor> exp_avgs, std::span<const Tensor> exp_avg_sqs,
                             std::span<const Tensor> max_exp_avg_sqs, std::span<const int64_t> steps,
                             const AdamUpdate& update, const MultiTensorDeviceArgs& device) {
@@ -280,6 +278,15 @@ void cuda_multi_tensor_adam(std::span<const Tensor> params, std::span<const Tens
   multi_tensor_apply<1, NoExtra, kStepMaxTensors>(
       ctx.stream, std::span<const std::array<void*, 1>>(counts), ones,
       std::span<const NoExtra>(none), StepIncrementOp{reads});
+}
+
+}  // namespace
+
+EMBER_REGISTER_CUDA_KERNELS(multi_tensor) {
+  table.multi_tensor_sgd = multi_tensor_sgd_cuda;
+  table.multi_tensor_adam = multi_tensor_adam_cuda;
+  table.multi_tensor_norm_partials = multi_tensor_norm_partials_cuda;
+  table.multi_tensor_mul = multi_tensor_mul_cuda;
 }
 
 EMBER_KERNELS_END  // namespace ember::detail

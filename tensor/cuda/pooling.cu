@@ -9,7 +9,6 @@
 
 #include "../detail/dispatch.h"
 #include "../detail/op_utils.h"
-#include "cuda_kernels.h"
 #include "launch.cuh"
 
 EMBER_KERNELS_BEGIN
@@ -64,7 +63,7 @@ __device__ __forceinline__ int64_t floor_div(int64_t a, int64_t b) {
 template <typename T, bool kCL>
 __global__ void max_pool_forward_kernel(T* out, int64_t* indices, const T* input, int64_t total,
                                         PoolGeometry g, Pool2dParams p) {
-  using A = compute_t<T>;
+  using A = acc_t<T>;
   for (int64_t o = global_thread(); o < total; o += grid_stride()) {
     const Coord at = coord_of<kCL>(o, g.c, g.ho, g.wo);
     // NaN wins, the first maximum wins ties; a window missing the input gives -inf, index -1.
@@ -96,7 +95,7 @@ __global__ void max_pool_forward_kernel(T* out, int64_t* indices, const T* input
 template <typename T, bool kCL>
 __global__ void max_pool_backward_kernel(T* grad_input, const T* grad_out, const int64_t* indices,
                                          int64_t total, PoolGeometry g, Pool2dParams p) {
-  using A = compute_t<T>;
+  using A = acc_t<T>;
   for (int64_t i = global_thread(); i < total; i += grid_stride()) {
     const Coord in = coord_of<kCL>(i, g.c, g.h, g.w);
     const int64_t at = in.h * g.w + in.w;
@@ -138,7 +137,7 @@ __device__ __forceinline__ AvgWindow avg_window(const Pool2dParams& p, const Poo
 template <typename T, bool kCL>
 __global__ void avg_pool_forward_kernel(T* out, const T* input, int64_t total, PoolGeometry g,
                                         Pool2dParams p) {
-  using A = compute_t<T>;
+  using A = acc_t<T>;
   for (int64_t o = global_thread(); o < total; o += grid_stride()) {
     const Coord at = coord_of<kCL>(o, g.c, g.ho, g.wo);
     const AvgWindow win = avg_window(p, g, at.h, at.w);
@@ -154,7 +153,7 @@ __global__ void avg_pool_forward_kernel(T* out, const T* input, int64_t total, P
 template <typename T, bool kCL>
 __global__ void avg_pool_backward_kernel(T* grad_input, const T* grad_out, int64_t total,
                                          PoolGeometry g, Pool2dParams p) {
-  using A = compute_t<T>;
+  using A = acc_t<T>;
   for (int64_t i = global_thread(); i < total; i += grid_stride()) {
     const Coord in = coord_of<kCL>(i, g.c, g.h, g.w);
     // Windows start at o * stride - padding and span `kernel`: those that can hold (ih, iw).
@@ -188,7 +187,7 @@ __device__ __forceinline__ int64_t adaptive_end(int64_t i, int64_t in, int64_t o
 
 template <typename T, bool kCL>
 __global__ void adaptive_avg_forward_kernel(T* out, const T* input, int64_t total, PoolGeometry g) {
-  using A = compute_t<T>;
+  using A = acc_t<T>;
   for (int64_t o = global_thread(); o < total; o += grid_stride()) {
     const Coord at = coord_of<kCL>(o, g.c, g.ho, g.wo);
     const int64_t h0 = adaptive_start(at.h, g.h, g.ho), h1 = adaptive_end(at.h, g.h, g.ho);
@@ -205,7 +204,7 @@ __global__ void adaptive_avg_forward_kernel(T* out, const T* input, int64_t tota
 template <typename T, bool kCL>
 __global__ void adaptive_avg_backward_kernel(T* grad_input, const T* grad_out, int64_t total,
                                              PoolGeometry g) {
-  using A = compute_t<T>;
+  using A = acc_t<T>;
   for (int64_t i = global_thread(); i < total; i += grid_stride()) {
     const Coord in = coord_of<kCL>(i, g.c, g.h, g.w);
     // Outputs whose window holds row ih: oh in [floor(ih*Ho/H), ceil((ih+1)*Ho/H)).
@@ -325,7 +324,7 @@ void adaptive_avg_pool2d_backward_cuda(const Tensor& grad_input, const Tensor& g
 
 }  // namespace
 
-void register_cuda_pooling_kernels(KernelTable& table) {
+EMBER_REGISTER_CUDA_KERNELS(pooling) {
   table.max_pool2d_forward = &max_pool2d_forward_cuda;
   table.max_pool2d_backward = &max_pool2d_backward_cuda;
   table.avg_pool2d_forward = &avg_pool2d_forward_cuda;

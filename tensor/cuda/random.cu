@@ -1,5 +1,5 @@
 // Random fills from Philox: element i of a draw is a pure function of (seed, offset, i),
-// computed by the same functions (detail/philox.h) as the CPU kernel.
+// computed by the same function (detail/random_element.h) as the CPU kernel.
 //
 // NOTE: this file is compiled with -fmad=false (tensor/CMakeLists.txt). A fused multiply-add
 // rounds once where the CPU rounds twice, so `low + (high - low) * u` would differ from the
@@ -7,8 +7,7 @@
 // bit-identical on both devices. Normal draws also go through logf/cosf, whose CUDA and
 // glibc versions may differ by an ulp.
 #include "../detail/dispatch.h"
-#include "../detail/philox.h"
-#include "cuda_kernels.h"
+#include "../detail/random_element.h"
 #include "launch.cuh"
 
 EMBER_KERNELS_BEGIN
@@ -17,24 +16,14 @@ namespace {
 template <typename T>
 __global__ void random_kernel(RandomKind kind, T* data, int64_t n, uint64_t seed, uint64_t offset,
                               double a, double b, int64_t low, uint64_t range) {
-  for (int64_t i = global_thread(); i < n; i += grid_stride()) {
-    const auto index = static_cast<uint64_t>(i);
-    if (kind == RandomKind::kRandint) {
-      data[i] = cast_to<T>(random_int(seed, offset, index, low, range));
-    } else if constexpr (std::is_same_v<T, double>) {
-      data[i] = kind == RandomKind::kUniform ? random_uniform_double(seed, offset, index, a, b)
-                                             : random_normal_double(seed, offset, index, a, b);
-    } else {
-      const float fa = static_cast<float>(a), fb = static_cast<float>(b);
-      data[i] = cast_to<T>(kind == RandomKind::kUniform
-                               ? random_uniform_float(seed, offset, index, fa, fb)
-                               : random_normal_float(seed, offset, index, fa, fb));
-    }
-  }
+  const auto cast = [](auto v) { return cast_to<T>(v); };
+  for (int64_t i = global_thread(); i < n; i += grid_stride())
+    data[i] =
+        random_element<T>(kind, seed, offset, static_cast<uint64_t>(i), a, b, low, range, cast);
 }
 
-void random(RandomKind kind, const Tensor& out, uint64_t seed, uint64_t offset, double a,
-            double b) {
+void random_cuda(RandomKind kind, const Tensor& out, uint64_t seed, uint64_t offset, double a,
+                 double b) {
   const int64_t n = out.numel();
   if (n == 0) return;
   KernelContext ctx(out);
@@ -50,6 +39,6 @@ void random(RandomKind kind, const Tensor& out, uint64_t seed, uint64_t offset, 
 
 }  // namespace
 
-void register_cuda_random_kernels(KernelTable& table) { table.random = random; }
+EMBER_REGISTER_CUDA_KERNELS(random) { table.random = random_cuda; }
 
 EMBER_KERNELS_END  // namespace ember::detail

@@ -7,7 +7,6 @@
 #include <cmath>
 
 #include "../detail/dispatch.h"
-#include "cuda_kernels.h"
 #include "launch.cuh"
 
 EMBER_KERNELS_BEGIN
@@ -18,12 +17,10 @@ constexpr int kBlockGroup = 512;         // threads per row for long rows
 constexpr int kRowsPerWarpBlock = 8;     // rows per block when a warp takes a row
 constexpr int64_t kWarpRowLimit = 1024;  // rows up to this long go one warp each
 
-// The type sums accumulate in: float for f32/f16/bf16, double for f64, int64 for integers.
+// Sums accumulate in acc_t (float for f32/f16/bf16, double for f64, int64 for integers);
+// mean/var/norm math runs in real_t: double for f64 and integers, float otherwise.
 template <typename T>
-using sum_t = compute_t<T>;
-// The type mean/var/norm math runs in: double for f64 and integers, float otherwise.
-template <typename T>
-using real_t = std::conditional_t<std::is_same_v<compute_t<T>, float>, float, double>;
+using real_t = std::conditional_t<std::is_same_v<acc_t<T>, float>, float, double>;
 
 template <typename A>
 __device__ __forceinline__ A shuffle_xor(A value, int mask) {
@@ -142,7 +139,7 @@ constexpr int row_block() {
 template <int Group, typename T>
 __global__ void reduce_rows_kernel(ReduceOp op, T* out, const T* in, int64_t outer, int64_t r,
                                    double p, int64_t correction) {
-  using A = sum_t<T>;
+  using A = acc_t<T>;
   using R = real_t<T>;
   EMBER_SHARED(A, shared_a, [Group == kWarp ? 1 : Group / kWarp]);
   EMBER_SHARED(R, shared_r, [Group == kWarp ? 1 : Group / kWarp]);
@@ -237,8 +234,8 @@ void launch_reduce(ReduceOp op, T* out, const T* in, int64_t outer, int64_t r, d
   EMBER_CUDA_CHECK_LAUNCH();
 }
 
-void reduce(ReduceOp op, const Tensor& out, const Tensor& in, int64_t outer, int64_t r, double p,
-            int64_t correction) {
+void reduce_cuda(ReduceOp op, const Tensor& out, const Tensor& in, int64_t outer, int64_t r,
+                 double p, int64_t correction) {
   if (outer == 0) return;
   KernelContext ctx(out);
   dispatch_all(in.dtype(), "reduce", [&](auto tag) {
@@ -270,7 +267,7 @@ __device__ __forceinline__ bool arg_better(bool is_max, A a, int64_t ia, A b, in
 template <int Group, typename T>
 __global__ void arg_reduce_kernel(bool is_max, T* values, int64_t* indices, const T* in,
                                   int64_t outer, int64_t r) {
-  using A = compute_t<T>;
+  using A = acc_t<T>;
   EMBER_SHARED(A, shared_value, [Group == kWarp ? 1 : Group / kWarp]);
   EMBER_SHARED(int64_t, shared_index, [Group == kWarp ? 1 : Group / kWarp]);
   const RowGroup<Group> g;
@@ -318,8 +315,8 @@ __global__ void arg_reduce_kernel(bool is_max, T* values, int64_t* indices, cons
   }
 }
 
-void arg_reduce(bool is_max, const Tensor& values, const Tensor& indices, const Tensor& in,
-                int64_t outer, int64_t r) {
+void arg_reduce_cuda(bool is_max, const Tensor& values, const Tensor& indices, const Tensor& in,
+                     int64_t outer, int64_t r) {
   if (outer == 0) return;
   KernelContext ctx(in);
   dispatch_all(in.dtype(), "arg_reduce", [&](auto tag) {
@@ -345,7 +342,7 @@ void arg_reduce(bool is_max, const Tensor& values, const Tensor& indices, const 
 // inner == 1: a group of threads per row of n values.
 template <int Group, typename T>
 __global__ void softmax_rows_kernel(T* out, const T* in, int64_t rows, int64_t n, bool log_output) {
-  using A = compute_t<T>;
+  using A = acc_t<T>;
   EMBER_SHARED(A, shared, [Group == kWarp ? 1 : Group / kWarp]);
   const RowGroup<Group> g;
   for (int64_t row = g.first_row; row < rows; row += g.row_step) {
@@ -369,7 +366,7 @@ __global__ void softmax_rows_kernel(T* out, const T* in, int64_t rows, int64_t n
 template <typename T>
 __global__ void softmax_columns_kernel(T* out, const T* in, int64_t outer, int64_t n, int64_t inner,
                                        bool log_output) {
-  using A = compute_t<T>;
+  using A = acc_t<T>;
   const int64_t columns = outer * inner;
   for (int64_t c = global_thread(); c < columns; c += grid_stride()) {
     const int64_t base = (c / inner) * n * inner + c % inner;
@@ -387,8 +384,8 @@ __global__ void softmax_columns_kernel(T* out, const T* in, int64_t outer, int64
   }
 }
 
-void softmax(const Tensor& out, const Tensor& in, int64_t outer, int64_t n, int64_t inner,
-             bool log_output) {
+void softmax_cuda(const Tensor& out, const Tensor& in, int64_t outer, int64_t n, int64_t inner,
+                  bool log_output) {
   if (outer == 0 || n == 0 || inner == 0) return;
   KernelContext ctx(out);
   dispatch_floating(in.dtype(), "softmax", [&](auto tag) {
@@ -415,10 +412,10 @@ void softmax(const Tensor& out, const Tensor& in, int64_t outer, int64_t n, int6
 
 }  // namespace
 
-void register_cuda_reduce_kernels(KernelTable& table) {
-  table.reduce = reduce;
-  table.arg_reduce = arg_reduce;
-  table.softmax = softmax;
+EMBER_REGISTER_CUDA_KERNELS(reduce) {
+  table.reduce = reduce_cuda;
+  table.arg_reduce = arg_reduce_cuda;
+  table.softmax = softmax_cuda;
 }
 
 EMBER_KERNELS_END  // namespace ember::detail

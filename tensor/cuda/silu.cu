@@ -20,7 +20,7 @@ __global__ void silu_backward_kernel(T* dx, const T* dy, const T* x, int64_t n) 
     dx[i] = T(silu_grad<A>(static_cast<A>(dy[i]), static_cast<A>(x[i])));
 }
 
-void silu_forward(const Tensor& out, const Tensor& in) {
+void silu_forward_cuda(const Tensor& out, const Tensor& in) {
   const int64_t n = out.numel();
   if (n == 0) return;
   KernelContext ctx(out);
@@ -32,7 +32,7 @@ void silu_forward(const Tensor& out, const Tensor& in) {
   EMBER_CUDA_CHECK_LAUNCH();
 }
 
-void silu_backward(const Tensor& grad_in, const Tensor& grad_out, const Tensor& in) {
+void silu_backward_cuda(const Tensor& grad_in, const Tensor& grad_out, const Tensor& in) {
   const int64_t n = grad_in.numel();
   if (n == 0) return;
   KernelContext ctx(grad_in);
@@ -46,7 +46,7 @@ void silu_backward(const Tensor& grad_in, const Tensor& grad_out, const Tensor& 
 
 }  // namespace
 
-EMBER_REGISTER_CUDA_KERNEL(silu_forward_kernels, silu_forward);
-EMBER_REGISTER_CUDA_KERNEL(silu_backward_kernels, silu_backward);
+EMBER_REGISTER_CUDA_KERNEL(silu_forward_kernels, silu_forward_cuda);
+EMBER_REGISTER_CUDA_KERNEL(silu_backward_kernels, silu_backward_cuda);
 
 EMBER_KERNELS_END  // namespace ember::detail

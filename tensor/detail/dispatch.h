@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "../dtype.h"
 #include "../error.h"
@@ -72,24 +73,44 @@ void dispatch_word(DType dtype, F&& f) {
   }
 }
 
-// The type kernels accumulate T in: float for the 16-bit floats, double for double, T else.
+// The floating element types (f16 and bf16 included).
+template <typename T>
+inline constexpr bool kIsFloat =
+    std::is_floating_point_v<T> || std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>;
+
+// The accumulation types of an element type T, one trait for the CPU and CUDA kernels:
+//   acc_t<T>       the type element math and per-row statistics run in: float for f32, f16
+//                  and bf16, double for f64, int64 for integers and bool (values are stored
+//                  back modulo T's range, as T's own arithmetic would wrap)
+//   wide_acc_t<T>  the CPU reductions' accumulator: double for every floating T, int64 else
 template <typename T>
 struct AccType {
-  using type = T;
+  using type = int64_t;
+  using wide = int64_t;
+};
+template <>
+struct AccType<float> {
+  using type = float;
+  using wide = double;
+};
+template <>
+struct AccType<double> {
+  using type = double;
+  using wide = double;
 };
 template <>
 struct AccType<Half> {
   using type = float;
+  using wide = double;
 };
 template <>
 struct AccType<BFloat16> {
   using type = float;
-};
-template <>
-struct AccType<bool> {
-  using type = int64_t;
+  using wide = double;
 };
 template <typename T>
 using acc_t = typename AccType<T>::type;
+template <typename T>
+using wide_acc_t = typename AccType<T>::wide;
 
 }  // namespace ember::detail

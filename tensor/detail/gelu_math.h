@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "../dtype.h"
+#include "../layer_ops.h"
 
 namespace ember::detail {
 
@@ -89,16 +90,22 @@ EMBER_HOST_DEVICE inline A gelu_tanh_exp(A x) {
   return gelu_exp_of(A(-2) * u);
 }
 
+// The GeluApproximate a kernel op carries in its numeric parameter (UnaryOp::kGelu's a,
+// BinaryOp::kGeluBackward's alpha, the saved OpArgs::a): static_cast<double>(approximate).
+EMBER_HOST_DEVICE inline GeluApproximate gelu_approximate_of(double param) {
+  return static_cast<GeluApproximate>(static_cast<int>(param));
+}
+
 template <typename A>
-EMBER_HOST_DEVICE inline A gelu_forward(A x, bool tanh_form) {
-  if (tanh_form) return x / (A(1) + gelu_tanh_exp(x));
+EMBER_HOST_DEVICE inline A gelu_forward(A x, GeluApproximate approximate) {
+  if (approximate == GeluApproximate::kTanh) return x / (A(1) + gelu_tanh_exp(x));
   return x * A(0.5) * (A(1) + gelu_erf_of(x * A(kGeluSqrt1_2)));
 }
 
 // dy * gelu'(x).
 template <typename A>
-EMBER_HOST_DEVICE inline A gelu_backward(A dy, A x, bool tanh_form) {
-  if (tanh_form) {
+EMBER_HOST_DEVICE inline A gelu_backward(A dy, A x, GeluApproximate approximate) {
+  if (approximate == GeluApproximate::kTanh) {
     // With s = sigmoid(2u): gelu = x s, and ds/dx = 2 s (1 - s) u'. 1 - s is computed as
     // 1 / (1 + e^(2u)), not by subtraction, so the tail near s = 1 keeps its digits.
     const A e = gelu_tanh_exp(x);

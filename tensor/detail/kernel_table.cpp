@@ -1,17 +1,16 @@
 #include "kernel_table.h"
 
-#include <ember/config.h>
-
 namespace ember::detail {
+namespace {
 
-const KernelTable& kernel_table(DeviceType type) {
-  static const KernelTable* const tables = [] {
-    static KernelTable all[kNumDeviceTypes];
-    register_cpu_kernels(all[static_cast<int>(DeviceType::kCPU)]);
-    register_cuda_kernels(all[static_cast<int>(DeviceType::kCUDA)]);
-    return all;
-  }();
-  return tables[static_cast<int>(type)];
-}
+// Constant-initialised, so a kernel file's registration finds it whatever the order in which
+// the files' start-up code runs.
+constinit KernelTable tables[kNumDeviceTypes];
+
+}  // namespace
+
+const KernelTable& kernel_table(DeviceType type) { return tables[static_cast<int>(type)]; }
+
+KernelTable& kernel_table_to_fill(DeviceType type) { return tables[static_cast<int>(type)]; }
 
 }  // namespace ember::detail

@@ -1,5 +1,6 @@
 // The device-indexed kernel table: one entry per op family, filled side by side by the CPU
-// kernels (tensor/cpu/) and the CUDA kernels (tensor/cuda/).
+// kernels (tensor/cpu/NAME.cpp) and the CUDA kernels (tensor/cuda/NAME.cu), each file
+// registering its own entries (EMBER_REGISTER_CPU_KERNELS / EMBER_REGISTER_CUDA_KERNELS).
 //
 // NOTE: ops.cpp (the front end) validates every argument before calling a kernel, and hands
 // kernels tensors that are already broadcast to the output's shape (stride-0 expanded) and
@@ -8,9 +9,11 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "../layer_ops.h"
+#include "../multi_tensor.h"
 #include "../scalar.h"
 #include "../tensor.h"
 
@@ -28,9 +31,9 @@ enum class UnaryOp : uint8_t {
   kTanh,
   kPowScalar,  // x ** a, a rounded to the dtype first (as PyTorch does for f16/bf16)
   kClamp,      // min(max(x, a), b)
-  // GPT layers: GELU, exact x * Phi(x) (erf) and its tanh approximation (PyTorch's formulas).
+  // GPT layers: GELU, exact x * Phi(x) (erf) or its tanh approximation (PyTorch's formulas):
+  // a is the GeluApproximate (detail/gelu_math.h's gelu_approximate_of).
   kGelu,
-  kGeluTanh,
 };
 
 enum class BinaryOp : uint8_t {
@@ -42,9 +45,8 @@ enum class BinaryOp : uint8_t {
   kMaximum,
   kMinimum,
   kReluBackward,  // b > 0 ? a : 0 (a: gradient, b: the relu's output)
-  // GPT layers: a * gelu'(b) (a: gradient, b: the gelu's input), exact and tanh forms.
+  // GPT layers: a * gelu'(b) (a: gradient, b: the gelu's input); alpha is the GeluApproximate.
   kGeluBackward,
-  kGeluTanhBackward,
   kEq,
   kNe,
   kLt,
@@ -54,6 +56,39 @@ enum class BinaryOp : uint8_t {
 };
 constexpr bool is_comparison(BinaryOp op) { return op >= BinaryOp::kEq; }
 
+// Case labels for kernel switches that treat a group of ops alike (the ops a dtype does not
+// take fall through to an assertion): with every label listed and no default, an op added to
+// an enum without a case in such a switch does not compile (-Wswitch under -Werror).
+#define EMBER_CASES_UNARY_FLOATING_ONLY \
+  case UnaryOp::kExp:                   \
+  case UnaryOp::kLog:                   \
+  case UnaryOp::kSqrt:                  \
+  case UnaryOp::kRsqrt:                 \
+  case UnaryOp::kSigmoid:               \
+  case UnaryOp::kTanh:                  \
+  case UnaryOp::kGelu
+#define EMBER_CASES_BINARY_COMPARISON \
+  case BinaryOp::kEq:                 \
+  case BinaryOp::kNe:                 \
+  case BinaryOp::kLt:                 \
+  case BinaryOp::kLe:                 \
+  case BinaryOp::kGt:                 \
+  case BinaryOp::kGe
+#define EMBER_CASES_BINARY_ARITHMETIC \
+  case BinaryOp::kAdd:                \
+  case BinaryOp::kSub:                \
+  case BinaryOp::kMul:                \
+  case BinaryOp::kDiv:                \
+  case BinaryOp::kPow:                \
+  case BinaryOp::kMaximum:            \
+  case BinaryOp::kMinimum:            \
+  case BinaryOp::kReluBackward:       \
+  case BinaryOp::kGeluBackward
+
+// The reduce kernel's reductions along a dim. Deliberately not dist::ReduceOp
+// (dist/process_group.h), the collectives' torch.distributed.ReduceOp: the two share kSum, kMax
+// and kMin, but kVar and kNorm have no collective form, and one enum would let a collective
+// take them (or the kernel take kAvg) and fail at run time instead of at compile time.
 enum class ReduceOp : uint8_t {
   kSum,
   kMean,
@@ -265,26 +300,58 @@ struct KernelTable {
   // floating dtype; fused linear's epilogue. activation is not kNone.
   void (*bias_activation)(Activation activation, const Tensor& out, const Tensor& in,
                           const Tensor& bias) = nullptr;
+  // --- multi-tensor passes (multi_tensor.h), lists validated by tensor/multi_tensor.cpp: every
+  // tensor flat, one device and dtype; device inputs on that device, of their dtypes; steps
+  // holds either host or device counts. One OpenMP loop on the CPU, a few launches on CUDA.
+  void (*multi_tensor_sgd)(std::span<const Tensor> params, std::span<const Tensor> grads,
+                           std::span<const Tensor> momentum_buffers,
+                           std::span<const uint8_t> new_buffer, const SGDUpdate& update,
+                           const MultiTensorDeviceArgs& device) = nullptr;
+  void (*multi_tensor_adam)(std::span<const Tensor> params, std::span<const Tensor> grads,
+                            std::span<const Tensor> exp_avgs, std::span<const Tensor> exp_avg_sqs,
+                            std::span<const Tensor> max_exp_avg_sqs, std::span<const int64_t> steps,
+                            const AdamUpdate& update,
+                            const MultiTensorDeviceArgs& device) = nullptr;
+  // Partial sums of |x|^p over all elements of all tensors (maxima of |x| for p = inf), a 1-d
+  // tensor on the tensors' device for the front end to add up there: the CPU's one total in
+  // f64; CUDA's one per chunk, f32 (f64 for f64 tensors).
+  Tensor (*multi_tensor_norm_partials)(std::span<const Tensor> tensors, double p) = nullptr;
+  // Every element of every tensor times scale (0-d, the tensors' dtype, on their device).
+  void (*multi_tensor_mul)(std::span<const Tensor> tensors, const Tensor& scale) = nullptr;
 };
 
 // Kernels one op owns, outside the shared table (an op added without touching shared lists):
-// declared in the op's detail header, filled per device type at start-up by its kernel files
-// (tensor/cpu/NAME.cpp, tensor/cuda/NAME.cu) with EMBER_REGISTER_OWN_KERNEL, and found by the
-// front end with get() and require_kernel, like a table entry. Null where a build lacks one.
+// declared in the op's detail header, registered per device type by its kernel files and
+// found by the front end with get() and require_kernel, like a table entry. Null where a
+// build lacks one.
 template <typename Fn>
 struct OpKernels {
   Fn by_device[kNumDeviceTypes] = {};
   Fn get(DeviceType type) const { return by_device[static_cast<size_t>(type)]; }
 };
-#define EMBER_REGISTER_OWN_KERNEL(kernels, device_type, fn)   \
-  [[maybe_unused]] static const bool ember_own_kernel_##fn = \
-      ((kernels).by_device[static_cast<size_t>(device_type)] = (fn), true)
 
 // The table for a device type; entries a build lacks are null (no CUDA build: all null).
 const KernelTable& kernel_table(DeviceType type);
+// The same table, for the registrations below only (they run at start-up, before any op).
+KernelTable& kernel_table_to_fill(DeviceType type);
 
-// Filled in by tensor/cpu/ and tensor/cuda/.
-void register_cpu_kernels(KernelTable& table);
-void register_cuda_kernels(KernelTable& table);
+// Registration, one convention on both devices: every kernel file registers what it defines,
+// at start-up, and no list names the files. NOTE: this needs ember's shared libraries (the
+// default, BUILD_SHARED_LIBS=ON); a static archive's link would drop the files nothing names.
+//   tensor/cpu/NAME.cpp:  EMBER_REGISTER_CPU_KERNELS(NAME) { table.entry = entry_cpu; }
+//                         EMBER_REGISTER_CPU_KERNEL(foo_kernels, foo_cpu);  (an op's own)
+//   tensor/cuda/NAME.cu:  EMBER_REGISTER_CUDA_KERNELS(NAME) { table.entry = entry_cuda; }
+//                         EMBER_REGISTER_CUDA_KERNEL(foo_kernels, foo_cuda);
+// (cpu/cpu_kernels.h and cuda/device.cuh). Both build on these two:
+// EMBER_REGISTER_TABLE_KERNELS(device_type, fn) { ... } defines fn(KernelTable& table), run on
+// that device type's table at start-up; EMBER_REGISTER_OWN_KERNEL sets an OpKernels entry.
+#define EMBER_REGISTER_TABLE_KERNELS(device_type, fn)                 \
+  static void fn(::ember::detail::KernelTable& table);                \
+  [[maybe_unused]] static const bool ember_registered_##fn =          \
+      (fn(::ember::detail::kernel_table_to_fill(device_type)), true); \
+  static void fn(::ember::detail::KernelTable& table)
+#define EMBER_REGISTER_OWN_KERNEL(kernels, device_type, fn)  \
+  [[maybe_unused]] static const bool ember_own_kernel_##fn = \
+      ((kernels).by_device[static_cast<size_t>(device_type)] = (fn), true)
 
 }  // namespace ember::detail

@@ -42,8 +42,8 @@ Tensor cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits, con
                               const Tensor& target, int64_t ignore_index, double smoothing);
 
 // --- GPT layers.
-// grad * gelu'(input), in one pass (first-order: the result records no history).
-Tensor gelu_backward(const Tensor& grad, const Tensor& input, bool tanh_form);
+// grad * gelu'(input), in one pass (first-order: an ember::Error when it would be recorded).
+Tensor gelu_backward(const Tensor& grad, const Tensor& input, GeluApproximate approximate);
 // Gradients for input, weight and bias of layer_norm from its saved mean and rstd.
 std::array<Tensor, 3> layer_norm_backward(const Tensor& grad_out, const Tensor& input,
                                           const Tensor& weight, const Tensor& mean,

@@ -121,34 +121,6 @@ EMBER_HOST_DEVICE inline A adam_element(A p, A g, A& m, A& v, A& v_max, const Ad
   return p + s.neg_step_size * (m / denom);
 }
 
-// Backends, called by tensor/multi_tensor.cpp with validated lists (every tensor contiguous,
-// grads included; one device, one dtype) and device inputs (on that device, of their dtypes;
-// steps holds either host or device counts).
-void cpu_multi_tensor_sgd(std::span<const Tensor> params, std::span<const Tensor> grads,
-                          std::span<const Tensor> momentum_buffers,
-                          std::span<const uint8_t> new_buffer, const SGDUpdate& update,
-                          const MultiTensorDeviceArgs& device);
-void cpu_multi_tensor_adam(std::span<const Tensor> params, std::span<const Tensor> grads,
-                           std::span<const Tensor> exp_avgs, std::span<const Tensor> exp_avg_sqs,
-                           std::span<const Tensor> max_exp_avg_sqs, std::span<const int64_t> steps,
-                           const AdamUpdate& update, const MultiTensorDeviceArgs& device);
-void cuda_multi_tensor_sgd(std::span<const Tensor> params, std::span<const Tensor> grads,
-                           std::span<const Tensor> momentum_buffers,
-                           std::span<const uint8_t> new_buffer, const SGDUpdate& update,
-                           const MultiTensorDeviceArgs& device);
-void cuda_multi_tensor_adam(std::span<const Tensor> params, std::span<const Tensor> grads,
-                            std::span<const Tensor> exp_avgs, std::span<const Tensor> exp_avg_sqs,
-                            std::span<const Tensor> max_exp_avg_sqs, std::span<const int64_t> steps,
-                            const AdamUpdate& update, const MultiTensorDeviceArgs& device);
-
-// Norm backends. CPU: the sum of |x|^p over all tensors (the largest |x| for p = infinity),
-// in double. CUDA: a 1-D device tensor of per-chunk partial sums (maxima), float (double
-// for f64 tensors), for the front end to add up on the device.
-double cpu_multi_tensor_norm_total(std::span<const Tensor> tensors, double p);
-Tensor cuda_multi_tensor_norm_partials(std::span<const Tensor> tensors, double p);
-void cpu_multi_tensor_mul(std::span<const Tensor> tensors, const Tensor& scale);
-void cuda_multi_tensor_mul(std::span<const Tensor> tensors, const Tensor& scale);
-
 // |x|^p for the norm, with exact forms for p = 1 and 2 (as the per-tensor reduce).
 template <typename A>
 EMBER_HOST_DEVICE inline A norm_term(A x, A p) {

@@ -192,6 +192,16 @@ TEST(GptLayersGradcheck, SiluBackwardIsRecordedUnderCreateGraph) {
   expect_close(x.grad().detach(), y.grad(), 1e-12, 1e-14);
 }
 
+// gelu's gradient is one fused kernel with no recorded formula: create_graph through it fails
+// loudly rather than record a wrong gradient.
+TEST(GptLayersGradcheck, GeluBackwardUnderCreateGraphIsAnError) {
+  for (GeluApproximate form : {GeluApproximate::kNone, GeluApproximate::kTanh}) {
+    const Tensor x = leaf({4, 5}, 3, -6.0, 6.0);
+    EXPECT_EMBER_ERROR(autograd::backward({gelu(x, form).sum()}, {}, false, true),
+                       "gelu: its gradient cannot be recorded");
+  }
+}
+
 TEST(GptLayersGradcheck, LayerNormInputWeightBias) {
   expect_gradcheck([](const auto& v) { return layer_norm(v[0], {6}, v[1], v[2]); },
                    {leaf({3, 6}, 2), leaf({6}, 3), leaf({6}, 4)});

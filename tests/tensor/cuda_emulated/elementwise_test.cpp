@@ -66,27 +66,34 @@ TEST(EmulatedElementwise, CopyCastsBetweenDtypes) {
 }
 
 TEST(EmulatedElementwise, UnaryEveryOpAndFloatingDtype) {
-  const UnaryOp ops[] = {UnaryOp::kNeg,     UnaryOp::kAbs,       UnaryOp::kExp,   UnaryOp::kLog,
-                         UnaryOp::kSqrt,    UnaryOp::kRsqrt,     UnaryOp::kRelu,  UnaryOp::kSigmoid,
-                         UnaryOp::kTanh,    UnaryOp::kPowScalar, UnaryOp::kClamp, UnaryOp::kGelu,
-                         UnaryOp::kGeluTanh};
+  const UnaryOp ops[] = {UnaryOp::kNeg,  UnaryOp::kAbs,       UnaryOp::kExp,   UnaryOp::kLog,
+                         UnaryOp::kSqrt, UnaryOp::kRsqrt,     UnaryOp::kRelu,  UnaryOp::kSigmoid,
+                         UnaryOp::kTanh, UnaryOp::kPowScalar, UnaryOp::kClamp, UnaryOp::kGelu};
   uint64_t seed = 10;
   for (DType dtype : {kF32, kF64, kF16, kBF16}) {
     for (UnaryOp op : ops) {
-      for (int64_t n : {int64_t{1}, int64_t{257}, int64_t{1000}}) {
-        SCOPED_TRACE(::testing::Message() << dtype << " op " << static_cast<int>(op) << " n " << n);
-        const Tensor in = random_input({n}, dtype, seed++);
-        const double a = op == UnaryOp::kPowScalar ? 1.7 : -0.5;
-        // Same formulas, different libm: a few ulps of the compute type.
-        const double tol = dtype == kF64 ? 1e-14 : 1e-6;
-        expect_parity(
-            kernels(),
-            [&](const detail::KernelTable& k) {
-              const Tensor out = poisoned({n}, dtype);
-              k.unary(op, out, in, a, 0.5);
-              return Outputs{out};
-            },
-            tol, tol);
+      // gelu in both forms: its a is the GeluApproximate.
+      const std::vector<double> params =
+          op == UnaryOp::kPowScalar ? std::vector<double>{1.7}
+          : op == UnaryOp::kGelu ? std::vector<double>{static_cast<double>(GeluApproximate::kNone),
+                                                       static_cast<double>(GeluApproximate::kTanh)}
+                                 : std::vector<double>{-0.5};
+      for (const double a : params) {
+        for (int64_t n : {int64_t{1}, int64_t{257}, int64_t{1000}}) {
+          SCOPED_TRACE(::testing::Message()
+                       << dtype << " op " << static_cast<int>(op) << " a " << a << " n " << n);
+          const Tensor in = random_input({n}, dtype, seed++);
+          // Same formulas, different libm: a few ulps of the compute type.
+          const double tol = dtype == kF64 ? 1e-14 : 1e-6;
+          expect_parity(
+              kernels(),
+              [&](const detail::KernelTable& k) {
+                const Tensor out = poisoned({n}, dtype);
+                k.unary(op, out, in, a, 0.5);
+                return Outputs{out};
+              },
+              tol, tol);
+        }
       }
     }
   }

@@ -12,7 +12,7 @@ namespace ember::testing {
 namespace {
 
 const detail::KernelTable& kernels() {
-  return emulated_table<detail::emulated::register_cuda_layer_kernels>();
+  return emulated_table<detail::emulated::register_cuda_layers_kernels>();
 }
 
 DType stat_type(DType dtype) { return dtype == kF64 ? kF64 : kF32; }

@@ -22,11 +22,16 @@ std::vector<Tensor> clones(const std::vector<Tensor>& ts) {
   return out;
 }
 
-using Sgd = void (*)(std::span<const Tensor>, std::span<const Tensor>, std::span<const Tensor>,
-                     std::span<const uint8_t>, const SGDUpdate&, const MultiTensorDeviceArgs&);
-using Adam = void (*)(std::span<const Tensor>, std::span<const Tensor>, std::span<const Tensor>,
-                      std::span<const Tensor>, std::span<const Tensor>, std::span<const int64_t>,
-                      const AdamUpdate&, const MultiTensorDeviceArgs&);
+// The multi-tensor entries of the emulated CUDA table, or of the CPU's.
+const KernelTable& kernels(bool emulated) {
+  return emulated ? emulated_table<detail::emulated::register_cuda_multi_tensor_kernels>()
+                  : cpu_table();
+}
+
+// The CPU's norm total (its one partial).
+double cpu_norm_total(std::span<const Tensor> ts, double p) {
+  return cpu_table().multi_tensor_norm_partials(ts, p).item<double>();
+}
 
 // The same backend call on copies of the same lists: CPU, then emulated in both orders.
 void expect_same(const std::function<Outputs(bool emulated)>& run, double tol) {
@@ -41,8 +46,7 @@ void expect_same(const std::function<Outputs(bool emulated)>& run, double tol) {
 
 std::function<Outputs(bool)> sgd_run(DType dtype, const SGDUpdate& u, bool device_args) {
   return [=](bool emulated) {
-    const Sgd sgd =
-        emulated ? detail::emulated::cuda_multi_tensor_sgd : detail::cpu_multi_tensor_sgd;
+    const auto sgd = kernels(emulated).multi_tensor_sgd;
     std::vector<Tensor> params = list(dtype, 1), grads = list(dtype, 10), buffers = list(dtype, 20);
     const std::vector<uint8_t> fresh = {1, 0, 0, 1};
     MultiTensorDeviceArgs d;
@@ -82,8 +86,7 @@ TEST(EmulatedMultiTensor, SgdMatchesCpu) {
 
 std::function<Outputs(bool)> adam_run(DType dtype, const AdamUpdate& u, bool device_steps) {
   return [=](bool emulated) {
-    const Adam adam =
-        emulated ? detail::emulated::cuda_multi_tensor_adam : detail::cpu_multi_tensor_adam;
+    const auto adam = kernels(emulated).multi_tensor_adam;
     std::vector<Tensor> params = list(dtype, 1), grads = list(dtype, 10), m = list(dtype, 20),
                         v = list(dtype, 30), vmax = list(dtype, 40);
     for (Tensor& t : v) t.abs_();
@@ -129,18 +132,17 @@ TEST(EmulatedMultiTensor, NormPartialsAndMulMatchCpu) {
     for (double p : {1.0, 2.0, 3.0, double{INFINITY}}) {
       SCOPED_TRACE(::testing::Message() << dtype << " p " << p);
       const std::vector<Tensor> ts = list(dtype, 50);
-      const Tensor partials = detail::emulated::cuda_multi_tensor_norm_partials(ts, p);
+      const Tensor partials = kernels(true).multi_tensor_norm_partials(ts, p);
       const double got =
           std::isinf(p) ? max(partials).item<double>() : sum(partials).item<double>();
-      const double want = detail::cpu_multi_tensor_norm_total(ts, p);
+      const double want = cpu_norm_total(ts, p);
       EXPECT_NEAR(got, want, 1e-4 * std::abs(want));
     }
     const Tensor scale = full({1}, 0.75, dtype);
     expect_same(
         [&](bool emulated) {
           std::vector<Tensor> ts = clones(list(dtype, 60));
-          (emulated ? detail::emulated::cuda_multi_tensor_mul : detail::cpu_multi_tensor_mul)(
-              ts, scale);
+          kernels(emulated).multi_tensor_mul(ts, scale);
           return ts;
         },
         0.0);
@@ -150,12 +152,11 @@ TEST(EmulatedMultiTensor, NormPartialsAndMulMatchCpu) {
 TEST(EmulatedMultiTensor, PlantedBugsFail) {
   // The infinity norm's fixed-order tree without its first barrier.
   const std::vector<Tensor> ts = {random_input({600}, kF32, 70)};
-  const double want = detail::cpu_multi_tensor_norm_total(ts, INFINITY);
+  const double want = cpu_norm_total(ts, INFINITY);
   const cuda_emu::PlantedBug bug(cuda_emu::Bug::kMissingBarrier, 0);
   bool failed = false;
-  for (const Outputs& got : in_both_orders([&] {
-         return Outputs{detail::emulated::cuda_multi_tensor_norm_partials(ts, INFINITY)};
-       })) {
+  for (const Outputs& got : in_both_orders(
+           [&] { return Outputs{kernels(true).multi_tensor_norm_partials(ts, INFINITY)}; })) {
     failed = failed || !(max(got[0]).item<double>() == want);
   }
   EXPECT_GT(bug.hits(), 0);

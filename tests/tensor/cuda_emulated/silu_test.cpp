@@ -24,7 +24,8 @@ Outputs cpu_silu(DType dtype, int64_t n) {
                   detail::silu_backward_kernels.get(DeviceType::kCPU), dtype, n);
 }
 Outputs emulated_silu(DType dtype, int64_t n) {
-  return silu_run(detail::emulated::silu_forward, detail::emulated::silu_backward, dtype, n);
+  return silu_run(detail::emulated::silu_forward_cuda, detail::emulated::silu_backward_cuda, dtype,
+                  n);
 }
 
 TEST(EmulatedSilu, ForwardAndBackwardMatchTheCpu) {

@@ -20,7 +20,6 @@
 #include "../cuda.h"
 #include "../detail/dispatch.h"
 #include "../precision.h"
-#include "cuda_kernels.h"
 #include "launch.cuh"
 #if !defined(EMBER_CUDA_EMULATED)
 #include "cudnn_context.h"
@@ -63,7 +62,7 @@ int blas_ld(int64_t ld, int64_t rows, int64_t cols) {
 template <typename T>
 __global__ void scale_kernel(T* c, int64_t batch, int64_t m, int64_t n, int64_t ldc,
                              int64_t stride_c, double beta) {
-  using C = compute_t<T>;
+  using C = acc_t<T>;
   const int64_t total = batch * m * n;
   for (int64_t i = global_thread(); i < total; i += grid_stride()) {
     const int64_t col = i % n, row = (i / n) % m, b = i / (n * m);
@@ -262,7 +261,7 @@ bool gemm_bias_lt(const GemmArgs& g, cudaDataType_t data_type, cublasComputeType
   return true;
 }
 
-void gemm(const GemmArgs& g) {
+void gemm_cuda(const GemmArgs& g) {
   EMBER_ASSERT(g.device.is_cuda(), "cuda gemm got a ", g.device.str(), " operand");
   EMBER_ASSERT(g.m >= 0 && g.n >= 0 && g.k >= 0 && g.batch >= 0);
   if (g.m == 0 || g.n == 0 || g.batch == 0) return;
@@ -333,15 +332,15 @@ void gemm(const GemmArgs& g) {
 // relu.
 template <typename T>
 __global__ void bias_relu_kernel(T* out, const T* in, const T* bias, int64_t total, int64_t n) {
-  using A = compute_t<T>;
+  using A = acc_t<T>;
   for (int64_t i = global_thread(); i < total; i += grid_stride()) {
     const A v = cast_to<A>(in[i]) + (bias != nullptr ? cast_to<A>(bias[i % n]) : A(0));
     out[i] = cast_to<T>(v < A(0) ? A(0) : v);
   }
 }
 
-void bias_activation(Activation activation, const Tensor& out, const Tensor& in,
-                     const Tensor& bias) {
+void bias_activation_cuda(Activation activation, const Tensor& out, const Tensor& in,
+                          const Tensor& bias) {
   EMBER_ASSERT(in.is_contiguous() && out.is_contiguous() && activation == Activation::kRelu);
   const int64_t n = in.dim() > 0 ? in.size(-1) : 1;
   if (in.numel() == 0 || n == 0) return;
@@ -357,11 +356,11 @@ void bias_activation(Activation activation, const Tensor& out, const Tensor& in,
 
 }  // namespace
 
-void register_cuda_blas_kernels(KernelTable& table) {
+EMBER_REGISTER_CUDA_KERNELS(linalg) {
 #if !defined(EMBER_CUDA_EMULATED)
-  table.gemm = gemm;
+  table.gemm = gemm_cuda;
 #endif
-  table.bias_activation = bias_activation;
+  table.bias_activation = bias_activation_cuda;
 }
 
 EMBER_KERNELS_END  // namespace ember::detail

@@ -1,8 +1,8 @@
-// tensor/cuda/blas.cu's own kernels (the GEMMs are cuBLAS's, GPU-only) emulated on the CPU
+// tensor/cuda/linalg.cu's own kernels (the GEMMs are cuBLAS's, GPU-only) emulated on the CPU
 // (tensor/cuda/emulated/emulate.h) against the CPU: the empty product's C = beta C and the
 // bias rows of an empty addmm, strided and batched C, and the fused linear's bias + ReLU
 // epilogue, every floating dtype; a planted bug fails.
-#include <ember/tensor/cuda/blas.cu>
+#include <ember/tensor/cuda/linalg.cu>
 
 #include "emulated_test_util.h"
 
@@ -10,7 +10,7 @@ namespace ember::testing {
 namespace {
 
 const detail::KernelTable& kernels() {
-  return emulated_table<detail::emulated::register_cuda_blas_kernels>();
+  return emulated_table<detail::emulated::register_cuda_linalg_kernels>();
 }
 
 // C [batch, m, n] inside a wider buffer (ldc > n), as the empty (k == 0) GEMM sees it.
