@@ -336,8 +336,8 @@ const KernelTable& kernel_table(DeviceType type);
 KernelTable& kernel_table_to_fill(DeviceType type);
 
 // Registration, one convention on both devices: every kernel file registers what it defines,
-// at start-up, and no list names the files. NOTE: this needs ember's shared libraries (the
-// default, BUILD_SHARED_LIBS=ON); a static archive's link would drop the files nothing names.
+// at start-up, and no list names the files: so ember builds shared libraries only (CMakeLists
+// refuses BUILD_SHARED_LIBS=OFF), as a static archive's link drops the files nothing names.
 //   tensor/cpu/NAME.cpp:  EMBER_REGISTER_CPU_KERNELS(NAME) { table.entry = entry_cpu; }
 //                         EMBER_REGISTER_CPU_KERNEL(foo_kernels, foo_cpu);  (an op's own)
 //   tensor/cuda/NAME.cu:  EMBER_REGISTER_CUDA_KERNELS(NAME) { table.entry = entry_cuda; }
