@@ -32,7 +32,33 @@ std::vector<Tensor> traced_apply(Node& node, std::vector<Tensor>&& grads,
   return outputs;
 }
 
+// The callbacks of the backward pass running on this thread (null outside one); a backward
+// run inside a hook has its own.
+thread_local std::vector<std::function<void()>>* pass_callbacks = nullptr;
+
+struct CallbackScope {
+  std::vector<std::function<void()>> callbacks;
+  std::vector<std::function<void()>>* outer = pass_callbacks;
+  CallbackScope() { pass_callbacks = &callbacks; }
+  ~CallbackScope() { pass_callbacks = outer; }
+  CallbackScope(const CallbackScope&) = delete;
+  CallbackScope& operator=(const CallbackScope&) = delete;
+  void run() {
+    // By index: a callback may queue another.
+    for (size_t i = 0; i < callbacks.size(); ++i) {
+      std::function<void()> callback = std::move(callbacks[i]);
+      callback();
+    }
+  }
+};
+
 }  // namespace
+
+void queue_callback(std::function<void()> callback) {
+  EMBER_CHECK(pass_callbacks != nullptr, "queue_callback",
+              "callbacks can only be queued during a backward pass (from a hook or a node)");
+  pass_callbacks->push_back(std::move(callback));
+}
 
 void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& gradients,
               bool retain_graph, bool create_graph) {
@@ -42,6 +68,7 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& gradi
   retain_graph = retain_graph || create_graph;
   const trace::Range pass(trace::Category::kAutograd, "backward");
   trace::BackwardSpans spans;
+  CallbackScope callbacks;
   GradModeGuard mode(create_graph);
   // Backward formulas run in the dtypes their forward ops ran in, as in PyTorch: a
   // backward() called inside an AutocastGuard does not recast them.
@@ -129,6 +156,7 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& gradi
       if (--dependencies[edge.node.get()] == 0) ready.push(edge.node.get());
     }
   }
+  callbacks.run();
   spans.finish();
 }
 

@@ -1,6 +1,7 @@
 // Runs backward passes over the recorded graph.
 #pragma once
 
+#include <functional>
 #include <vector>
 
 #include <ember/tensor/tensor.h>
@@ -14,5 +15,12 @@ namespace ember::autograd {
 // is itself recorded (and the graph retained).
 void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& gradients = {},
               bool retain_graph = false, bool create_graph = false);
+
+// Runs `callback` once the backward pass running on this thread has gone through its whole
+// graph, before backward() returns (PyTorch's Variable._execution_engine.queue_callback): a
+// hook that must see every gradient of the pass (DDP's wait for its all-reduces) queues its
+// work here instead of doing it inside the last node. Callbacks run in the order queued, and
+// may queue more. Outside a backward pass it is an ember::Error. A pass that fails drops them.
+void queue_callback(std::function<void()> callback);
 
 }  // namespace ember::autograd

@@ -8,6 +8,7 @@
 #include <thread>
 #include <unordered_set>
 
+#include <ember/autograd/engine.h>
 #include <ember/autograd/node.h>
 #include <ember/dist/flight_recorder.h>
 #include <ember/tensor/grad_mode.h>
@@ -166,7 +167,8 @@ struct DistributedDataParallel::Reducer {
   std::vector<size_t> bucket_of, slot_of;
   std::vector<char> ready;
   size_t next_bucket = 0;
-  bool armed = false;  // a synced backward is expected: hooks count gradients
+  bool armed = false;           // a synced backward is expected: hooks count gradients
+  std::weak_ptr<Reducer> self;  // for the callback that waits at the end of a backward pass
   bool any_ready = false;
   bool rebuilt = false;
   bool order_complete = false;  // the first synced iteration's gradient order is known
@@ -342,8 +344,10 @@ struct DistributedDataParallel::Reducer {
 
   // Called at forward: readies the state for the coming backward.
   void arm() {
-    if (armed && any_ready) throw_missing();
-    if (armed) finish();  // a forward without backward: let buckets already issued complete
+    if (armed && any_ready && next_bucket < buckets.size()) throw_missing();
+    // A forward without backward, or a backward that failed before its end: let buckets
+    // already issued complete.
+    if (armed) finish();
     if (options.rebuild_buckets && order_complete && !rebuilt) {
       if (joining())
         join->announce(detail::JoinChannel::Op::kRebuildBuckets, Tensor(), 0, ReduceOp::kSum,
@@ -385,7 +389,7 @@ struct DistributedDataParallel::Reducer {
     ready[i] = 1;
     if (from_hook) any_ready = true;
     if (from_hook && !order_complete) ready_order.push_back(i);
-    if (--buckets[bucket_of[i]].pending == 0) launch_ready();
+    if (--buckets[bucket_of[i]].pending == 0) launch_ready(from_hook);
   }
 
   void on_gradient(size_t i) {
@@ -404,7 +408,7 @@ struct DistributedDataParallel::Reducer {
   // Issues buckets strictly in index order, so every rank issues the same sequence. The sum
   // is divided by the world size, or under a Join asked to, by the ranks still training
   // (joined ranks contribute zeros).
-  void launch_ready() {
+  void launch_ready(bool in_backward) {
     NoGradGuard no_grad;
     const bool announce = joining();
     const bool by_active = announce && !join->options().divide_by_initial_world_size;
@@ -442,7 +446,13 @@ struct DistributedDataParallel::Reducer {
                     group->backend() != "nccl");
       if (sharded()) compact_completed();
     }
-    if (next_bucket == buckets.size()) finish();
+    if (next_bucket < buckets.size()) return;
+    // In a backward pass, the wait comes once the pass has gone through its whole graph (as
+    // PyTorch's reducer queues it), not inside the node whose hook came last.
+    if (!in_backward) return finish();
+    autograd::queue_callback([weak = self] {
+      if (auto reducer = weak.lock(); reducer && reducer->armed) reducer->finish();
+    });
   }
 
   // Waits for the bucket's collectives and brings a compressed copy home.
@@ -505,6 +515,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
   register_module("module", module_);
 
   reducer_ = std::make_shared<Reducer>();
+  reducer_->self = reducer_;
   Reducer& r = *reducer_;
   r.group = group_.get();
   r.options = options_;

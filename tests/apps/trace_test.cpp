@@ -121,6 +121,17 @@ TEST(TraceTrain, TwoRanksTraceEveryModuleBucketAndOptimizerStep) {
       EXPECT_EQ(steps[step], 1);
     }
     EXPECT_EQ(buckets[2], buckets[3]);
+    // DDP waits after the backward graph, as PyTorch's reducer does: never inside an op's
+    // event (the last AccumulateGrad's, whose hook issued the last bucket).
+    for (const json& wait : events) {
+      if (wait.at("name") != "DDP wait for all-reduce") continue;
+      const double begin = wait.at("ts"), end = begin + wait.at("dur").get<double>();
+      for (const json& op : events) {
+        if (op.at("cat") != "op" || op.at("tid") != wait.at("tid")) continue;
+        const double op_begin = op.at("ts"), op_end = op_begin + op.at("dur").get<double>();
+        EXPECT_FALSE(op_begin <= begin && end <= op_end) << op << " holds " << wait;
+      }
+    }
 
     // The printed figures equal the trace's own, within a point (and the wait within the
     // printed rounding and the trace's microsecond ticks).

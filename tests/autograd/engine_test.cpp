@@ -142,6 +142,34 @@ TEST(AutogradEngine, PostAccumulateHookFiresOnceWithTheFullGradient) {
   EXPECT_EQ(at_hook, (std::vector<double>{5, 5}));
 }
 
+TEST(AutogradEngine, QueuedCallbacksRunAfterTheWholeGraphInOrder) {
+  // a's AccumulateGrad runs first (a is used last); its hook queues a callback that must see
+  // b's gradient too, and the callback may queue another, which runs after it.
+  Tensor a = leaf({1}), b = leaf({2});
+  std::vector<std::string> order;
+  a.register_post_accumulate_grad_hook([&](const Tensor&) {
+    order.push_back("hook a");
+    autograd::queue_callback([&] {
+      order.push_back(b.grad().defined() ? "callback saw b" : "callback before b");
+      autograd::queue_callback([&] { order.push_back("queued by the callback"); });
+    });
+  });
+  b.register_post_accumulate_grad_hook([&](const Tensor&) { order.push_back("hook b"); });
+  ((b * 3).exp() * a).sum().backward();
+  EXPECT_EQ(order, (std::vector<std::string>{"hook a", "hook b", "callback saw b",
+                                             "queued by the callback"}));
+  // A second pass starts with no callbacks left over.
+  order.clear();
+  ((b * 3) * a).sum().backward();
+  EXPECT_EQ(order.front(), "hook a");
+  EXPECT_EQ(order.size(), 4u);
+}
+
+TEST(AutogradEngine, QueueCallbackOutsideBackwardIsAnError) {
+  EXPECT_EMBER_ERROR(autograd::queue_callback([] {}),
+                     "queue_callback: callbacks can only be queued during a backward pass");
+}
+
 TEST(AutogradEngine, LeavesReachedThroughViewsAndCasts) {
   Tensor x = leaf({1, 2, 3, 4, 5, 6}, {2, 3});
   Tensor y = x.t().reshape({3, 2}).to(kF32).narrow(0, 1, 2).select(1, 0);
