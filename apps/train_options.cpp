@@ -115,7 +115,8 @@ int parse_train_options(int argc, char** argv, TrainOptions& o, SampleOptions* s
   app.add_option(
       "--checkpoint-dir", o.checkpoint_dir,
       "Where snapshots go: checkpoint-epoch-N.safetensors, checkpoint-step-S.safetensors "
-      "(default: none, or --out-dir with --save-every-steps or --resume)");
+      "(under --zero: sharded snapshots, folders of those names without the extension; "
+      "default: none, or --out-dir with --save-every-steps or --resume)");
   app.add_option("--checkpoint-interval", o.checkpoint_interval, "Epochs between snapshots")
       ->check(kPositive);
   app.add_option("--save-every-steps", o.save_every_steps,
@@ -138,8 +139,8 @@ int parse_train_options(int argc, char** argv, TrainOptions& o, SampleOptions* s
       ->check(CLI::IsMember({"none", "fp16", "bf16"}));
   app.add_option("--zero", o.zero,
                  "Shard the optimizer state across ranks (1, ZeroRedundancyOptimizer) and also "
-                 "the gradients (2); snapshots keep the whole optimizer state, so a run resumes "
-                 "with or without it")
+                 "the gradients (2); snapshots are sharded (each rank writes its part), and a "
+                 "run resumes from either kind with or without it, on any number of ranks")
       ->check(CLI::IsMember({0, 1, 2}));
   app.add_option("--max-steps", o.max_steps,
                  "Stop after this many steps; the schedule fits them (smoke runs, step budgets)")

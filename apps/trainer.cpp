@@ -3,13 +3,18 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
+#include <numeric>
 #include <regex>
+#include <set>
 #include <tuple>
 
 #include <ember/dist/ddp.h>
 #include <ember/dist/metrics.h>
+#include <ember/dist/sharded_checkpoint.h>
 #include <ember/dist/zero.h>
 #include <ember/ember.h>
+#include <ember/tensor/allocator.h>
 
 #include "trace_report.h"
 
@@ -41,6 +46,19 @@ class FlagScope {
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// A sharded snapshot's folder holds the shards, their index and this file: the rest of the
+// snapshot (everything but the model and optimizer), written by dist::save_checkpoint.
+constexpr const char* kSnapshotRest = "snapshot.safetensors";
+
+// Where a snapshot's header lives: the file itself, or a sharded snapshot's kSnapshotRest.
+std::string header_path(const std::string& snapshot) {
+  std::error_code ec;
+  return fs::is_directory(snapshot, ec) ? (fs::path(snapshot) / kSnapshotRest).string() : snapshot;
+}
+std::map<std::string, std::string> snapshot_metadata(const std::string& snapshot) {
+  return dist::read_checkpoint_metadata(header_path(snapshot));
 }
 }  // namespace
 
@@ -435,12 +453,17 @@ std::vector<SnapshotFile> list_snapshots(const std::string& dir,
   std::vector<SnapshotFile> out;
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return out;
-  const std::regex name(R"(checkpoint-(epoch|step)-\d+\.safetensors)");
+  // Files of plain snapshots, folders of sharded ones.
+  const std::regex file(R"(checkpoint-(epoch|step)-\d+\.safetensors)");
+  const std::regex folder(R"(checkpoint-(epoch|step)-\d+)");
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     const std::string path = entry.path().string();
-    if (!std::regex_match(entry.path().filename().string(), name)) continue;
+    std::error_code is_dir_ec;
+    if (!std::regex_match(entry.path().filename().string(),
+                          entry.is_directory(is_dir_ec) ? folder : file))
+      continue;
     try {
-      const auto meta = dist::read_checkpoint_metadata(path);
+      const auto meta = snapshot_metadata(path);
       auto integer = [&](const char* key) {
         const auto it = meta.find(key);
         EMBER_CHECK(it != meta.end(), "load_checkpoint", path, ": the header has no \"", key, "\"");
@@ -483,11 +506,33 @@ void Trainer::save_snapshot(int64_t epoch) {
       whole ? 0 : sums_.pass_batches * train_loader_->options().batch_size;
   const std::string name = whole ? "checkpoint-epoch-" + std::to_string(epoch + 1)
                                  : "checkpoint-step-" + std::to_string(step_);
-  const std::string path = (fs::path(options_.checkpoint_dir) / (name + ".safetensors")).string();
-  // Under --zero rank 0 writes the whole (plain) optimizer state, gathered here.
-  if (auto* zero = dynamic_cast<dist::ZeroRedundancyOptimizer*>(&optimizer_))
-    zero->consolidate_state_dict(0);
-  dist::save_checkpoint(path, *checkpoint_, &group_);
+  const auto* zero = dynamic_cast<const dist::ZeroRedundancyOptimizer*>(&optimizer_);
+  const std::string path =
+      (fs::path(options_.checkpoint_dir) / (zero != nullptr ? name : name + ".safetensors"))
+          .string();
+  if (zero == nullptr) {
+    dist::save_checkpoint(path, *checkpoint_, &group_);
+  } else {
+    // Under --zero each rank writes its shard: its even share of the parameters (alike on
+    // every rank), its own parameters' optimizer state; nothing is gathered. Buffers (batch
+    // norm's running statistics) can differ across ranks: rank 0's are saved, as in a plain
+    // snapshot. The rest goes beside them, last, so a folder whose rest reads is whole.
+    dist::ShardedState state;
+    std::set<std::string> buffers;
+    for (const auto& [key, t] : model_.named_buffers()) buffers.insert(key);
+    for (const auto& [key, t] : model_.state_dict()) {
+      if (buffers.count(key) == 0)
+        state.replicated["model." + key] = t;
+      else if (group_.rank() == 0)
+        state.sharded["model." + key] = {t.sizes(), 0, t};
+    }
+    dist::add_state_dict(state, zero->shard_state_dict());
+    dist::save_sharded_checkpoint(path, state, group_);
+    dist::Checkpoint rest = *checkpoint_;
+    rest.model = nullptr;
+    rest.optimizer = nullptr;
+    dist::save_checkpoint((fs::path(path) / kSnapshotRest).string(), rest, &group_);
+  }
   if (group_.rank() == 0) delete_old_snapshots();
   dist::RankZeroLogger(group_).log("snapshot: " + path);
 }
@@ -497,7 +542,7 @@ void Trainer::delete_old_snapshots() const {
   const std::vector<SnapshotFile> all = list_snapshots(options_.checkpoint_dir);
   for (size_t i = static_cast<size_t>(options_.keep); i < all.size(); ++i) {
     std::error_code ec;
-    fs::remove(all[i].path, ec);
+    fs::remove_all(all[i].path, ec);  // a file, or a sharded snapshot's folder
   }
 }
 
@@ -517,8 +562,12 @@ void Trainer::check_continuable(const std::string& path,
 
 int64_t Trainer::load_snapshot(const std::string& path) {
   EMBER_CHECK(checkpoint_ != nullptr, "Trainer::load_snapshot", "attach() a checkpoint first");
-  check_continuable(path, dist::read_checkpoint_metadata(path));
-  dist::load_checkpoint(path, *checkpoint_, device_, &group_);  // each rank its own random state
+  check_continuable(path, snapshot_metadata(path));
+  std::error_code ec;
+  if (fs::is_directory(path, ec))
+    load_sharded_snapshot(path);
+  else
+    dist::load_checkpoint(path, *checkpoint_, device_, &group_);  // each rank its own random state
   step_ = checkpoint_->step;
   auto value = [this](const char* key, double otherwise) {
     const auto it = checkpoint_->values.find(key);
@@ -531,6 +580,39 @@ int64_t Trainer::load_snapshot(const std::string& path) {
                 checkpoint_->epoch,
                 checkpoint_->sampler != nullptr ? checkpoint_->sampler->epoch() : 0);
   return checkpoint_->epoch;
+}
+
+void Trainer::load_sharded_snapshot(const std::string& dir) {
+  const size_t before = cpu_memory_stats().allocated_bytes;
+  reset_cpu_peak_memory_stats();
+  const dist::ShardedCheckpoint snapshot(dir);
+  snapshot.load_module(model_);
+  // Under --zero each rank reads its own parameters' optimizer state alone (and loads it
+  // releasing each parameter's as it goes); a plain optimizer needs all of it.
+  if (auto* zero = dynamic_cast<dist::ZeroRedundancyOptimizer*>(&optimizer_)) {
+    zero->load_own_state_dict(snapshot.read_state_dict(
+        "optimizer.", [zero](const std::string& key) { return zero->owns_state_key(key); }));
+  } else {
+    optimizer_.load_state_dict(snapshot.read_state_dict());
+  }
+  sharded_load_ = {cpu_memory_stats().peak_allocated_bytes - before, 0};
+  for (const auto& [name, info] : snapshot.tensors()) {
+    if (name.starts_with("optimizer."))
+      sharded_load_.optimizer_bytes +=
+          static_cast<uint64_t>(std::accumulate(info.shape.begin(), info.shape.end(), int64_t{1},
+                                                std::multiplies<>())) *
+          element_size(info.dtype);
+  }
+  // The rest: schedule, sampler, every rank's random states, step, epoch, sums.
+  dist::Checkpoint rest = *checkpoint_;
+  rest.model = nullptr;
+  rest.optimizer = nullptr;
+  dist::load_checkpoint((fs::path(dir) / kSnapshotRest).string(), rest, device_, &group_);
+  checkpoint_->epoch = rest.epoch;
+  checkpoint_->step = rest.step;
+  checkpoint_->values = rest.values;
+  checkpoint_->texts = rest.texts;
+  checkpoint_->sampler_consumed = rest.sampler_consumed;
 }
 
 int64_t Trainer::global_batch() const {
@@ -599,7 +681,7 @@ int64_t Trainer::resume() {
     const std::vector<SnapshotFile> files = list_snapshots(options_.checkpoint_dir, &problems);
     for (size_t i = 0; i < files.size() && loaded.empty(); ++i) {
       // Another model or data is this run's mistake, not a damaged file: never skipped.
-      check_continuable(files[i].path, dist::read_checkpoint_metadata(files[i].path));
+      check_continuable(files[i].path, snapshot_metadata(files[i].path));
       try {
         epoch = load_snapshot(files[i].path);
         loaded = files[i].path;
@@ -614,7 +696,10 @@ int64_t Trainer::resume() {
     }
   }
   // Every rank must continue from the same step (a folder that only some nodes see would not).
-  Tensor steps = from_vector<int64_t>({step_, -step_});
+  // With it, the most any rank allocated reading a sharded snapshot.
+  Tensor steps =
+      from_vector<int64_t>({step_, -step_, static_cast<int64_t>(sharded_load_.peak_bytes),
+                            static_cast<int64_t>(sharded_load_.optimizer_bytes)});
   group_.allreduce(steps, dist::ReduceOp::kMax)->wait();
   const auto s = steps.to_vector<int64_t>();
   EMBER_CHECK(s[0] == -s[1], "Trainer::resume", "the ranks resumed at different steps (", -s[1],
@@ -626,6 +711,11 @@ int64_t Trainer::resume() {
     log.log("resumed from " + loaded + " at step " + std::to_string(step_) + " (epoch " +
             std::to_string(epoch + 1) + ")");
     if (!resize_note_.empty()) log.log(resize_note_);
+    if (s[3] > 0)
+      log.log(ember::detail::str_cat("sharded snapshot read: at most ", s[2],
+                                     " bytes allocated on a rank while reading it; the whole "
+                                     "optimizer state is ",
+                                     s[3], " bytes"));
   }
   return epoch;
 }

@@ -14,6 +14,15 @@
 // micro-batch as it would have. Names: checkpoint-epoch-N.safetensors after N whole epochs,
 // checkpoint-step-S.safetensors mid-epoch after optimizer step S.
 //
+// With a dist::ZeroRedundancyOptimizer (ember-train --zero 1|2) a snapshot is a sharded one
+// instead (dist/sharded_checkpoint.h), a folder of the same name without the extension: each
+// rank writes its shard (its even share of the parameters, its own parameters' optimizer
+// state; rank 0 the buffers), nothing gathered, and the rest (schedule, sampler, every rank's
+// random state, step, sums) beside them in snapshot.safetensors, a dist::Checkpoint file
+// without model or optimizer, written last. Either kind loads with or without ZeRO on any
+// number of ranks: under ZeRO a rank reads its own parameters' optimizer state alone, a plain
+// optimizer reads all of it.
+//
 // Changing the number of ranks: a snapshot holds the sampler's position in global terms (the
 // samples of the epoch consumed, dist::DistributedSampler::state), the world size and global
 // batch it was taken with, and the model's name. Loaded on another number of ranks, the rest of
@@ -78,12 +87,12 @@ std::vector<optim::ParamGroup> parameter_groups(const nn::Module& model, bool no
 std::string cuda_graphs_refusal(const TrainOptions& options, Device device, int world_size);
 
 struct SnapshotFile {
-  std::string path;
-  int64_t step = 0, epoch = 0;  // from the file's header
+  std::string path;             // a file, or a sharded snapshot's folder
+  int64_t step = 0, epoch = 0;  // from the file's header (a folder's snapshot.safetensors)
 };
-// The snapshots in `dir`, newest (highest step) first, by their headers. A file of a
-// snapshot's name whose header does not read is left out, and "load_checkpoint: path: reason"
-// goes to `unreadable` when given.
+// The snapshots in `dir`, files and sharded folders, newest (highest step) first, by their
+// headers. One of a snapshot's name whose header does not read (a folder whose save did not
+// finish) is left out, and "load_checkpoint: path: reason" goes to `unreadable` when given.
 std::vector<SnapshotFile> list_snapshots(const std::string& dir,
                                          std::vector<std::string>* unreadable = nullptr);
 
@@ -141,13 +150,13 @@ class Trainer {
   // them; the sums add in the same order as on the host, so the figures are the same.
   bool run_epoch(int64_t epoch);
   // The state after the last run_batch of `epoch` as a snapshot in checkpoint_dir: the
-  // epoch's, or mid-epoch the step's (all ranks take part). Then rank 0 deletes the oldest
-  // snapshots beyond options.keep (when > 0).
+  // epoch's, or mid-epoch the step's (all ranks take part; sharded under ZeRO). Then rank 0
+  // deletes the oldest snapshots, files or folders, beyond options.keep (when > 0).
   void save_snapshot(int64_t epoch);
-  // Restores a snapshot (every rank): returns the epoch to continue, which run_epoch
-  // continues from the saved batch when the snapshot was taken mid-epoch. Taken on another
-  // number of ranks or global batch: see "Changing the number of ranks" above (resume() says
-  // what happened).
+  // Restores a snapshot, a file or a sharded folder (every rank): returns the epoch to
+  // continue, which run_epoch continues from the saved batch when the snapshot was taken
+  // mid-epoch. Taken on another number of ranks or global batch: see "Changing the number of
+  // ranks" above (resume() says what happened).
   int64_t load_snapshot(const std::string& path);
   // options.resume: "" starts afresh (returns 0); a path loads that file; "auto" loads the
   // newest snapshot that loads (a damaged one is skipped with a warning on stderr naming it
@@ -216,6 +225,10 @@ class Trainer {
   void cuda_graphs_off(const std::string& why);
   bool snapshots() const { return checkpoint_ != nullptr && !options_.checkpoint_dir.empty(); }
   void delete_old_snapshots() const;
+  // load_snapshot of a sharded snapshot's folder: the model's tensors straight into the
+  // model's, the optimizer state (under --zero this rank's own parameters' alone), then the
+  // rest into checkpoint_'s members.
+  void load_sharded_snapshot(const std::string& dir);
   // After a step of run_epoch: adds r to the device sums; the metrics record and evaluation
   // that are due.
   void record_step(const BatchResult& r, double lr, bool last);
@@ -253,6 +266,11 @@ class Trainer {
   // schedule follows ("" otherwise); resume() prints it.
   std::string resize_note_;
   EpochSums sums_;
+  // The last sharded snapshot loaded: the CPU bytes this rank allocated reading its model and
+  // optimizer state, and the whole optimizer state's bytes (resume() reports the largest).
+  struct ShardedLoad {
+    uint64_t peak_bytes = 0, optimizer_bytes = 0;
+  } sharded_load_;
   struct Window {  // the steps since the last metrics record
     double loss = 0;
     int64_t images = 0, steps = 0;

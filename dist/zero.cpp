@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <numeric>
+#include <optional>
+#include <string>
 
 #include <ember/optim/clip_grad.h>
 #include <ember/tensor/grad_mode.h>
@@ -15,6 +17,18 @@
 namespace ember::dist {
 
 namespace {
+
+// The parameter index k of a state dict key "state.<k>.<name>" (name not empty), or nothing.
+std::optional<size_t> state_index(const std::string& key) {
+  if (!key.starts_with("state.")) return std::nullopt;
+  const size_t dot = key.find('.', 6);
+  if (dot == std::string::npos || dot == 6 || dot > 15 || dot + 1 == key.size())
+    return std::nullopt;
+  const std::string digits = key.substr(6, dot - 6);
+  if (!std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
+    return std::nullopt;
+  return static_cast<size_t>(std::stoull(digits));
+}
 
 constexpr const char* kOp = "ZeroRedundancyOptimizer";
 // The largest piece a step's parameter broadcast sends at a time (its extra memory).
@@ -359,6 +373,32 @@ void ZeroRedundancyOptimizer::receive_shard_state(int from, optim::Optimizer& fu
   }
 }
 
+std::unique_ptr<optim::Optimizer> ZeroRedundancyOptimizer::full_with_own_state() const {
+  std::unique_ptr<optim::Optimizer> full = make_full();
+  const auto& groups = param_groups();
+  for (size_t g = 0; g < groups.size(); ++g) {
+    for (size_t i = 0; i < groups[g].params.size(); ++i) {
+      if (owner_[g][i] == group_->rank()) full->set_state(g, i, state(g, i));
+    }
+  }
+  return full;
+}
+
+optim::StateDict ZeroRedundancyOptimizer::shard_state_dict() const {
+  check_groups_unchanged("ZeroRedundancyOptimizer::shard_state_dict");
+  return full_with_own_state()->state_dict();
+}
+
+bool ZeroRedundancyOptimizer::owns_state_key(const std::string& key) const {
+  std::optional<size_t> k = state_index(key);
+  if (!k) return true;  // no parameter's: the load's check names it
+  for (const auto& owners : owner_) {
+    if (*k < owners.size()) return owners[*k] == group_->rank();
+    *k -= owners.size();
+  }
+  return true;  // past the last parameter: the check names it
+}
+
 void ZeroRedundancyOptimizer::consolidate_state_dict(int to) {
   EMBER_CHECK(to >= 0 && to < group_->size(), kOp, "consolidate_state_dict: rank ", to,
               " is not a rank of the group (size ", group_->size(), ")");
@@ -370,13 +410,7 @@ void ZeroRedundancyOptimizer::consolidate_state_dict(int to) {
     send_shard_state(to);
     return;
   }
-  std::unique_ptr<optim::Optimizer> full = make_full();
-  const auto& groups = param_groups();
-  for (size_t g = 0; g < groups.size(); ++g) {
-    for (size_t i = 0; i < groups[g].params.size(); ++i) {
-      if (owner_[g][i] == rank) full->set_state(g, i, state(g, i));
-    }
-  }
+  std::unique_ptr<optim::Optimizer> full = full_with_own_state();
   for (int from = 0; from < group_->size(); ++from) {
     if (from != rank) receive_shard_state(from, *full);
   }
@@ -400,37 +434,58 @@ optim::StateDict ZeroRedundancyOptimizer::state_dict() const {
 }
 
 void ZeroRedundancyOptimizer::load_state_dict(const optim::StateDict& dict) {
-  check_groups_unchanged("ZeroRedundancyOptimizer::load_state_dict");
-  // Only this rank's buffers are copied: the others' are left out of the dict loaded.
-  const auto& groups = param_groups();
-  std::vector<std::string> own_prefixes;
-  size_t k = 0;
-  for (size_t g = 0; g < groups.size(); ++g) {
-    for (size_t i = 0; i < groups[g].params.size(); ++i, ++k) {
-      if (owner_[g][i] == group_->rank())
-        own_prefixes.push_back("state." + std::to_string(k) + ".");
-    }
-  }
+  // Only this rank's buffers are copied: the others' are left out of the dict loaded (a key
+  // of no parameter goes through, for the check to name it).
   optim::StateDict mine;
   mine.scalars = dict.scalars;
   for (const auto& [key, tensor] : dict.tensors) {
-    const bool own = std::any_of(own_prefixes.begin(), own_prefixes.end(),
-                                 [&](const std::string& p) { return key.starts_with(p); });
-    // A key of no parameter goes through, for the wrapped optimizer's check to name it.
-    const bool any_param = key.starts_with("state.");
-    if (own || !any_param) mine.tensors[key] = tensor;
+    if (owns_state_key(key)) mine.tensors[key] = tensor;
   }
-  std::unique_ptr<optim::Optimizer> full = make_full();
-  full->load_state_dict(mine);  // checks type, groups, options and shapes first
+  load_own_state_dict(std::move(mine));
+}
 
+void ZeroRedundancyOptimizer::load_own_state_dict(optim::StateDict dict) {
+  const char* op = "ZeroRedundancyOptimizer::load_state_dict";
+  check_groups_unchanged(op);
+  // The wrapped optimizer over every group checks the type, groups, options and steps; the
+  // tensors are checked here, before anything changes, and then copied parameter by parameter
+  // into the local optimizer's state.
+  std::unique_ptr<optim::Optimizer> full = make_full();
+  full->load_state_dict({{}, dict.scalars});
+  const auto& groups = param_groups();
+  std::vector<std::pair<size_t, size_t>> where;  // by index over all groups
+  for (size_t g = 0; g < groups.size(); ++g)
+    for (size_t i = 0; i < groups[g].params.size(); ++i) where.emplace_back(g, i);
+  for (const auto& [key, tensor] : dict.tensors) {
+    const std::optional<size_t> k = state_index(key);
+    EMBER_CHECK(k && *k < where.size() && key.substr(key.find('.', 6) + 1) != "step", op,
+                ": unexpected tensor \"", key, "\" (the optimizer has ", where.size(),
+                " parameters)");
+    const auto [g, i] = where[*k];
+    EMBER_CHECK(owner_[g][i] == group_->rank(), op, ": \"", key, "\" is the state of parameter ",
+                *k, ", which rank ", owner_[g][i], " owns, not rank ", group_->rank());
+    const Tensor& p = groups[g].params[i];
+    EMBER_CHECK(tensor.defined() && tensor.sizes() == p.sizes(), op, ": \"", key, "\" has shape ",
+                tensor.defined() ? shape_str(tensor.sizes()) : "undefined", " but parameter ", *k,
+                " has shape ", shape_str(p.sizes()));
+  }
+  size_t k = 0;
   for (size_t g = 0; g < groups.size(); ++g) {
     param_groups()[g].options = full->param_groups()[g].options;
-    if (local_group_[g] < 0) continue;
-    const auto lg = static_cast<size_t>(local_group_[g]);
-    local_->param_groups()[lg].options = full->param_groups()[g].options;
-    for (size_t i = 0; i < groups[g].params.size(); ++i) {
-      if (local_index_[g][i] >= 0)
-        local_->set_state(lg, static_cast<size_t>(local_index_[g][i]), full->state(g, i));
+    const int lg = local_group_[g];
+    if (lg >= 0)
+      local_->param_groups()[static_cast<size_t>(lg)].options = param_groups()[g].options;
+    for (size_t i = 0; i < groups[g].params.size(); ++i, ++k) {
+      if (lg < 0 || local_index_[g][i] < 0) continue;
+      const std::string prefix = "state." + std::to_string(k) + ".";
+      optim::ParamState s;
+      s.step = full->state(g, i).step;
+      auto it = dict.tensors.lower_bound(prefix);
+      const auto first = it;
+      for (; it != dict.tensors.end() && it->first.starts_with(prefix); ++it)
+        s.buffers[it->first.substr(prefix.size())] = it->second;
+      local_->set_state(static_cast<size_t>(lg), static_cast<size_t>(local_index_[g][i]), s);
+      dict.tensors.erase(first, it);  // released once copied (where the caller gave them up)
     }
   }
   consolidated_ = {};

@@ -122,8 +122,23 @@ class ZeroRedundancyOptimizer : public optim::Optimizer {
   // or when a step or load came after the consolidation.
   optim::StateDict state_dict() const override;
   // The plain optimizer's format (checked as it checks it); keeps this rank's shard's state
-  // and every group's options. Every rank calls it with the same dict.
+  // and every group's options. Every rank calls it with the same dict, or with the part of it
+  // owns_state_key() accepts (its scalars whole, its own parameters' tensors alone).
   void load_state_dict(const optim::StateDict& dict) override;
+  // load_state_dict of the part owns_state_key() accepts (another rank's parameter's tensor is
+  // an ember::Error naming its owner), taken by value: each parameter's tensors are released
+  // from `dict` once copied into its state, so a caller that gives the dict up (std::move, a
+  // temporary) holds at most its own part plus one parameter's state while it loads.
+  void load_own_state_dict(optim::StateDict dict);
+  // This rank's part of the plain format, without gathering (not collective): the type and
+  // group keys, and the "state.<k>.*" entries of the parameters this rank owns (k: the index
+  // over all groups). The ranks' parts together are the consolidated state_dict(); a sharded
+  // snapshot saves each rank's (dist::add_state_dict).
+  optim::StateDict shard_state_dict() const;
+  // Whether state dict key `key` belongs to this rank's part: "state.<k>.*" of a parameter it
+  // owns, or a key of no parameter. With ShardedCheckpoint::read_state_dict a rank of any world
+  // size reads its own parameters' state alone, never the whole (then load_own_state_dict).
+  bool owns_state_key(const std::string& key) const;
 
   // optim::clip_grad_norm_ over every parameter, as on one rank: under ZeRO-1 each rank holds
   // every gradient and clips alone; under ZeRO-2 each rank's parameter norms are exchanged by
@@ -166,6 +181,8 @@ class ZeroRedundancyOptimizer : public optim::Optimizer {
                           std::unique_ptr<optim::Optimizer> reference);
   // The factory's optimizer over every group with this optimizer's current options.
   std::unique_ptr<optim::Optimizer> make_full() const;
+  // make_full() holding this rank's parameters' state.
+  std::unique_ptr<optim::Optimizer> full_with_own_state() const;
   // ember::Error when param_groups() no longer holds the parameters partitioned.
   void check_groups_unchanged(const char* op) const;
   // Sends this rank's shard's state to `to` (a rank other than this one) / receives rank

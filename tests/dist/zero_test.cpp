@@ -300,6 +300,69 @@ TEST(ZeroRedundancyOptimizer, ConsolidatedStateIsThePlainOptimizersAndLoadsBothW
   expect_same_parameters(resumed, reference, pg->size());
 }
 
+// Sharded snapshots: the ranks' shard_state_dict()s are the consolidated state split by
+// owner, with no gathering; a fresh ZeRO loads its own part alone (owns_state_key) and then
+// trains as the plain optimizer does.
+TEST(ZeroRedundancyOptimizer, ShardStateDictsSplitThePlainStateAndLoadAlone) {
+  auto pg = world();
+  Replica reference = plain(adamw(), pg);
+  Replica zero = sharded(adamw(), pg, 2);
+  for (int step = 0; step < 3; ++step) {
+    reference.train_step(step, {}, *pg);
+    zero.train_step(step, {}, *pg);
+  }
+  const optim::StateDict expected = reference.opt->state_dict();
+  const optim::StateDict mine = zero.zero->shard_state_dict();
+  std::vector<int64_t> owned;  // per expected tensor: 1 where this rank holds it
+  for (const auto& [key, t] : expected.tensors) {
+    SCOPED_TRACE(key);
+    const bool own = zero.zero->owns_state_key(key);
+    EXPECT_EQ(mine.tensors.count(key), own ? 1u : 0u);
+    if (own) expect_same(mine.tensors.at(key), t, pg->size());
+    owned.push_back(own ? 1 : 0);
+  }
+  if (pg->size() > 1) {
+    EXPECT_LT(mine.tensors.size(), expected.tensors.size());
+  }
+  for (const auto& [key, v] : mine.scalars) {
+    ASSERT_EQ(expected.scalars.count(key), 1u) << key;
+    EXPECT_EQ(v, expected.scalars.at(key)) << key;
+  }
+  EXPECT_TRUE(zero.zero->owns_state_key("param_groups.0.lr"));  // no parameter's key
+  Tensor counts = from_vector<int64_t>(owned, {static_cast<int64_t>(owned.size())});
+  pg->allreduce(counts)->wait();
+  for (int64_t c : counts.to_vector<int64_t>()) EXPECT_EQ(c, 1);  // each tensor on one rank
+
+  Replica resumed = sharded(adamw(), pg, 1);
+  {
+    NoGradGuard no_grad;
+    const auto src = reference.ddp->parameters();
+    const auto dst = resumed.ddp->parameters();
+    for (size_t i = 0; i < src.size(); ++i) Tensor(dst[i]).copy_(src[i]);
+  }
+  optim::StateDict part;
+  part.scalars = expected.scalars;
+  for (const auto& [key, t] : expected.tensors)
+    if (resumed.zero->owns_state_key(key)) part.tensors[key] = t;
+  if (pg->size() > 1) {  // another rank's parameter's state is refused, naming its owner
+    optim::StateDict theirs;
+    theirs.scalars = expected.scalars;
+    for (const auto& [key, t] : expected.tensors) {
+      if (!resumed.zero->owns_state_key(key)) {
+        theirs.tensors[key] = t;
+        break;
+      }
+    }
+    EXPECT_EMBER_ERROR(resumed.zero->load_own_state_dict(theirs), "which rank");
+  }
+  resumed.zero->load_own_state_dict(std::move(part));
+  for (int step = 3; step < 5; ++step) {
+    reference.train_step(step, {}, *pg);
+    resumed.train_step(step, {}, *pg);
+  }
+  expect_same_parameters(resumed, reference, pg->size());
+}
+
 // Uneven inputs: rank r has 2 + r batches, inside a Join with the DDP and (PyTorch's
 // Join([model, optim])) the ZeroRedundancyOptimizer: a rank that ran out keeps stepping its
 // shard with the gradients the others clipped and unscaled (the GradScaler's skipped step, at
