@@ -100,6 +100,9 @@ Tensor GradScaler::check_gradients(Optimizer& optimizer, PerOptimizer& state, bo
     if (reducer_) reducer_(found_inf);
     state.found_inf.emplace_back(device, found_inf);
   }
+  // A rank with no gradient here (a ZeRO-2 rank that owns none) still takes part in the
+  // agreement, so every rank issues the same collectives; it records no check of its own.
+  if (by_device.empty() && reducer_) reducer_(zeros({}, TensorOptions(kF32, scale_.device())));
   optimizer.agree_found_inf(state.found_inf);  // a sharded optimizer's ranks decide together
   return inv_scale;
 }

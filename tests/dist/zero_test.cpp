@@ -180,6 +180,45 @@ TEST_P(Zero, NoSyncAccumulationMatchesDdp) { compare(sgd(), GetParam(), {.accumu
 INSTANTIATE_TEST_SUITE_P(Stage, Zero, ::testing::Values(1, 2),
                          [](const auto& info) { return "ZeRO" + std::to_string(info.param); });
 
+// One parameter on two or more ranks: under ZeRO-2 the ranks that own nothing have no
+// gradient, yet take part in the scaler's found-inf agreement (dist::make_found_inf_agreement)
+// as the owner does, and every rank skips the step whose gradient holds an inf.
+TEST(ZeroRedundancyOptimizer, RanksOwningNoGradientTakePartInTheScalersAgreement) {
+  const auto pg = world();
+  if (pg->size() < 2) GTEST_SKIP() << "needs at least 2 ranks";
+  auto train = [&](bool zero2) {
+    manual_seed(5);
+    auto ddp =
+        std::make_shared<DistributedDataParallel>(std::make_shared<nn::Linear>(6, 3, false), pg);
+    std::unique_ptr<optim::Optimizer> opt;
+    if (zero2) {
+      auto zero = std::make_unique<ZeroRedundancyOptimizer>(ddp->parameters(), sgd(), pg);
+      zero->shard_gradients(*ddp);
+      opt = std::move(zero);
+    } else {
+      opt = sgd()({optim::ParamGroup(ddp->parameters())});
+    }
+    optim::GradScaler scaler({.init_scale = 256.0}, make_found_inf_agreement(pg));
+    for (int step = 0; step < 4; ++step) {
+      opt->zero_grad();
+      Generator gen(static_cast<uint64_t>(50 + step));
+      const Tensor x = randn({12, 6}, kF32, &gen);
+      const Tensor y = randint(0, 3, {12}, kI64, &gen);
+      scaler.scale(cross_entropy((*ddp)(shard_rows(x, *pg)), shard_rows(y, *pg))).backward();
+      const Tensor& g = ddp->parameters().front().grad();
+      if (step == 1 && g.defined()) Tensor(g).fill_(std::numeric_limits<float>::infinity());
+      scaler.step(*opt);
+      scaler.update();
+    }
+    return std::make_pair(ddp->parameters().front().detach().clone(), scaler.get_scale());
+  };
+  const auto [expected, expected_scale] = train(false);
+  const auto [actual, actual_scale] = train(true);
+  expect_same(actual, expected, pg->size());
+  EXPECT_EQ(actual_scale, expected_scale);
+  EXPECT_EQ(expected_scale, 128.0);  // the inf step backed off once
+}
+
 TEST(ZeroRedundancyOptimizer, PartitionIsGreedyBySizeAsPyTorchs) {
   auto pg = world();
   auto model = net(3);  // numels 96, 16, 192, 12, 36, 3
