@@ -65,6 +65,7 @@ train_packages=(
 # check the Debian packages (cpack -G DEB; tests/install/deb_test.sh). fortunes is ember's
 # default text corpus (/usr/share/games/fortunes) for the GPT data tests. python3 reads gcov's
 # JSON for the emulated-CUDA coverage check and the GPU bundle's manifest (gcov comes with gcc).
+# procps (pgrep) lets the launcher tests find the workers a launcher left behind.
 test_packages=(
   git pkg-config python3
   libgtest-dev libgmock-dev googletest
@@ -74,6 +75,7 @@ test_packages=(
   slurmd slurmctld slurm-client munge libpmix-dev
   dpkg-dev file lintian
   fortunes
+  procps
 )
 packages=("${train_packages[@]}")
 which="ember's"
