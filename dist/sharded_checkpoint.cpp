@@ -484,6 +484,11 @@ void ShardedCheckpoint::Impl::check_range(const std::string& name, int64_t begin
   if (begin < 0 || begin > end || end > numel)
     throw fail("elements [", begin, ", ", end, ") of tensor \"", name, "\" are outside its ", numel,
                " elements");
+  // The index alone is untrusted: open (and check) the shards holding the range before the
+  // caller allocates for it, so the size is backed by bytes the shard files really hold.
+  for (const Piece& p : pieces.at(name)) {
+    if (p.end > begin && p.begin < end) (void)shard(p.shard);
+  }
 }
 
 const ShardedCheckpoint::Impl::Shard& ShardedCheckpoint::Impl::shard(int64_t rank) const {
@@ -500,7 +505,6 @@ const ShardedCheckpoint::Impl::Shard& ShardedCheckpoint::Impl::shard(int64_t ran
     throw mismatch("the shard is rank ", header.rank, " of ", header.world, " of save ",
                    header.save, ", but the index wants rank ", rank, " of ", world, " of save ",
                    save, " (a shard of another snapshot)");
-  size_t named = 0;
   for (const auto& [name, list] : pieces) {
     for (const Piece& p : list) {
       if (p.shard != rank) continue;
@@ -514,7 +518,6 @@ const ShardedCheckpoint::Impl::Shard& ShardedCheckpoint::Impl::shard(int64_t ran
                        shape_str(sp.shape), " elements [", sp.begin, ", ", sp.end,
                        ") in the shard but ", detail::safetensors_dtype(ti.dtype), " ",
                        shape_str(ti.shape), " elements [", p.begin, ", ", p.end, ") in the index");
-      ++named;
     }
   }
   s.file = std::move(file);

@@ -357,6 +357,14 @@ TEST(ShardedCheckpoint, DamagedSnapshotsAreRefusedNamingFileAndField) {
   dir = with_index([](nlohmann::json& j) { j["tensors"]["model.p1"]["shape"] = {1ull << 62, 8}; });
   EXPECT_EMBER_ERROR(ShardedCheckpoint{dir},
                      "tensor \"model.p1\" has shape [4611686018427387904,8]");
+  // An index claiming 4 TiB held by one shard: refused from the shard's header before
+  // anything is allocated for it.
+  dir = with_index([](nlohmann::json& j) {
+    j["tensors"]["model.p1"]["shape"] = {1ull << 40};
+    j["tensors"]["model.p1"]["pieces"] = {{{"shard", 0}, {"begin", 0}, {"end", 1ull << 40}}};
+  });
+  EXPECT_EMBER_ERROR(ShardedCheckpoint(dir).read("model.p1"),
+                     "elements [0, 1099511627776) in the index");
   dir = with_index([](nlohmann::json& j) { j["world_size"] = 1 << 30; });
   EXPECT_EMBER_ERROR(ShardedCheckpoint{dir}, "\"world_size\" is 1073741824, not in [1, 1048576]");
   dir = with_index([](nlohmann::json& j) { j["save"] = "0123456789abcdef"; });
