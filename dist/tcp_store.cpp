@@ -536,6 +536,7 @@ std::string TcpStore::request(uint8_t op, const std::string& key, const std::str
   bool ok = false;
   try {
     ok = write_all(fd_, message.data(), message.size()) && read_all(fd_, &status, 1);
+    if (ok && status <= kNotACounter) ok = read_blob(fd_, value, options_.max_value_bytes);
   } catch (const Error&) {  // the receive timeout: a server that stopped answering
     ::close(fd_);           // a late reply must not pass for the next request's
     fd_ = -1;
@@ -543,11 +544,14 @@ std::string TcpStore::request(uint8_t op, const std::string& key, const std::str
                 " sent no reply to a request for \"" + key +
                 "\" in time (it stopped answering: its host or process is gone or stopped)");
   }
+  if (!ok || status > kNotACounter) {  // what is left of this reply must not be read as the next
+    ::close(fd_);
+    fd_ = -1;
+  }
   // A store that wants a job secret greets with its challenge ("EMBA...") instead.
   EMBER_CHECK(!ok || status <= kNotACounter, "tcp_store", "the store at ", where(host_, port_),
               " answered with something other than a reply: it wants a job secret "
               "(EMBER_JOB_SECRET) that this process lacks, or it is no ember store");
-  ok = ok && read_blob(fd_, value, options_.max_value_bytes);
   EMBER_CHECK(ok, "tcp_store", "lost the connection to ", where(host_, port_),
               " (did rank 0 exit? or does it want a job secret, EMBER_JOB_SECRET, that this "
               "process lacks?)");
