@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <numeric>
@@ -553,6 +554,19 @@ void Trainer::check_continuable(const std::string& path,
               " is a snapshot of --model ", model->second, " and this run trains --model ",
               options_.model, ": resume it with --model ", model->second,
               ", or start afresh in another --checkpoint-dir");
+  // Refused before anything loads, so --resume auto never takes it for a damaged file.
+  const auto saved = metadata.find("values.global_batch");
+  if (saved != metadata.end() && options_.max_steps > 0) {
+    char* end = nullptr;
+    const double global = std::strtod(saved->second.c_str(), &end);
+    EMBER_CHECK(end != saved->second.c_str() && *end == '\0' &&
+                    global == static_cast<double>(global_batch()),
+                "Trainer::resume", path, ": the snapshot's global batch is ", saved->second,
+                " and this run's ", global_batch(),
+                ": --max-steps counts optimizer steps, whose size changed; resume with the same "
+                "global batch (--global-batch-size ",
+                saved->second, ") or without --max-steps");
+  }
   if (checkpoint_->sampler == nullptr || metadata.count("sampler.epoch") == 0) return;
   const dist::SamplerState state = checkpoint_->sampler->state_from_strings(metadata, "sampler.");
   const std::string why = checkpoint_->sampler->refusal(state);
@@ -640,11 +654,7 @@ void Trainer::follow_resize(int64_t saved_world, int64_t saved_global, int64_t f
                    ") and the learning-rate schedule continue unchanged.";
     return;
   }
-  EMBER_CHECK(options_.max_steps <= 0, "Trainer::resume", "the snapshot's global batch is ",
-              saved_global, " and this run's ", global,
-              ": --max-steps counts optimizer steps, whose size changed; resume with the same "
-              "global batch (--global-batch-size ",
-              saved_global, ") or without --max-steps");
+  EMBER_ASSERT(options_.max_steps <= 0, "follow_resize: check_continuable refuses --max-steps");
   // The schedule built for this run, moved to the same point of the run in samples: whole
   // epochs, and the batches of this epoch that the consumed samples make at this global batch.
   const double saved_lr = current_lr();

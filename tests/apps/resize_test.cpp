@@ -157,6 +157,17 @@ TEST_F(Resize, SnapshotOfAnotherModelIsRefusedByName) {
   EXPECT_EQ(r.output.find("starting from scratch"), std::string::npos) << r.output;
 }
 
+TEST_F(Resize, MaxStepsWithAnotherGlobalBatchIsRefusedBeforeAnythingLoads) {
+  const fs::path out = with_step3("max_steps");
+  const Result r = run(launch(1) + args(out, "--batch-size 4") + "--max-steps 6 --resume auto");
+  EXPECT_NE(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("Trainer::resume: " + (out / kStep3).string() +
+                          ": the snapshot's global batch is 8 and this run's 4: --max-steps"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("starting from scratch"), std::string::npos) << r.output;
+}
+
 TEST(GlobalBatchSize, DividesAmongTheRanksOrIsRefused) {
   TrainOptions o;
   ASSERT_EQ(testing::parse_args({"--global-batch-size", "24", "--accum-steps", "2"}, o), -1);
