@@ -186,7 +186,17 @@ SamplerState DistributedSampler::state_from_strings(
   SamplerState s;
   s.epoch = static_cast<uint64_t>(number("epoch"));
   if (text("consumed") == nullptr) {  // ember before global states: this world's position
-    s.consumed = number("position") * num_replicas_;
+    // Such a file continues only on the world it was taken on, which "rng_ranks" (the ranks
+    // whose random states it holds) names where the file has it.
+    const auto ranks = strings.find("rng_ranks");
+    EMBER_CHECK(ranks == strings.end() || ranks->second == std::to_string(num_replicas_),
+                "DistributedSampler", "the snapshot was taken on ", ranks->second,
+                " rank(s) by an ember that kept each rank's own position, and this run has ",
+                num_replicas_, ": resume it on ", ranks->second, " rank(s)");
+    const int64_t position = number("position");
+    EMBER_CHECK(position <= dataset_size_, "DistributedSampler", "the sampler state's position ",
+                position, " is past the data set's ", dataset_size_, " samples");
+    s.consumed = position * num_replicas_;
     s.dataset_size = dataset_size_;
     s.seed = options_.seed;
     s.order = order_name();

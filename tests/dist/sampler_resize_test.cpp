@@ -183,6 +183,16 @@ TEST(SamplerResize, StatesThatCannotContinueAreRefusedByWhy) {
   EXPECT_EQ(three.start(), 0);
   EXPECT_EMBER_ERROR(three.state_from_strings({{"position", "4"}}),
                      "the sampler state has no \"epoch\"");
+  // Such a file taken on another world (its "rng_ranks") holds that world's position: refused.
+  EXPECT_EQ(
+      three.state_from_strings({{"epoch", "2"}, {"position", "4"}, {"rng_ranks", "3"}}).consumed,
+      12);
+  EXPECT_EMBER_ERROR(
+      three.state_from_strings({{"epoch", "2"}, {"position", "4"}, {"rng_ranks", "2"}}),
+      "the snapshot was taken on 2 rank(s) by an ember that kept each rank's own position, and "
+      "this run has 3: resume it on 2 rank(s)");
+  EXPECT_EMBER_ERROR(three.state_from_strings({{"epoch", "2"}, {"position", "999999"}}),
+                     "position 999999 is past the data set's");
 }
 
 // A sample's random augmentation is a function of (seed, epoch, sample index): the same
