@@ -166,6 +166,8 @@ struct DistributedDataParallel::Reducer {
   std::vector<Bucket> buckets;
   std::vector<size_t> bucket_of, slot_of;
   std::vector<char> ready;
+  // ZeRO-2: the gradients the last reduction left on their owner (averages), by parameter.
+  std::vector<Tensor> reduced;
   size_t next_bucket = 0;
   bool armed = false;           // a synced backward is expected: hooks count gradients
   std::weak_ptr<Reducer> self;  // for the callback that waits at the end of a backward pass
@@ -277,6 +279,8 @@ struct DistributedDataParallel::Reducer {
       if (owner[i] == group->rank()) {
         params[i].set_grad(
             own.narrow(0, b.offsets[s] - begin, params[i].numel()).view(params[i].sizes()));
+        reduced.resize(params.size());
+        reduced[i] = params[i].grad();
       } else {
         params[i].set_grad(Tensor());
       }
@@ -284,6 +288,21 @@ struct DistributedDataParallel::Reducer {
     b.flat = Tensor();
     b.wire = Tensor();
     b.compacted = true;
+  }
+
+  // ZeRO-2, at each forward before anything moves the gradients: a gradient the last
+  // reduction left on its owner and nobody cleared (a second backward without zero_grad) is the
+  // ranks' average, held by the owner alone, while the next reduction averages every rank's
+  // slot: it enters as the ranks' sum (world size times itself), as each rank's copy would
+  // under DDP, so the result is its value plus the new average. Cleared or replaced gradients
+  // are left alone.
+  void scale_held_averages() {
+    NoGradGuard no_grad;
+    for (size_t i = 0; i < reduced.size(); ++i) {
+      if (same_view(params[i].grad(), reduced[i]))
+        Tensor(params[i].grad()).mul_(static_cast<double>(group->size()));
+      reduced[i] = Tensor();
+    }
   }
 
   // Makes every grad() a view into its bucket: a dropped gradient becomes zeros, one the
@@ -589,6 +608,7 @@ bool DistributedDataParallel::prepare_forward() {
     detail::broadcast_coalesced(*group_, buffers, root, options_.broadcast_bucket_bytes, join);
   }
   const bool sync = sync_enabled_ && GradMode::is_enabled() && is_training();
+  r.scale_held_averages();
   if (sync) r.arm();
   r.point_grads();
   return sync;
