@@ -50,11 +50,19 @@ void settle_goodbyes(bool at_exit) {
   auto& pending = goodbyes();
   for (;;) {
     const auto now = std::chrono::steady_clock::now();
-    std::erase_if(pending, [&](const std::unique_ptr<Goodbye>& g) {
+    for (auto it = pending.begin(); it != pending.end();) {
       int done = 0;
-      if (MPI_Test(&g->request, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) return true;
-      return done != 0 || (at_exit && now >= g->until);
-    });
+      const bool failed = MPI_Test(&(*it)->request, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS;
+      if (!done && (failed || (at_exit && now >= (*it)->until))) {
+        // Given up on, not finished: MPI may still write into its buffers, so they stay
+        // allocated until the process ends.
+        (void)it->release();
+      } else if (!done) {
+        ++it;
+        continue;
+      }
+      it = pending.erase(it);
+    }
     if (!at_exit || pending.empty()) return;
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
