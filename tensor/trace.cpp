@@ -29,7 +29,9 @@ struct DeviceInterval {
   int device;
   cuda::Stream stream;
   cuda::Event start{true}, end{true};
-  bool ended = false;
+  // Set (release) once `end` is recorded; a profiler stopping on another thread reads it
+  // (acquire) before it reads the event.
+  std::atomic<bool> ended{false};
 };
 
 namespace {
@@ -171,7 +173,7 @@ std::vector<Event> stop() {
   }
   // Device intervals: placed on the host clock from each device's reference event.
   for (const auto& d : intervals) {
-    if (!d->ended) continue;
+    if (!d->ended.load(std::memory_order_acquire)) continue;
     d->end.synchronize();
     const DeviceClock& clock = clocks.at(d->device);
     const auto at = [&clock](const cuda::Event& e) {
@@ -252,7 +254,7 @@ void Range::end() {
   const int64_t end_ns = now_ns();
   if (device_) {
     device_->end.record(device_->stream);
-    device_->ended = true;
+    device_->ended.store(true, std::memory_order_release);
   }
 #if EMBER_WITH_CUDA
   nvtxRangePop();
