@@ -14,12 +14,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <random>
 #include <sstream>
 #include <thread>
 #include <vector>
 
 #include <ember/dist/flight_recorder.h>
 
+#include "auth.h"
 #include "flight.h"
 #include "shared_store.h"
 
@@ -213,6 +215,8 @@ constexpr auto kDumpCheck = std::chrono::milliseconds(250);
 constexpr auto kDumpWait = std::chrono::seconds(3);
 // The address's share of the broadcast: the port, then rank 0's addresses, NUL-terminated.
 constexpr size_t kHostBytes = 256;
+// The job store's secret as it travels (hex of 32 random bytes; all zero: the environment's).
+constexpr size_t kSecretBytes = 64;
 
 // This process's part of the job's store: the store (rank 0 serves it) and the thread that
 // answers requests for flight records. Destroyed at exit before MPI is finalised (made after
@@ -221,6 +225,7 @@ struct JobStore {
   std::mutex mutex;                 // one mpi_job_store at a time; guards the next three
   std::shared_ptr<TcpStore> store;  // the first one made
   std::string host;                 // rank 0: its addresses, as they travel
+  std::string secret;               // rank 0: the secret it drew ("": the environment's)
   std::shared_ptr<StoreFlightDumps> dumps;
   std::mutex watch_mutex;  // guards stopping
   std::condition_variable watch_cv;
@@ -297,7 +302,8 @@ std::string join_candidates(const std::vector<std::string>& candidates) {
 // A client of the store at one of `candidates`:`port`, each tried for at most `per_try` (a
 // refused one at once costs that too: the client retries), within `limit` in all.
 std::shared_ptr<TcpStore> reach_job_store(const std::string& candidates, int port, int size,
-                                          int rank, std::chrono::milliseconds limit) {
+                                          int rank, std::chrono::milliseconds limit,
+                                          const std::optional<std::string>& secret) {
   std::istringstream words(candidates);
   std::string host, failures;
   const auto deadline = std::chrono::steady_clock::now() + limit;
@@ -306,13 +312,27 @@ std::shared_ptr<TcpStore> reach_job_store(const std::string& candidates, int por
         deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) break;
     try {
-      return shared_store(host, port, size, rank, std::min(left, kJobStoreTry));
+      return shared_store(host, port, size, rank, std::min(left, kJobStoreTry), secret);
     } catch (const std::exception& e) {
       failures += (failures.empty() ? "" : "; ") + std::string(e.what());
     }
   }
   throw Error("could not reach rank 0's store at any of " + candidates + " (port " +
               std::to_string(port) + "): " + failures);
+}
+
+// Without a job secret in the environment, the job store still accepts only the job's ranks:
+// rank 0 draws one, and it travels to the others over MPI with the store's address.
+std::string draw_job_store_secret() {
+  if (!job_secret().empty()) return "";
+  std::random_device device;
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  for (size_t i = 0; i < kSecretBytes / 8; ++i) {
+    const uint32_t word = device();
+    for (int nibble = 0; nibble < 8; ++nibble) out += kHex[(word >> (4 * nibble)) & 0xf];
+  }
+  return out;
 }
 
 }  // namespace
@@ -333,14 +353,20 @@ std::shared_ptr<TcpStore> mpi_job_store(MPI_Comm comm, std::span<char> payload,
   JobStore& job = job_store();
   std::lock_guard<std::mutex> job_lock(job.mutex);
   std::string failure;  // why this rank has no store
-  std::vector<char> message(sizeof(int32_t) + kHostBytes + payload.size(), '\0');
+  std::vector<char> message(sizeof(int32_t) + kHostBytes + kSecretBytes + payload.size(), '\0');
+  char* const secret_field = message.data() + sizeof(int32_t) + kHostBytes;
+  char* const payload_field = secret_field + kSecretBytes;
   if (rank == 0) {
     try {
       if (job.store == nullptr) {
         const JobStoreAddress address = job_store_address();
-        job.store = serve_shared_store(address.bind, size, connect);
+        job.secret = draw_job_store_secret();
+        job.store = serve_shared_store(
+            address.bind, size, connect,
+            job.secret.empty() ? std::nullopt : std::optional<std::string>(job.secret));
         job.host = join_candidates(address.candidates);
       }
+      std::memcpy(secret_field, job.secret.data(), job.secret.size());
       const auto port = static_cast<int32_t>(job.store->port());
       std::memcpy(message.data(), &port, sizeof(port));
       std::memcpy(message.data() + sizeof(port), job.host.data(), job.host.size());
@@ -348,7 +374,7 @@ std::shared_ptr<TcpStore> mpi_job_store(MPI_Comm comm, std::span<char> payload,
       failure = e.what();
     }
     if (!payload.empty()) {
-      std::memcpy(message.data() + sizeof(int32_t) + kHostBytes, payload.data(), payload.size());
+      std::memcpy(payload_field, payload.data(), payload.size());
     }
   }
   {
@@ -361,14 +387,16 @@ std::shared_ptr<TcpStore> mpi_job_store(MPI_Comm comm, std::span<char> payload,
   const char* name = message.data() + sizeof(port);
   const std::string host(name, strnlen(name, kHostBytes - 1));
   if (rank != 0 && !payload.empty()) {
-    std::memcpy(payload.data(), message.data() + sizeof(int32_t) + kHostBytes, payload.size());
+    std::memcpy(payload.data(), payload_field, payload.size());
   }
   std::shared_ptr<TcpStore> store;
   if (rank == 0) {
     if (failure.empty()) store = job.store;
   } else if (port > 0 && port <= 65535) {
     try {
-      store = reach_job_store(host, port, size, rank, connect);
+      const std::string drawn(secret_field, strnlen(secret_field, kSecretBytes));
+      store = reach_job_store(host, port, size, rank, connect,
+                              drawn.empty() ? std::nullopt : std::optional<std::string>(drawn));
     } catch (const std::exception& e) {
       failure = e.what();
     }

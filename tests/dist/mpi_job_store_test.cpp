@@ -17,6 +17,7 @@
 #include <thread>
 
 #include <ember/config.h>
+#include <ember/dist/detail/auth.h>
 #include <ember/dist/detail/mpi_runtime.h>
 #include <ember/dist/detail/store_check.h>
 #include <ember/dist/tcp_store.h>
@@ -130,6 +131,16 @@ TEST_F(MpiJobStore, CarriesRankZerosBytesAndOneStoreToEveryRank) {
     std::this_thread::sleep_for(1ms);
   }
   EXPECT_EQ(store->add(key, 0), world_size());
+  // Without a job secret in the environment rank 0 drew one: a process that lacks it is refused.
+  if (detail::job_secret().empty()) {
+    auto stranger = [&] {
+      TcpStore s("127.0.0.1", store->port(), world_size(), false, 5s,
+                 TcpStoreOptions{.secret = std::string()});
+      s.add("test/mpi_job/stranger", 1);
+    };
+    EXPECT_THROW(stranger(), Error);
+    EXPECT_EQ(store->add("test/mpi_job/stranger", 0), 0);
+  }
 }
 
 TEST_F(MpiJobStore, ACheckOverItNamesAnotherOpOnEveryRankWithinSeconds) {
