@@ -19,6 +19,33 @@ struct InputInfo {
   bool needs_grad = false;
 };
 
+// `t`'s data as the output `output_nr` of `node`: a tensor with that history.
+Tensor with_history(const Tensor& t, std::shared_ptr<Node> node, uint32_t output_nr) {
+  Tensor out = t.detach();
+  AutogradMeta& meta = out.ensure_autograd_meta();
+  meta.requires_grad = true;
+  meta.grad_fn = std::move(node);
+  meta.output_nr = output_nr;
+  return out;
+}
+
+// The history given to a gradient a first-order backward computed under create_graph: a
+// second backward that reaches it is an error naming the op (PyTorch's "derivative ... is not
+// implemented"), never a silent zero.
+class FirstOrderGradient final : public Node {
+ public:
+  explicit FirstOrderGradient(const OpDef& op) : Node(1), op_(op) {}
+  std::string name() const override { return std::string(op_.node_name) + "Backward"; }
+  std::vector<Tensor> apply(std::vector<Tensor>&&) override {
+    throw Error(detail::str_cat(
+        op_.name, ": its gradient has no derivative in ember (a fused first-order kernel); a ",
+        "backward through a gradient taken with create_graph=true cannot pass ", op_.node_name));
+  }
+
+ private:
+  const OpDef& op_;
+};
+
 // A recorded op: the tensors its descriptor's save plan names, and its backward run through
 // the BackwardContext the formula reads.
 class OpNode final : public Node, private detail::BackwardContext {
@@ -45,7 +72,16 @@ class OpNode final : public Node, private detail::BackwardContext {
     EMBER_CHECK(!released_, "backward", "trying to backward through the graph a second time (",
                 name(),
                 "'s saved tensors were freed); pass retain_graph=true to the first backward");
+    // Under create_graph, the saved output takes this node as its history again (PyTorch's
+    // saved outputs do the same), so a formula reading it (exp's, softmax's) records its
+    // dependence on the inputs. Held only while the formula runs: kept, it would be a cycle.
+    const bool recording = GradMode::is_enabled();
+    if (recording && saved_output_.defined()) {
+      output_with_history_ =
+          with_history(saved_output_.unpack(op_.node_name.data()), shared_from_this(), 0);
+    }
     std::vector<Tensor> result = op_.backward(*this, grads[0]);
+    output_with_history_ = Tensor();
     result.resize(inputs_.size());
     for (size_t i = 0; i < result.size(); ++i) {
       Tensor& g = result[i];
@@ -59,6 +95,9 @@ class OpNode final : public Node, private detail::BackwardContext {
       EMBER_ASSERT(g.sizes() == inputs_[i].sizes, name(), " produced a gradient of shape ",
                    shape_str(g.sizes()), " for input ", i, " of shape ",
                    shape_str(inputs_[i].sizes));
+      if (recording && !op_.twice_differentiable) {
+        g = with_history(g, std::make_shared<FirstOrderGradient>(op_), 0);
+      }
     }
     return result;
   }
@@ -81,7 +120,10 @@ class OpNode final : public Node, private detail::BackwardContext {
   const Tensor& in(size_t i) const override {
     return saved_inputs_[i].unpack(op_.node_name.data());
   }
-  const Tensor& out() const override { return saved_output_.unpack(op_.node_name.data()); }
+  const Tensor& out() const override {
+    return output_with_history_.defined() ? output_with_history_
+                                          : saved_output_.unpack(op_.node_name.data());
+  }
   bool needs(size_t i) const override { return inputs_[i].needs_grad; }
   const Shape& shape(size_t i) const override { return inputs_[i].sizes; }
   size_t num_inputs() const override { return inputs_.size(); }
@@ -91,6 +133,7 @@ class OpNode final : public Node, private detail::BackwardContext {
   OpArgs args_;
   std::vector<SavedTensor> saved_inputs_;
   SavedTensor saved_output_;
+  Tensor output_with_history_;  // the saved output with this node as history, during apply
   std::vector<InputInfo> inputs_;
   bool released_ = false;
 };

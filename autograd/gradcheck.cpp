@@ -7,6 +7,8 @@
 #include <ember/tensor/ops.h>
 #include <ember/tensor/random.h>
 
+#include "engine.h"
+
 namespace ember::autograd {
 
 GradcheckResult gradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& f,
@@ -51,6 +53,54 @@ GradcheckResult gradcheck(const std::function<Tensor(const std::vector<Tensor>&)
     }
   }
   return {};
+}
+
+GradcheckResult gradgradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& f,
+                              const std::vector<Tensor>& inputs, const GradcheckOptions& options) {
+  Tensor output;
+  {
+    const GradModeGuard recording(true);
+    output = f(inputs);
+  }
+  EMBER_CHECK(output.requires_grad(), "gradgradcheck",
+              "the function's output does not require grad");
+  Generator generator(options.seed + 1);
+  Tensor output_grad = randn(output.sizes(), kF64, &generator);
+  output_grad.requires_grad_();
+
+  // The first gradients of every input that requires grad, flattened into one tensor, as a
+  // function of (inputs..., output_grad). gradcheck evaluates it without grad mode for its
+  // finite differences; the first backward needs the forward recorded all the same.
+  bool recorded = true;  // every defined first gradient has a history
+  auto first_gradients = [&](const std::vector<Tensor>& v) {
+    const GradModeGuard recording(true);
+    const std::vector<Tensor> xs(v.begin(), v.end() - 1);
+    std::vector<Tensor> held;
+    for (const Tensor& x : xs) {
+      held.push_back(x.grad());
+      x.set_grad(Tensor());
+    }
+    backward({f(xs)}, {v.back()}, false, true);
+    std::vector<Tensor> parts;
+    for (size_t i = 0; i < xs.size(); ++i) {
+      const Tensor& x = xs[i];
+      if (!x.requires_grad()) continue;
+      const Tensor g = x.grad().defined() ? x.grad() : zeros_like(x);
+      recorded = recorded && (!x.grad().defined() || g.requires_grad());
+      parts.push_back(g.reshape({-1}));
+      x.set_grad(held[i]);
+    }
+    return cat(parts, 0);
+  };
+  std::vector<Tensor> all = inputs;
+  all.push_back(output_grad);
+  const Tensor probe = first_gradients(all);
+  if (!recorded || !probe.requires_grad()) {
+    return {false, "gradgradcheck: a first gradient recorded no history under create_graph"};
+  }
+  GradcheckResult result = gradcheck(first_gradients, all, options);
+  if (!result.ok) result.message = "gradgradcheck: the first gradients' " + result.message;
+  return result;
 }
 
 }  // namespace ember::autograd

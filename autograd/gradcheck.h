@@ -28,4 +28,13 @@ struct GradcheckResult {
 GradcheckResult gradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& f,
                           const std::vector<Tensor>& inputs, const GradcheckOptions& options = {});
 
+// torch.autograd.gradgradcheck: checks second derivatives. The first gradients of
+// sum(f(inputs) * u), taken by a create_graph backward with a random output gradient u that
+// itself requires grad, are checked by gradcheck as a function of the inputs and of u. A
+// backward that records no history of its own (a fused kernel run under create_graph) fails
+// it: its gradient would be a constant to a second backward.
+GradcheckResult gradgradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& f,
+                              const std::vector<Tensor>& inputs,
+                              const GradcheckOptions& options = {});
+
 }  // namespace ember::autograd

@@ -24,7 +24,7 @@ struct Edge {
 // A backward function. It receives one gradient per output of the forward op (its "inputs"
 // here; undefined where no gradient flowed) and returns one per forward input, in the order
 // of next_edges().
-class Node {
+class Node : public std::enable_shared_from_this<Node> {
  public:
   explicit Node(uint32_t num_inputs);
   virtual ~Node() = default;

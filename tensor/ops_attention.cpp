@@ -32,7 +32,8 @@ EMBER_OP(kAttentionOp,
                            detail::saves({0, 1, 2}, true), attention_backward_formula,
                            detail::CastPolicy::kLowerPrecision,
                            detail::uses_kernels({EMBER_KERNEL(attention_forward),
-                                                 EMBER_KERNEL(attention_backward)})));
+                                                 EMBER_KERNEL(attention_backward)}))
+             .first_order());
 
 constexpr const char* kOp = "scaled_dot_product_attention";
 

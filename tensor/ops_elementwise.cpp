@@ -413,7 +413,8 @@ EMBER_OP(kWhereOp,
 // GPT layers (gelu is on no autocast list, as in PyTorch).
 EMBER_OP(kGeluOp,
          detail::define_op("gelu", "GeluBackward", detail::saves({0}, false), gelu_backward_formula,
-                           detail::kNoAutocast, detail::uses_kernels({EMBER_KERNEL(unary)})));
+                           detail::kNoAutocast, detail::uses_kernels({EMBER_KERNEL(unary)}))
+             .first_order());
 
 // The descriptor of a binary kernel op (comparisons and the backward kernels record as add,
 // with no differentiable input). Every op is a case and there is no default, so a BinaryOp

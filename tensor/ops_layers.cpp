@@ -63,41 +63,48 @@ std::vector<Tensor> bias_activation_backward(const detail::BackwardContext& c, c
 EMBER_OP(kConv2dOp, detail::define_op("conv2d", "Conv2dBackward", detail::saves({0, 1}, false),
                                       conv2d_backward_formula, detail::CastPolicy::kLowerPrecision,
                                       detail::uses_kernels({EMBER_KERNEL(conv2d_forward),
-                                                            EMBER_KERNEL(conv2d_backward)})));
+                                                            EMBER_KERNEL(conv2d_backward)}))
+                        .first_order());
 // batch_norm and its fused forms are on no autocast list, as in PyTorch: a bf16/f16 input
 // with f32 parameters and statistics, computed in f32, returning the input's dtype.
 EMBER_OP(kBatchNormOp,
          detail::define_op("batch_norm", "BatchNormBackward", detail::saves({0, 1}, false),
                            batch_norm_backward_formula, detail::kNoAutocast,
                            detail::uses_kernels({EMBER_KERNEL(batch_norm_forward),
-                                                 EMBER_KERNEL(batch_norm_backward)})));
+                                                 EMBER_KERNEL(batch_norm_backward)}))
+             .first_order());
 EMBER_OP(kBatchNormReluOp,
          detail::define_op("batch_norm_relu", "BatchNormReluBackward", detail::saves({0, 1}, true),
                            batch_norm_relu_backward_formula, detail::kNoAutocast,
                            detail::uses_kernels({EMBER_KERNEL(batch_norm_relu_forward),
-                                                 EMBER_KERNEL(batch_norm_relu_backward)})));
+                                                 EMBER_KERNEL(batch_norm_relu_backward)}))
+             .first_order());
 EMBER_OP(kBatchNormAddReluOp,
          detail::define_op("batch_norm_add_relu", "BatchNormAddReluBackward",
                            detail::saves({0, 1}, true), batch_norm_relu_backward_formula,
                            detail::kNoAutocast,
                            detail::uses_kernels({EMBER_KERNEL(batch_norm_relu_forward),
-                                                 EMBER_KERNEL(batch_norm_relu_backward)})));
+                                                 EMBER_KERNEL(batch_norm_relu_backward)}))
+             .first_order());
 EMBER_OP(kMaxPool2dOp,
          detail::define_op("max_pool2d", "MaxPool2dBackward", detail::saves({}, false),
                            max_pool2d_backward_formula, detail::kNoAutocast,
                            detail::uses_kernels({EMBER_KERNEL(max_pool2d_forward),
-                                                 EMBER_KERNEL(max_pool2d_backward)})));
+                                                 EMBER_KERNEL(max_pool2d_backward)}))
+             .first_order());
 EMBER_OP(kAvgPool2dOp,
          detail::define_op("avg_pool2d", "AvgPool2dBackward", detail::saves({}, false),
                            avg_pool2d_backward_formula, detail::kNoAutocast,
                            detail::uses_kernels({EMBER_KERNEL(avg_pool2d_forward),
-                                                 EMBER_KERNEL(avg_pool2d_backward)})));
+                                                 EMBER_KERNEL(avg_pool2d_backward)}))
+             .first_order());
 EMBER_OP(kAdaptiveAvgPool2dOp,
          detail::define_op("adaptive_avg_pool2d", "AdaptiveAvgPool2dBackward",
                            detail::saves({}, false), adaptive_avg_pool2d_backward_formula,
                            detail::kNoAutocast,
                            detail::uses_kernels({EMBER_KERNEL(adaptive_avg_pool2d_forward),
-                                                 EMBER_KERNEL(adaptive_avg_pool2d_backward)})));
+                                                 EMBER_KERNEL(adaptive_avg_pool2d_backward)}))
+             .first_order());
 // linear's fused epilogue (autocast by linear's rule in linear's front end).
 EMBER_OP(kBiasActivationOp,
          detail::define_op("bias_activation", "BiasActivationBackward", detail::saves({}, true),

@@ -35,10 +35,12 @@ EMBER_OP(kLayerNormOp,
          detail::define_op("layer_norm", "LayerNormBackward", detail::saves({0, 1}, false),
                            layer_norm_backward_formula, detail::CastPolicy::kFloat32,
                            detail::uses_kernels({EMBER_KERNEL(layer_norm_forward),
-                                                 EMBER_KERNEL(layer_norm_backward)})));
+                                                 EMBER_KERNEL(layer_norm_backward)}))
+             .first_order());
 EMBER_OP(kEmbeddingOp, detail::define_op("embedding", "EmbeddingBackward", detail::saves({}, false),
                                          embedding_backward_formula, detail::kNoAutocast,
-                                         detail::uses_kernels({EMBER_KERNEL(index_select)})));
+                                         detail::uses_kernels({EMBER_KERNEL(index_select)}))
+                           .first_order());
 
 }  // namespace
 

@@ -34,7 +34,8 @@ EMBER_OP(kCrossEntropyOp,
          detail::define_op("cross_entropy", "CrossEntropyBackward", detail::saves({0}, false),
                            cross_entropy_backward_formula, detail::CastPolicy::kFloat32,
                            detail::uses_kernels({EMBER_KERNEL(cross_entropy_forward),
-                                                 EMBER_KERNEL(cross_entropy_backward)})));
+                                                 EMBER_KERNEL(cross_entropy_backward)}))
+             .first_order());
 EMBER_OP(kNllLossOp, detail::define_composite("nll_loss", detail::CastPolicy::kFloat32));
 EMBER_OP(kMseLossOp, detail::define_composite("mse_loss", detail::CastPolicy::kFloat32));
 EMBER_OP(kL1LossOp, detail::define_composite("l1_loss", detail::CastPolicy::kFloat32));

@@ -37,20 +37,20 @@ std::vector<Tensor> permute_backward(const detail::BackwardContext& c, const Ten
     inverse[static_cast<size_t>(dims[i])] = static_cast<int64_t>(i);
   return {g.permute(inverse)};
 }
-// OpArgs::dim, start, step.
-std::vector<Tensor> slice_backward(const detail::BackwardContext& c, const Tensor& g) {
+// A slice's (or a selected index's) gradient: zeros of the input's shape holding g there.
+// PyTorch's slice_backward and select_backward, ops of their own so that a create_graph
+// backward records them; their own gradient is the same slice of theirs. OpArgs::dim, start,
+// step (select: dim, start = the index, step = 0); OpArgs::dims: the input's shape.
+Tensor placed_in_zeros(const Tensor& g, const OpArgs& view);
+std::vector<Tensor> placed_in_zeros_backward(const detail::BackwardContext& c, const Tensor& g) {
   const OpArgs& a = c.args();
-  Tensor result = zeros(c.shape(0), g.options());
-  NoGradGuard no_grad;
-  result.slice(a.dim, a.start, a.start + g.size(a.dim) * a.step, a.step).copy_(g);
-  return {result};
+  if (a.step == 0) return {g.select(a.dim, a.start)};
+  return {g.slice(a.dim, a.start, a.start + c.shape(0)[a.dim] * a.step, a.step)};
 }
-// OpArgs::dim, start: the index.
-std::vector<Tensor> select_backward(const detail::BackwardContext& c, const Tensor& g) {
-  Tensor result = zeros(c.shape(0), g.options());
-  NoGradGuard no_grad;
-  result.select(c.args().dim, c.args().start).copy_(g);
-  return {result};
+std::vector<Tensor> slice_backward(const detail::BackwardContext& c, const Tensor& g) {
+  OpArgs view = c.args();
+  view.dims = c.shape(0);
+  return {placed_in_zeros(g, view)};
 }
 std::vector<Tensor> expand_backward(const detail::BackwardContext& c, const Tensor& g) {
   return {detail::sum_to(g, c.shape(0))};
@@ -73,14 +73,31 @@ EMBER_OP(kSliceOp,
          detail::define_op("slice", "SliceBackward", detail::saves({}, false), slice_backward,
                            detail::kNoAutocast, detail::uses_kernels({})));
 EMBER_OP(kSelectOp,
-         detail::define_op("select", "SelectBackward", detail::saves({}, false), select_backward,
+         detail::define_op("select", "SelectBackward", detail::saves({}, false), slice_backward,
                            detail::kNoAutocast, detail::uses_kernels({})));
+EMBER_OP(kPlacedInZerosOp,
+         detail::define_op("slice_backward", "SliceBackwardBackward", detail::saves({}, false),
+                           placed_in_zeros_backward, detail::kNoAutocast,
+                           detail::uses_kernels({EMBER_KERNEL(fill), EMBER_KERNEL(copy)})));
 EMBER_OP(kExpandOp,
          detail::define_op("expand", "ExpandBackward", detail::saves({}, false), expand_backward,
                            detail::kNoAutocast, detail::uses_kernels({})));
 EMBER_OP(kCloneOp,
          detail::define_op("clone", "CloneBackward", detail::saves({}, false), identity_backward,
                            detail::kNoAutocast, detail::uses_kernels({EMBER_KERNEL(copy)})));
+
+Tensor placed_in_zeros(const Tensor& g, const OpArgs& view) {
+  AutogradScope scope(kPlacedInZerosOp, {&g});
+  Tensor result = zeros(view.dims, g.options());
+  if (view.step == 0) {
+    result.select(view.dim, view.start).copy_(g);
+  } else {
+    result.slice(view.dim, view.start, view.start + g.size(view.dim) * view.step, view.step)
+        .copy_(g);
+  }
+  OpArgs args = view;
+  return scope.finish(result, std::move(args));
+}
 
 using detail::contiguous_strides;
 
@@ -390,6 +407,7 @@ Tensor Tensor::select(int64_t d, int64_t index) const {
   OpArgs args;
   args.dim = wd;
   args.start = index;
+  args.step = 0;  // the gradient's placement (slice_backward) takes step 0 for a select
   return scope.finish(Tensor(storage(), dtype(), s, st, storage_offset() + index * strides()[wd]),
                       std::move(args));
 }

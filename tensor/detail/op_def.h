@@ -130,8 +130,18 @@ struct OpDef {
   BackwardFn backward = nullptr;  // null for a composite (differentiable through its parts)
   std::optional<CastPolicy> autocast;
   KernelSlots kernels;
+  // Whether the backward formula records its own history under create_graph (it is written in
+  // recorded ops). A first-order formula (a fused kernel) gives gradients a second backward
+  // cannot go through: autograd marks them so that one reaching them is an ember::Error.
+  bool twice_differentiable = true;
 
   bool differentiable() const { return backward != nullptr; }
+  // This descriptor with a first-order backward (see twice_differentiable).
+  consteval OpDef first_order() const {
+    OpDef op = *this;
+    op.twice_differentiable = false;
+    return op;
+  }
   std::span<const KernelSlot> kernel_slots() const { return {kernels.slot, kernels.count}; }
   // ggml's supports_op: whether devices of this type have every kernel this op runs on.
   bool supported_on(DeviceType type) const;
@@ -148,13 +158,13 @@ consteval OpDef define_op(std::string_view name, std::string_view node_name, Sav
   if (name.empty()) op_def_error::op_without_pytorch_name();
   if (!ends_with_backward(node_name)) op_def_error::node_name_not_ending_in_Backward();
   if (backward == nullptr) op_def_error::differentiable_op_without_backward();
-  return OpDef{name, node_name, save, backward, autocast, slots};
+  return OpDef{name, node_name, save, backward, autocast, slots, true};
 }
 // A composite op (linear, matmul, a loss): gradients come from the primitives it calls, and
 // the descriptor carries its autocast rule.
 consteval OpDef define_composite(std::string_view name, std::optional<CastPolicy> autocast) {
   if (name.empty()) op_def_error::op_without_pytorch_name();
-  return OpDef{name, {}, {}, nullptr, autocast, {}};
+  return OpDef{name, {}, {}, nullptr, autocast, {}, true};
 }
 
 // Adds a descriptor to all_ops() at start-up (EMBER_OP's second half).

@@ -190,6 +190,43 @@ TEST(AutogradEngine, CreateGraphGivesSecondDerivatives) {
   EXPECT_DOUBLE_EQ(x.grad().item<double>(), 12.0);
 }
 
+// A formula reading its op's saved output (exp's, tanh's) records the output's dependence on
+// the input: the saved output takes its node as history again under create_graph.
+TEST(AutogradEngine, SavedOutputsKeepTheirHistoryUnderCreateGraph) {
+  Tensor x = leaf({0.5, -1.0});
+  exp(x).sum().backward({}, false, true);  // d/dx = exp(x), d2/dx2 = exp(x)
+  Tensor first = x.grad();
+  x.set_grad(Tensor());
+  first.sum().backward();
+  EXPECT_NEAR(x.grad().to_vector<double>()[0], std::exp(0.5), 1e-15);
+  EXPECT_NEAR(x.grad().to_vector<double>()[1], std::exp(-1.0), 1e-15);
+
+  Tensor y = leaf({0.3});
+  tanh(y).backward({}, false, true);  // d2/dy2 tanh = -2 tanh (1 - tanh^2)
+  first = y.grad();
+  y.set_grad(Tensor());
+  first.backward();
+  const double t = std::tanh(0.3);
+  EXPECT_NEAR(y.grad().item<double>(), -2 * t * (1 - t * t), 1e-15);
+}
+
+// A fused first-order gradient under create_graph: a second backward reaching it names the op;
+// one that does not reach it runs.
+TEST(AutogradEngine, SecondBackwardThroughAFirstOrderGradientIsAnError) {
+  Generator g(5);
+  Tensor q = randn({1, 3, 4}, kF64, &g).requires_grad_();
+  Tensor k = randn({1, 3, 4}, kF64, &g), v = randn({1, 3, 4}, kF64, &g);
+  Tensor x = leaf({2});
+  (scaled_dot_product_attention(q, k, v).sum() + x * x * x).backward({}, false, true);
+  ASSERT_TRUE(q.grad().requires_grad());
+  Tensor dx = x.grad();
+  x.set_grad(Tensor());
+  dx.backward();
+  EXPECT_DOUBLE_EQ(x.grad().item<double>(), 12.0);
+  EXPECT_EMBER_ERROR(q.grad().sum().backward(),
+                     "scaled_dot_product_attention: its gradient has no derivative in ember");
+}
+
 TEST(AutogradEngine, CustomFunctionsJoinTheGraph) {
   Tensor x = leaf({1, 2, 3});
   Tensor w = leaf({2});
