@@ -1,5 +1,6 @@
 #include "engine.h"
 
+#include <optional>
 #include <queue>
 #include <unordered_map>
 
@@ -60,13 +61,56 @@ void queue_callback(std::function<void()> callback) {
   pass_callbacks->push_back(std::move(callback));
 }
 
-void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& gradients,
-              bool retain_graph, bool create_graph) {
-  EMBER_CHECK(gradients.empty() || gradients.size() == roots.size(), "backward", "got ",
-              gradients.size(), " gradients for ", roots.size(), " outputs");
+namespace {
+
+// What grad() asks of a pass: the gradients arriving at these (node, input slot) pairs are
+// captured instead of accumulated, and only nodes on a path to one of them run.
+struct Capture {
+  std::unordered_map<Node*, std::vector<std::pair<uint32_t, size_t>>> slots;  // -> result index
+  std::vector<Tensor> results;
+};
+
+// Whether a capture target is reachable from each node of the graph below `roots` (a node's
+// own targets included), walked without recursion: graphs can be thousands of nodes deep.
+std::unordered_map<Node*, bool> reaching_a_target(const std::vector<std::shared_ptr<Node>>& roots,
+                                                  const Capture& capture) {
+  std::unordered_map<Node*, bool> reaches;
+  std::vector<std::pair<Node*, size_t>> stack;  // node, next edge to visit
+  for (const auto& root : roots) {
+    if (reaches.count(root.get())) continue;
+    reaches[root.get()] = capture.slots.count(root.get()) > 0;
+    stack.emplace_back(root.get(), 0);
+    while (!stack.empty()) {
+      auto& [node, next] = stack.back();
+      const auto& edges = node->next_edges();
+      if (next < edges.size()) {
+        Node* child = edges[next++].node.get();
+        if (child == nullptr) continue;
+        auto [it, fresh] = reaches.try_emplace(child, capture.slots.count(child) > 0);
+        if (fresh) {
+          stack.emplace_back(child, 0);
+        } else if (it->second) {
+          reaches[node] = true;
+        }
+        continue;
+      }
+      const bool found = reaches[node];
+      stack.pop_back();
+      if (found && !stack.empty()) reaches[stack.back().first] = true;
+    }
+  }
+  return reaches;
+}
+
+// Runs a backward pass from `roots`: into the leaves' grad() (backward), or into `capture`.
+void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& gradients,
+                  bool retain_graph, bool create_graph, Capture* capture) {
+  const char* op = capture != nullptr ? "grad" : "backward";
+  EMBER_CHECK(gradients.empty() || gradients.size() == roots.size(), op, "got ", gradients.size(),
+              " gradients for ", roots.size(), " outputs");
   // A graph built by create_graph refers back to this one, so it has to stay (as in PyTorch).
   retain_graph = retain_graph || create_graph;
-  const trace::Range pass(trace::Category::kAutograd, "backward");
+  const trace::Range pass(trace::Category::kAutograd, op);
   trace::BackwardSpans spans;
   CallbackScope callbacks;
   GradModeGuard mode(create_graph);
@@ -86,13 +130,12 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& gradi
   };
   for (size_t i = 0; i < roots.size(); ++i) {
     const Tensor& root = roots[i];
-    EMBER_CHECK(root.defined() && root.requires_grad(), "backward", "output ", i,
+    EMBER_CHECK(root.defined() && root.requires_grad(), op, "output ", i,
                 " does not require grad and has no grad_fn");
     Tensor grad = gradients.empty() ? Tensor() : gradients[i];
     if (!grad.defined()) {
-      EMBER_CHECK(root.numel() == 1, "backward",
-                  "grad can be implicitly created only for one-element outputs, ", "output ", i,
-                  " has shape ", shape_str(root.sizes()));
+      EMBER_CHECK(root.numel() == 1, op, "grad can be implicitly created only for one-element ",
+                  "outputs, output ", i, " has shape ", shape_str(root.sizes()));
       grad = ones_like(root);
     }
     const Edge edge = gradient_edge(root);
@@ -124,6 +167,15 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& gradi
       }
     }
   }
+  std::unordered_map<Node*, bool> reaches;
+  if (capture != nullptr) reaches = reaching_a_target(root_nodes, *capture);
+  // Under capture a node runs only if one of its edges leads towards a target.
+  auto leads_to_a_target = [&reaches](const Node& node) {
+    for (const Edge& edge : node.next_edges()) {
+      if (edge.valid() && reaches[edge.node.get()]) return true;
+    }
+    return false;
+  };
 
   std::priority_queue<Node*, std::vector<Node*>, LaterFirst> ready;
   for (const auto& node : root_nodes) {
@@ -139,15 +191,22 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& gradi
     buffers.erase(node);
     grads.resize(node->num_inputs());
     node->run_pre_hooks(grads);
+    bool run = true;
+    if (capture != nullptr) {
+      if (const auto it = capture->slots.find(node); it != capture->slots.end()) {
+        for (const auto& [slot, index] : it->second) capture->results[index] = grads[slot];
+      }
+      run = leads_to_a_target(*node);
+    }
     bool any = false;
     for (const Tensor& g : grads) any = any || g.defined();
     std::vector<Tensor> outputs;
-    if (any && trace::enabled()) {
+    if (run && any && trace::enabled()) {
       outputs = traced_apply(*node, std::move(grads), spans);
-    } else if (any) {
+    } else if (run && any) {
       outputs = node->apply(std::move(grads));
     }
-    if (!retain_graph) node->release_saved();
+    if (!retain_graph && run) node->release_saved();
     const auto& edges = node->next_edges();
     for (size_t i = 0; i < edges.size(); ++i) {
       const Edge& edge = edges[i];
@@ -158,6 +217,46 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& gradi
   }
   callbacks.run();
   spans.finish();
+}
+
+}  // namespace
+
+void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& gradients,
+              bool retain_graph, bool create_graph) {
+  run_backward(roots, gradients, retain_graph, create_graph, nullptr);
+}
+
+std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
+                         const std::vector<Tensor>& grad_outputs, std::optional<bool> retain_graph,
+                         bool create_graph, bool allow_unused) {
+  Capture capture;
+  capture.results.resize(inputs.size());
+  std::vector<Edge> edges;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    EMBER_CHECK(inputs[i].defined() && inputs[i].requires_grad(), "grad", "input ", i,
+                " does not require grad");
+    edges.push_back(gradient_edge(inputs[i]));
+    capture.slots[edges.back().node.get()].emplace_back(edges.back().input_nr, i);
+  }
+  run_backward(outputs, grad_outputs, retain_graph.value_or(create_graph), create_graph, &capture);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    Tensor& g = capture.results[i];
+    if (!g.defined()) {
+      EMBER_CHECK(allow_unused, "grad", "input ", i, " (shape ", shape_str(inputs[i].sizes()),
+                  ") was not used in the graph of the outputs; pass allow_unused=true to get an ",
+                  "undefined gradient for it");
+      continue;
+    }
+    // A leaf's own gradient hooks see its gradient, as they would before accumulating.
+    if (const auto* accumulator = dynamic_cast<const AccumulateGrad*>(edges[i].node.get())) {
+      for (const auto& hook : accumulator->leaf().ensure_autograd_meta().grad_hooks) {
+        Tensor replaced = hook(g);
+        if (replaced.defined()) g = std::move(replaced);
+      }
+    }
+    if (g.sizes() != inputs[i].sizes()) g = g.expand(inputs[i].sizes()).clone();
+  }
+  return std::move(capture.results);
 }
 
 }  // namespace ember::autograd

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <vector>
 
 #include <ember/tensor/tensor.h>
@@ -15,6 +16,18 @@ namespace ember::autograd {
 // is itself recorded (and the graph retained).
 void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& gradients = {},
               bool retain_graph = false, bool create_graph = false);
+
+// torch.autograd.grad: the gradients of `outputs` (weighted by `grad_outputs`; undefined
+// entries mean ones for one-element outputs) with respect to `inputs`, returned instead of
+// accumulated into anyone's grad(), running only the part of the graph between them. The
+// graph is kept when retain_graph is true (default: create_graph), and the gradients carry
+// history when create_graph is true, so they can be differentiated again (gradient penalties,
+// Hessian-vector products). An input the outputs do not depend on is an ember::Error unless
+// allow_unused, which gives it an undefined tensor.
+std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
+                         const std::vector<Tensor>& grad_outputs = {},
+                         std::optional<bool> retain_graph = std::nullopt, bool create_graph = false,
+                         bool allow_unused = false);
 
 // Runs `callback` once the backward pass running on this thread has gone through its whole
 // graph, before backward() returns (PyTorch's Variable._execution_engine.queue_callback): a

@@ -227,6 +227,63 @@ TEST(AutogradEngine, SecondBackwardThroughAFirstOrderGradientIsAnError) {
                      "scaled_dot_product_attention: its gradient has no derivative in ember");
 }
 
+// torch.autograd.grad: gradients returned, nothing accumulated, only the part of the graph
+// leading to the inputs run.
+TEST(AutogradGrad, ReturnsGradientsWithoutAccumulating) {
+  Tensor x = leaf({1, 2, 3}), w = leaf({2});
+  Tensor other = leaf({5});
+  int other_branch_runs = 0;
+  const Tensor side = autograd::apply_function(
+      "CountedBackward", {other}, [&] { return std::vector<Tensor>{other * 1.0}; },
+      [&](const std::vector<Tensor>& grads) {
+        ++other_branch_runs;
+        return std::vector<Tensor>{grads[0]};
+      })[0];
+  const Tensor y = (x * x * w).sum() + side.sum();
+  const auto grads = autograd::grad({y}, {x}, {}, true);
+  ASSERT_EQ(grads.size(), 1U);
+  EXPECT_EQ(grads[0].to_vector<double>(), (std::vector<double>{4, 8, 12}));  // 2 x w
+  EXPECT_FALSE(grads[0].requires_grad());
+  EXPECT_FALSE(x.grad().defined());
+  EXPECT_FALSE(w.grad().defined());
+  EXPECT_EQ(other_branch_runs, 0);
+
+  // Several inputs, one of them not a leaf, and an output gradient.
+  const Tensor h = x * 2.0;
+  const Tensor z = h * h * w;  // dz/dh = 2 h w, dz/dw = h^2
+  const auto both = autograd::grad({z}, {h, w}, {from_vector<double>({1, 0, 1})});
+  EXPECT_EQ(both[0].to_vector<double>(), (std::vector<double>{8, 0, 24}));
+  EXPECT_EQ(both[1].to_vector<double>(), (std::vector<double>{4 + 36}));
+  EXPECT_FALSE(x.grad().defined());
+}
+
+TEST(AutogradGrad, CreateGraphGivesHessianVectorProducts) {
+  Tensor x = leaf({1, -2});
+  Tensor y = (x * x * x).sum() + (x.select(0, 0) * x.select(0, 1));
+  // g = (3 x0^2 + x1, 3 x1^2 + x0); H = [[6 x0, 1], [1, 6 x1]]
+  const Tensor g = autograd::grad({y}, {x}, {}, std::nullopt, true)[0];
+  ASSERT_TRUE(g.requires_grad());
+  EXPECT_EQ(g.to_vector<double>(), (std::vector<double>{1, 13}));
+  const Tensor v = from_vector<double>({1, 2});
+  const Tensor hv = autograd::grad({(g * v).sum()}, {x})[0];
+  EXPECT_EQ(hv.to_vector<double>(), (std::vector<double>{6 + 2, 1 - 24}));
+  EXPECT_FALSE(x.grad().defined());
+}
+
+TEST(AutogradGrad, UnusedInputsAndFreedGraphs) {
+  Tensor x = leaf({1, 2}), unused = leaf({3});
+  Tensor y = (x * x).sum();
+  EXPECT_EMBER_ERROR(autograd::grad({y}, {x, unused}, {}, true),
+                     "grad: input 1 (shape [1]) was not used in the graph of the outputs");
+  const auto grads = autograd::grad({y}, {x, unused}, {}, std::nullopt, false, true);
+  EXPECT_EQ(grads[0].to_vector<double>(), (std::vector<double>{2, 4}));
+  EXPECT_FALSE(grads[1].defined());
+  // retain_graph defaults to create_graph: the first call freed the graph.
+  EXPECT_EMBER_ERROR(autograd::grad({y}, {x}), "backward through the graph a second time");
+  EXPECT_EMBER_ERROR(autograd::grad({y}, {from_vector<double>({1})}),
+                     "grad: input 0 does not require grad");
+}
+
 TEST(AutogradEngine, CustomFunctionsJoinTheGraph) {
   Tensor x = leaf({1, 2, 3});
   Tensor w = leaf({2});
