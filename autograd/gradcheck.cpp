@@ -75,20 +75,15 @@ GradcheckResult gradgradcheck(const std::function<Tensor(const std::vector<Tenso
   auto first_gradients = [&](const std::vector<Tensor>& v) {
     const GradModeGuard recording(true);
     const std::vector<Tensor> xs(v.begin(), v.end() - 1);
-    std::vector<Tensor> held;
+    std::vector<Tensor> wrt;
     for (const Tensor& x : xs) {
-      held.push_back(x.grad());
-      x.set_grad(Tensor());
+      if (x.requires_grad()) wrt.push_back(x);
     }
-    backward({f(xs)}, {v.back()}, false, true);
+    const std::vector<Tensor> grads = grad({f(xs)}, wrt, {v.back()}, std::nullopt, true, true);
     std::vector<Tensor> parts;
-    for (size_t i = 0; i < xs.size(); ++i) {
-      const Tensor& x = xs[i];
-      if (!x.requires_grad()) continue;
-      const Tensor g = x.grad().defined() ? x.grad() : zeros_like(x);
-      recorded = recorded && (!x.grad().defined() || g.requires_grad());
-      parts.push_back(g.reshape({-1}));
-      x.set_grad(held[i]);
+    for (size_t i = 0; i < wrt.size(); ++i) {
+      recorded = recorded && (!grads[i].defined() || grads[i].requires_grad());
+      parts.push_back((grads[i].defined() ? grads[i] : zeros_like(wrt[i])).reshape({-1}));
     }
     return cat(parts, 0);
   };
