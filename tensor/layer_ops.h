@@ -24,7 +24,9 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias = {}
 // Normalises over every dim but dim 1 (input [N, C] or [N, C, ...]). In training, batch
 // statistics normalise (biased variance) and, when given, running_mean/running_var are
 // updated in place with `momentum` (unbiased variance), as torch.nn.functional.batch_norm.
-// In eval, the running statistics normalise. weight/bias [C] may be undefined.
+// In eval, the running statistics normalise. weight/bias [C] may be undefined. Its backward
+// (and its fused forms') is differentiable again (create_graph): in training a second
+// backward sees the batch statistics' dependence on the input; the running ones are constants.
 Tensor batch_norm(const Tensor& input, const Tensor& weight, const Tensor& bias,
                   const Tensor& running_mean, const Tensor& running_var, bool training,
                   double momentum = 0.1, double eps = 1e-5);
