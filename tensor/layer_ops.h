@@ -90,6 +90,7 @@ Tensor silu(const Tensor& input);
 // (x - mean) / sqrt(biased var + eps) * weight + bias, with weight and bias of shape
 // normalized_shape (either may be undefined) and of the input's dtype. Statistics are computed
 // in f32 or wider (f64 for f64 inputs). Under autocast it runs in f32, as on PyTorch's CUDA list.
+// Its backward is differentiable again (create_graph).
 Tensor layer_norm(const Tensor& input, const Shape& normalized_shape, const Tensor& weight = {},
                   const Tensor& bias = {}, double eps = 1e-5);
 
