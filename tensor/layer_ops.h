@@ -16,7 +16,9 @@ namespace ember {
 
 using Pair = std::array<int64_t, 2>;
 
-// input [N, C, H, W], weight [O, C / groups, kH, kW], bias [O] (or undefined).
+// input [N, C, H, W], weight [O, C / groups, kH, kW], bias [O] (or undefined). Its gradients,
+// as the pooling ops', are differentiable again (create_graph: gradient penalties, Hessian-vector
+// products).
 Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias = {},
               Pair stride = {1, 1}, Pair padding = {0, 0}, Pair dilation = {1, 1},
               int64_t groups = 1);
