@@ -60,7 +60,7 @@ Tensor cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits, con
                               const Tensor& target, int64_t ignore_index, double smoothing);
 
 // --- GPT layers.
-// grad * gelu'(input), in one pass (first-order: an ember::Error when it would be recorded).
+// grad * gelu'(input), in one pass; recorded (create_graph) as the op gelu_backward.
 Tensor gelu_backward(const Tensor& grad, const Tensor& input, GeluApproximate approximate);
 // Gradients for input, weight and bias of layer_norm from its saved mean and rstd.
 std::array<Tensor, 3> layer_norm_backward(const Tensor& grad_out, const Tensor& input,
