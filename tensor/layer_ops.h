@@ -71,10 +71,8 @@ Tensor dropout(const Tensor& input, double p, bool training, Generator* gen = nu
 Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias = {});
 
 // ---- GPT layers ------------------------------------------------------------------------
-// As torch.nn.functional's gelu, layer_norm and embedding. gelu's and embedding's gradients
-// are differentiable again (create_graph gives second derivatives); layer_norm's is first-order
-// (as conv2d's and batch_norm's): a second backward through a gradient create_graph took of it
-// is an ember::Error naming the op.
+// As torch.nn.functional's gelu, layer_norm and embedding. Their gradients are differentiable
+// again (create_graph gives second derivatives), as conv2d's and batch_norm's.
 
 // GELU's form: exact x * Phi(x) (erf), or PyTorch's tanh approximation
 // 0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3))) (approximate="tanh").
