@@ -36,6 +36,22 @@ int main() {
     check(y.item<double>() == 48, "sum(3x^2 + x) at x = (1, 2, 3) is 48");
     check(x.grad().to_vector<double>() == std::vector<double>({7, 13, 19}), "dy/dx = 6x + 1");
 
+    // Second derivatives as torch.autograd.grad(..., create_graph=True) takes them: for
+    // z = sum(x^3 + tanh(x)), dz/dx = 3x^2 + 1 - tanh^2, and its gradient 6x - 2 tanh (1 - tanh^2).
+    Tensor xs = from_vector<double>({0.5, -1}, {2});
+    xs.requires_grad_();
+    const Tensor dz = autograd::grad({(xs * xs * xs + tanh(xs)).sum()}, {xs}, {}, std::nullopt,
+                                     /*create_graph=*/true)[0];
+    const Tensor d2z = autograd::grad({dz.sum()}, {xs})[0];
+    bool second_ok = !xs.grad().defined();
+    for (int i = 0; i < 2; ++i) {
+      const double v = i == 0 ? 0.5 : -1.0, t = std::tanh(v);
+      second_ok = second_ok &&
+                  std::fabs(dz.to_vector<double>()[i] - (3 * v * v + 1 - t * t)) < 1e-12 &&
+                  std::fabs(d2z.to_vector<double>()[i] - (6 * v - 2 * t * (1 - t * t))) < 1e-12;
+    }
+    check(second_ok, "autograd::grad with create_graph gives the second derivative");
+
     // nn + optim: SGD fits a Linear layer to t = 2a - b + 0.5 on the four corners of the
     // unit square, where least squares is exact.
     manual_seed(0);
