@@ -11,11 +11,12 @@ namespace {
 class FunctionNode final : public Node {
  public:
   FunctionNode(std::string name, uint32_t num_outputs, std::vector<Shape> input_sizes,
-               BackwardFunction backward)
+               BackwardFunction backward, Differentiability differentiability)
       : Node(num_outputs),
         name_(std::move(name)),
         input_sizes_(std::move(input_sizes)),
-        backward_(std::move(backward)) {}
+        backward_(std::move(backward)),
+        differentiability_(differentiability) {}
 
   std::string name() const override { return name_; }
   // The backward function holds what it saved; dropping it frees them.
@@ -35,6 +36,10 @@ class FunctionNode final : public Node {
                   "backward returned a gradient ", "of shape ", shape_str(result[i].sizes()),
                   " for input ", i, " of shape ", shape_str(input_sizes_[i]));
       if (!next_edges()[i].valid()) result[i] = Tensor();
+      if (result[i].defined() && GradMode::is_enabled() &&
+          differentiability_ == Differentiability::kOnce) {
+        result[i] = first_order_gradient(result[i], name_, *this, grads);
+      }
     }
     return result;
   }
@@ -43,6 +48,7 @@ class FunctionNode final : public Node {
   std::string name_;
   std::vector<Shape> input_sizes_;
   BackwardFunction backward_;
+  Differentiability differentiability_;
   bool released_ = false;
 };
 
@@ -50,7 +56,7 @@ class FunctionNode final : public Node {
 
 std::vector<Tensor> apply_function(const std::string& name, const std::vector<Tensor>& inputs,
                                    const std::function<std::vector<Tensor>()>& forward,
-                                   BackwardFunction backward) {
+                                   BackwardFunction backward, Differentiability differentiability) {
   bool recording = GradMode::is_enabled();
   if (recording) {
     recording = false;
@@ -64,8 +70,9 @@ std::vector<Tensor> apply_function(const std::string& name, const std::vector<Te
   if (!recording) return outputs;
   std::vector<Shape> sizes;
   for (const Tensor& t : inputs) sizes.push_back(t.defined() ? t.sizes() : Shape{});
-  auto node = std::make_shared<FunctionNode>(name, static_cast<uint32_t>(outputs.size()),
-                                             std::move(sizes), std::move(backward));
+  auto node =
+      std::make_shared<FunctionNode>(name, static_cast<uint32_t>(outputs.size()), std::move(sizes),
+                                     std::move(backward), differentiability);
   for (const Tensor& t : inputs) node->add_next_edge(gradient_edge(t));
   for (size_t i = 0; i < outputs.size(); ++i) {
     if (!outputs[i].defined() || !outputs[i].is_floating_point()) continue;

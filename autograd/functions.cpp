@@ -19,33 +19,6 @@ struct InputInfo {
   bool needs_grad = false;
 };
 
-// `t`'s data as the output `output_nr` of `node`: a tensor with that history.
-Tensor with_history(const Tensor& t, std::shared_ptr<Node> node, uint32_t output_nr) {
-  Tensor out = t.detach();
-  AutogradMeta& meta = out.ensure_autograd_meta();
-  meta.requires_grad = true;
-  meta.grad_fn = std::move(node);
-  meta.output_nr = output_nr;
-  return out;
-}
-
-// The history given to a gradient a first-order backward computed under create_graph: a
-// second backward that reaches it is an error naming the op (PyTorch's "derivative ... is not
-// implemented"), never a silent zero.
-class FirstOrderGradient final : public Node {
- public:
-  explicit FirstOrderGradient(const OpDef& op) : Node(1), op_(op) {}
-  std::string name() const override { return std::string(op_.node_name) + "Backward"; }
-  std::vector<Tensor> apply(std::vector<Tensor>&&) override {
-    throw Error(detail::str_cat(
-        op_.name, ": its gradient has no derivative in ember (a fused first-order kernel); a ",
-        "backward through a gradient taken with create_graph=true cannot pass ", op_.node_name));
-  }
-
- private:
-  const OpDef& op_;
-};
-
 // A recorded op: the tensors its descriptor's save plan names, and its backward run through
 // the BackwardContext the formula reads.
 class OpNode final : public Node, private detail::BackwardContext {
@@ -96,7 +69,7 @@ class OpNode final : public Node, private detail::BackwardContext {
                    shape_str(g.sizes()), " for input ", i, " of shape ",
                    shape_str(inputs_[i].sizes));
       if (recording && !op_.twice_differentiable) {
-        g = with_history(g, std::make_shared<FirstOrderGradient>(op_), 0);
+        g = first_order_gradient(g, op_.name, *this, grads);
       }
     }
     return result;

@@ -83,4 +83,38 @@ Edge gradient_edge(const Tensor& t) {
   return Edge{accumulator, 0};
 }
 
+Tensor with_history(const Tensor& t, std::shared_ptr<Node> node, uint32_t output_nr) {
+  Tensor out = t.detach();
+  AutogradMeta& meta = out.ensure_autograd_meta();
+  meta.requires_grad = true;
+  meta.grad_fn = std::move(node);
+  meta.output_nr = output_nr;
+  return out;
+}
+
+namespace {
+class FirstOrderGradient final : public Node {
+ public:
+  FirstOrderGradient(std::string_view op, std::string node_name)
+      : Node(1), op_(op), node_name_(std::move(node_name)) {}
+  std::string name() const override { return node_name_ + "Backward"; }
+  std::vector<Tensor> apply(std::vector<Tensor>&&) override {
+    throw Error(detail::str_cat(op_, ": its gradient has no derivative in ember (a first-order ",
+                                "backward); a backward through a gradient taken with ",
+                                "create_graph=true cannot pass ", node_name_));
+  }
+
+ private:
+  std::string op_, node_name_;
+};
+}  // namespace
+
+Tensor first_order_gradient(const Tensor& g, std::string_view op, const Node& backward,
+                            const std::vector<Tensor>& grads) {
+  auto node = std::make_shared<FirstOrderGradient>(op, backward.name());
+  for (const Tensor& in : grads) node->add_next_edge(gradient_edge(in));
+  for (const Edge& edge : backward.next_edges()) node->add_next_edge(edge);
+  return with_history(g, std::move(node), 0);
+}
+
 }  // namespace ember::autograd

@@ -5,6 +5,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <ember/tensor/tensor.h>
@@ -96,5 +97,16 @@ class AccumulateGrad final : public Node {
 
 // The edge a gradient for `t` flows into: its grad_fn, its leaf accumulator, or none.
 Edge gradient_edge(const Tensor& t);
+
+// `t`'s data as output `output_nr` of `node`: a tensor with that history.
+Tensor with_history(const Tensor& t, std::shared_ptr<Node> node, uint32_t output_nr);
+
+// A gradient that `backward`, the first-order node of `op`, computed under create_graph from
+// `grads`, given a history that a second backward cannot pass: reaching it is an ember::Error
+// naming the op (PyTorch's "derivative ... is not implemented"), never a silent zero. Its
+// edges lead where the gradient depends on (the gradients in, the forward's inputs), so
+// autograd::grad finds those inputs used and runs into the error too.
+Tensor first_order_gradient(const Tensor& g, std::string_view op, const Node& backward,
+                            const std::vector<Tensor>& grads);
 
 }  // namespace ember::autograd

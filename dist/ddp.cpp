@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <cstdio>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -169,7 +170,8 @@ struct DistributedDataParallel::Reducer {
   // ZeRO-2: the gradients the last reduction left on their owner (averages), by parameter.
   std::vector<Tensor> reduced;
   size_t next_bucket = 0;
-  bool armed = false;           // a synced backward is expected: hooks count gradients
+  bool armed = false;  // a synced backward is expected: hooks count gradients
+  bool warned_create_graph = false;
   std::weak_ptr<Reducer> self;  // for the callback that waits at the end of a backward pass
   bool any_ready = false;
   bool rebuilt = false;
@@ -415,6 +417,17 @@ struct DistributedDataParallel::Reducer {
     if (!armed) return;
     NoGradGuard no_grad;
     const Tensor& g = params[i].grad();
+    if (g.requires_grad() && !warned_create_graph) {
+      // As PyTorch's reducer: the average crosses the ranks without history.
+      warned_create_graph = true;
+      std::fprintf(stderr,
+                   "ember: DistributedDataParallel: backward with create_graph=true averages "
+                   "the gradients across ranks without their history, so a second backward "
+                   "through the parameters' grad() misses those terms. For gradient penalties "
+                   "take the inner gradients with autograd::grad (DDP does not reduce them) and "
+                   "call backward() without create_graph. (Said once per model.)\n");
+      std::fflush(stderr);
+    }
     ensure_flat(buckets[bucket_of[i]]);
     Tensor view = view_of(i);
     if (!same_view(g, view)) {

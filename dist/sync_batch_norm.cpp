@@ -120,8 +120,10 @@ Tensor SyncBatchNorm::forward(const Tensor& input) {
     return out;
   };
 
+  // The statistics crossed the ranks without history: a second backward through these
+  // gradients is refused, as PyTorch's SyncBatchNorm backward has no derivative either.
   return autograd::apply_function("SyncBatchNormBackward", {input, weight, bias}, forward_fn,
-                                  backward_fn)[0];
+                                  backward_fn, autograd::Differentiability::kOnce)[0];
 }
 
 namespace {

@@ -24,7 +24,9 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias = {}
 // Normalises over every dim but dim 1 (input [N, C] or [N, C, ...]). In training, batch
 // statistics normalise (biased variance) and, when given, running_mean/running_var are
 // updated in place with `momentum` (unbiased variance), as torch.nn.functional.batch_norm.
-// In eval, the running statistics normalise. weight/bias [C] may be undefined.
+// In eval, the running statistics normalise. weight/bias [C] may be undefined. Its backward
+// (and its fused forms') is differentiable again (create_graph): in training a second
+// backward sees the batch statistics' dependence on the input; the running ones are constants.
 Tensor batch_norm(const Tensor& input, const Tensor& weight, const Tensor& bias,
                   const Tensor& running_mean, const Tensor& running_var, bool training,
                   double momentum = 0.1, double eps = 1e-5);
@@ -88,6 +90,7 @@ Tensor silu(const Tensor& input);
 // (x - mean) / sqrt(biased var + eps) * weight + bias, with weight and bias of shape
 // normalized_shape (either may be undefined) and of the input's dtype. Statistics are computed
 // in f32 or wider (f64 for f64 inputs). Under autocast it runs in f32, as on PyTorch's CUDA list.
+// Its backward is differentiable again (create_graph).
 Tensor layer_norm(const Tensor& input, const Shape& normalized_shape, const Tensor& weight = {},
                   const Tensor& bias = {}, double eps = 1e-5);
 

@@ -24,18 +24,61 @@ std::vector<Tensor> conv2d_backward_formula(const detail::BackwardContext& c, co
                                              {c.needs(0), c.needs(1), c.needs(2)});
   return {grads[0], grads[1], grads[2]};
 }
-// OpArgs::extra: save_mean, save_invstd; training.
+// batch_norm's gradients in recorded ops (create_graph), from the statistics' dtype: in
+// training the statistics are recomputed from the input (PyTorch's double backward sees their
+// dependence on it); in eval the running statistics (save_mean, save_invstd) are constants.
+// Dtypes and layout as the kernel's: a gradient of the input in its dtype and format, of the
+// weight and bias in the parameters' dtype.
+std::array<Tensor, 3> batch_norm_backward_recorded(const Tensor& g, const Tensor& input,
+                                                   const Tensor& weight, const OpArgs& a,
+                                                   std::array<bool, 3> needs) {
+  const DType stat = a.extra.at(1).dtype();
+  Shape dims, per_channel(static_cast<size_t>(input.dim()), 1);
+  per_channel[1] = input.size(1);
+  for (int64_t d = 0; d < input.dim(); ++d)
+    if (d != 1) dims.push_back(d);
+  const Tensor x = input.to(stat), gy = g.to(stat);
+  const detail::Normalized n = a.training
+                                   ? detail::normalize_recorded(x, dims, a.a)
+                                   : detail::Normalized{(x - a.extra.at(0).view(per_channel)) *
+                                                            a.extra.at(1).view(per_channel),
+                                                        a.extra.at(1).view(per_channel)};
+  const DType param = weight.defined() ? weight.dtype() : input.dtype();
+  std::array<Tensor, 3> grads;
+  if (needs[0]) {
+    Tensor gi = a.training ? detail::normalize_backward_recorded(gy, n, dims) : gy * n.rstd;
+    if (weight.defined()) gi = gi * weight.to(stat).view(per_channel);
+    grads[0] = gi.to(input.dtype()).contiguous(input.suggest_memory_format());
+  }
+  if (needs[1] && weight.defined()) grads[1] = sum(gy * n.xhat, dims).to(param);
+  if (needs[2]) grads[2] = sum(gy, dims).to(param);
+  return grads;
+}
+
+// OpArgs::extra: save_mean, save_invstd; training; a: eps. The fused kernel, or recorded ops
+// when the backward itself is recorded.
 std::vector<Tensor> batch_norm_backward_formula(const detail::BackwardContext& c, const Tensor& g) {
   const OpArgs& a = c.args();
-  const auto grads = detail::batch_norm_backward(g, c.in(0), c.in(1), a.extra.at(0), a.extra.at(1),
-                                                 a.training, {c.needs(0), c.needs(1), c.needs(2)});
+  const std::array<bool, 3> needs{c.needs(0), c.needs(1), c.needs(2)};
+  const auto grads = detail::grad_needed({&g, &c.in(0), &c.in(1)})
+                         ? batch_norm_backward_recorded(g, c.in(0), c.in(1), a, needs)
+                         : detail::batch_norm_backward(g, c.in(0), c.in(1), a.extra.at(0),
+                                                       a.extra.at(1), a.training, needs);
   return {grads[0], grads[1], grads[2]};
 }
-// Inputs: input, weight, bias, residual (undefined without the add); as batch norm's.
+// Inputs: input, weight, bias, residual (undefined without the add); as batch norm's. The
+// residual's gradient is g masked by the output's sign.
 std::vector<Tensor> batch_norm_relu_backward_formula(const detail::BackwardContext& c,
                                                      const Tensor& g) {
   const OpArgs& a = c.args();
   const bool residual = c.num_inputs() > 3 && c.needs(3);
+  if (detail::grad_needed({&g, &c.in(0), &c.in(1)})) {
+    const Tensor gm = detail::relu_backward(g, c.out());
+    const auto grads =
+        batch_norm_backward_recorded(gm, c.in(0), c.in(1), a, {c.needs(0), c.needs(1), c.needs(2)});
+    return {grads[0], grads[1], grads[2],
+            residual ? gm.contiguous(c.in(0).suggest_memory_format()) : Tensor()};
+  }
   const auto grads =
       detail::batch_norm_relu_backward(g, c.out(), c.in(0), c.in(1), a.extra.at(0), a.extra.at(1),
                                        a.training, {c.needs(0), c.needs(1), c.needs(2), residual});
@@ -71,21 +114,18 @@ EMBER_OP(kBatchNormOp,
          detail::define_op("batch_norm", "BatchNormBackward", detail::saves({0, 1}, false),
                            batch_norm_backward_formula, detail::kNoAutocast,
                            detail::uses_kernels({EMBER_KERNEL(batch_norm_forward),
-                                                 EMBER_KERNEL(batch_norm_backward)}))
-             .first_order());
+                                                 EMBER_KERNEL(batch_norm_backward)})));
 EMBER_OP(kBatchNormReluOp,
          detail::define_op("batch_norm_relu", "BatchNormReluBackward", detail::saves({0, 1}, true),
                            batch_norm_relu_backward_formula, detail::kNoAutocast,
                            detail::uses_kernels({EMBER_KERNEL(batch_norm_relu_forward),
-                                                 EMBER_KERNEL(batch_norm_relu_backward)}))
-             .first_order());
+                                                 EMBER_KERNEL(batch_norm_relu_backward)})));
 EMBER_OP(kBatchNormAddReluOp,
          detail::define_op("batch_norm_add_relu", "BatchNormAddReluBackward",
                            detail::saves({0, 1}, true), batch_norm_relu_backward_formula,
                            detail::kNoAutocast,
                            detail::uses_kernels({EMBER_KERNEL(batch_norm_relu_forward),
-                                                 EMBER_KERNEL(batch_norm_relu_backward)}))
-             .first_order());
+                                                 EMBER_KERNEL(batch_norm_relu_backward)})));
 EMBER_OP(kMaxPool2dOp,
          detail::define_op("max_pool2d", "MaxPool2dBackward", detail::saves({}, false),
                            max_pool2d_backward_formula, detail::kNoAutocast,
@@ -286,6 +326,7 @@ Tensor batch_norm_forward(const detail::OpDef& id, const char* op, bool fused, c
   }
   OpArgs args;
   args.training = training;
+  args.a = eps;
   if (scope.recording()) args.extra = {save_mean, save_invstd};
   return scope.finish(out4, std::move(args));
 }
@@ -556,6 +597,18 @@ std::array<Tensor, 3> batch_norm_backward(const Tensor& grad_out, const Tensor& 
                  "batch_norm")(gi, gw, gb, batch_norm_rows(grad_out, format), x, weight, save_mean,
                                save_invstd, training);
   return {gi4, gw, gb};
+}
+
+Normalized normalize_recorded(const Tensor& x, const Shape& dims, double eps) {
+  const Tensor centered = x - mean(x, dims, true);
+  const Tensor rstd = rsqrt(mean(centered * centered, dims, true) + eps);
+  return {centered * rstd, rstd};
+}
+
+Tensor normalize_backward_recorded(const Tensor& grad_xhat, const Normalized& n,
+                                   const Shape& dims) {
+  return (grad_xhat - mean(grad_xhat, dims, true) - n.xhat * mean(grad_xhat * n.xhat, dims, true)) *
+         n.rstd;
 }
 
 namespace {

@@ -17,11 +17,42 @@ using detail::OpArgs;
 
 namespace {
 
-// OpArgs::extra: mean, rstd; dims: the normalized shape.
+// layer_norm's gradients in recorded ops (create_graph): the statistics recomputed from the
+// input, in f32 or wider as the forward's, over the trailing normalized dims. Dtypes as the
+// kernel's: the input's gradient in its dtype, the weight's and bias's in the weight's.
+std::array<Tensor, 3> layer_norm_backward_recorded(const Tensor& g, const Tensor& input,
+                                                   const Tensor& weight, const OpArgs& a,
+                                                   std::array<bool, 3> needs) {
+  const DType stat = a.extra.at(1).dtype();
+  const int64_t k = static_cast<int64_t>(a.dims.size()), lead = input.dim() - k;
+  Shape dims, lead_dims;
+  for (int64_t d = 0; d < input.dim(); ++d) (d < lead ? lead_dims : dims).push_back(d);
+  const Tensor x = input.to(stat), gy = g.to(stat);
+  const detail::Normalized n = detail::normalize_recorded(x, dims, a.a);
+  // Over the leading dims to the normalized shape (none: the value itself).
+  auto sum_lead = [&](const Tensor& t) {
+    const DType param = weight.defined() ? weight.dtype() : input.dtype();
+    return (lead_dims.empty() ? t : sum(t, lead_dims)).to(param);
+  };
+  std::array<Tensor, 3> grads;
+  if (needs[0]) {
+    const Tensor gxhat = weight.defined() ? gy * weight.to(stat) : gy;
+    grads[0] = detail::normalize_backward_recorded(gxhat, n, dims).to(input.dtype());
+  }
+  if (needs[1] && weight.defined()) grads[1] = sum_lead(gy * n.xhat);
+  if (needs[2]) grads[2] = sum_lead(gy);
+  return grads;
+}
+
+// OpArgs::extra: mean, rstd; dims: the normalized shape; a: eps. The fused kernel, or recorded
+// ops when the backward itself is recorded.
 std::vector<Tensor> layer_norm_backward_formula(const detail::BackwardContext& c, const Tensor& g) {
   const OpArgs& a = c.args();
-  const auto grads = detail::layer_norm_backward(g, c.in(0), c.in(1), a.extra.at(0), a.extra.at(1),
-                                                 a.dims, {c.needs(0), c.needs(1), c.needs(2)});
+  const std::array<bool, 3> needs{c.needs(0), c.needs(1), c.needs(2)};
+  const auto grads = detail::grad_needed({&g, &c.in(0), &c.in(1)})
+                         ? layer_norm_backward_recorded(g, c.in(0), c.in(1), a, needs)
+                         : detail::layer_norm_backward(g, c.in(0), c.in(1), a.extra.at(0),
+                                                       a.extra.at(1), a.dims, needs);
   return {grads[0], grads[1], grads[2]};
 }
 // OpArgs::extra: the flat i64 indices; start: padding_idx (-1: none).
@@ -35,8 +66,7 @@ EMBER_OP(kLayerNormOp,
          detail::define_op("layer_norm", "LayerNormBackward", detail::saves({0, 1}, false),
                            layer_norm_backward_formula, detail::CastPolicy::kFloat32,
                            detail::uses_kernels({EMBER_KERNEL(layer_norm_forward),
-                                                 EMBER_KERNEL(layer_norm_backward)}))
-             .first_order());
+                                                 EMBER_KERNEL(layer_norm_backward)})));
 EMBER_OP(kEmbeddingOp, detail::define_op("embedding", "EmbeddingBackward", detail::saves({}, false),
                                          embedding_backward_formula, detail::kNoAutocast,
                                          detail::uses_kernels({EMBER_KERNEL(index_select)}))
@@ -88,6 +118,7 @@ Tensor layer_norm(const Tensor& input, const Shape& normalized_shape, const Tens
   }
   OpArgs args;
   args.dims = normalized_shape;
+  args.a = eps;
   if (scope.recording()) args.extra = {mean, rstd};
   return scope.finish(out, std::move(args));
 }

@@ -24,6 +24,15 @@ std::array<Tensor, 3> batch_norm_backward(const Tensor& grad_out, const Tensor& 
                                           const Tensor& weight, const Tensor& save_mean,
                                           const Tensor& save_invstd, bool training,
                                           std::array<bool, 3> needs);
+// The recorded (create_graph) forms of the normalization gradients, written in differentiable
+// ops: xhat = (x - mean) * rstd over `dims` with the biased variance and rstd =
+// rsqrt(var + eps), recomputed from x so a second backward sees the statistics' dependence on it.
+struct Normalized {
+  Tensor xhat, rstd;  // rstd keeps the reduced dims (size 1)
+};
+Normalized normalize_recorded(const Tensor& x, const Shape& dims, double eps);
+// The gradient of x from the gradient of xhat: rstd * (g - mean(g) - xhat * mean(g * xhat)).
+Tensor normalize_backward_recorded(const Tensor& grad_xhat, const Normalized& n, const Shape& dims);
 // The pooling gradients take the layout the forward computed in (params.channels_last).
 // Gradients of batch_norm_relu / batch_norm_add_relu for input, weight, bias and residual,
 // from the op's output (its ReLU mask).

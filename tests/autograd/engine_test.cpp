@@ -284,6 +284,28 @@ TEST(AutogradGrad, UnusedInputsAndFreedGraphs) {
                      "grad: input 0 does not require grad");
 }
 
+// A custom function's backward written in recorded ops is differentiated again; one declared
+// kOnce (PyTorch's @once_differentiable) refuses a second backward by name.
+TEST(AutogradEngine, CustomFunctionsUnderCreateGraph) {
+  Tensor x = leaf({3});
+  for (auto kind : {autograd::Differentiability::kTwice, autograd::Differentiability::kOnce}) {
+    const Tensor y = autograd::apply_function(
+        "CubeBackward", {x}, [&] { return std::vector<Tensor>{x * x * x}; },
+        [x](const std::vector<Tensor>& grads) {
+          return std::vector<Tensor>{grads[0] * 3.0 * x * x};
+        },
+        kind)[0];
+    const Tensor dy = autograd::grad({y}, {x}, {}, std::nullopt, true)[0];
+    EXPECT_DOUBLE_EQ(dy.item<double>(), 27.0);
+    if (kind == autograd::Differentiability::kTwice) {
+      EXPECT_DOUBLE_EQ(autograd::grad({dy}, {x})[0].item<double>(), 18.0);  // 6 x
+    } else {
+      EXPECT_EMBER_ERROR(autograd::grad({dy}, {x}),
+                         "CubeBackward: its gradient has no derivative in ember");
+    }
+  }
+}
+
 TEST(AutogradEngine, CustomFunctionsJoinTheGraph) {
   Tensor x = leaf({1, 2, 3});
   Tensor w = leaf({2});

@@ -75,6 +75,47 @@ TEST(DistributedDataParallel, MatchesOneProcessWithTheFullBatch) {
   expect_same_state(ddp->module(), *reference, 1e-5, 1e-6);
 }
 
+// A gradient penalty as PyTorch users write it under DDP: the input gradient taken with
+// autograd::grad (create_graph, not reduced), then one plain backward that DDP averages. It
+// follows one process with the whole batch. backward(create_graph=true) itself is reduced
+// without history, and says so once.
+TEST(DistributedDataParallel, GradientPenaltyThroughAutogradGradMatchesOneProcess) {
+  auto pg = world();
+  const int64_t global = 12;
+  auto reference = mlp(3);
+  auto ddp = std::make_shared<DistributedDataParallel>(mlp(3), pg);
+  auto penalised = [](nn::Module& model, const Tensor& x, const Tensor& y) {
+    Tensor input = x.clone().requires_grad_();
+    const Tensor out = model(input);
+    const Tensor dx = autograd::grad({out.sum()}, {input}, {}, std::nullopt, true)[0];
+    return cross_entropy(out, y) + 0.5 * (dx * dx).sum({1}).mean();
+  };
+  auto [x, y] = batch({global, 4}, 21);
+  penalised(*reference, x, y).backward();
+  ::testing::internal::CaptureStderr();
+  penalised(*ddp, shard_rows(x, *pg), shard_rows(y, *pg)).backward();
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
+  const auto mine = ddp->module().named_parameters(), theirs = reference->named_parameters();
+  ASSERT_EQ(mine.size(), theirs.size());
+  for (size_t i = 0; i < mine.size(); ++i) {
+    SCOPED_TRACE(mine[i].first);
+    expect_close(mine[i].second.grad(), theirs[i].second.grad(), 1e-5, 1e-6);
+  }
+
+  ::testing::internal::CaptureStderr();
+  for (int i = 0; i < 2; ++i) {
+    ddp->zero_grad();
+    cross_entropy((*ddp)(shard_rows(x, *pg)), shard_rows(y, *pg)).backward({}, false, true);
+  }
+  const std::string said = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(said.find("backward with create_graph=true averages the gradients across ranks "
+                      "without their history"),
+            std::string::npos)
+      << said;
+  const std::string head = "ember: DistributedDataParallel:";
+  EXPECT_EQ(said.find(head, said.find(head) + 1), std::string::npos) << said;  // once
+}
+
 #if EMBER_WITH_CUDA
 // The same on the GPU over NCCL, in a world of one (more ranks need a GPU each): DDP +
 // SyncBatchNorm on CUDA tensors follow the CPU reference within cuDNN's rounding.

@@ -109,6 +109,20 @@ TEST(SyncBatchNorm, KeepsChannelsLast) {
   expect_close(b.grad(), a.grad(), 1e-5, 1e-6);
 }
 
+// Its backward crosses the ranks: a second backward through its create_graph gradients is an
+// ember::Error naming it (PyTorch's SyncBatchNorm has no double backward either).
+TEST(SyncBatchNorm, SecondBackwardThroughItsGradientIsRefused) {
+  auto pg = world();
+  SyncBatchNorm bn(2, pg);
+  Generator gen(6 + static_cast<uint64_t>(pg->rank()));
+  Tensor x = randn({3, 2, 4}, kF32, &gen).requires_grad_();
+  const Tensor y = bn(x);
+  const Tensor dx = autograd::grad({(y * y).sum()}, {x}, {}, std::nullopt, true)[0];
+  EXPECT_TRUE(dx.requires_grad());
+  EXPECT_EMBER_ERROR(autograd::grad({dx.sum()}, {x}),
+                     "SyncBatchNormBackward: its gradient has no derivative in ember");
+}
+
 TEST(SyncBatchNorm, OneCollectiveEachWayAndNoneInEval) {
   auto counting = std::make_shared<CountingGroup>(world());
   const int expected = counting->size() > 1 ? 1 : 0;

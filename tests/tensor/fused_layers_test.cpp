@@ -2,11 +2,13 @@
 // composition relu(batch_norm(x) [+ residual]) they replace: outputs, gradients and running
 // statistics in f64, f32 and bf16, NCHW and channels_last, training and eval; PyTorch 1.13's
 // values (golden/fused_bn_golden.json, written by golden/make_fused_bn_golden.py); and
-// finite-difference gradient checks in f64. Then linear with a fused bias + ReLU.
+// finite-difference first and second derivatives in f64. Then linear with a fused bias + ReLU.
 #include <fstream>
 #include <functional>
 #include <vector>
 
+#include <ember/tensor/detail/kernel_table.h>
+#include <ember/tensor/detail/layer_backward.h>
 #include <nlohmann/json.hpp>
 
 #include "test_util.h"
@@ -262,9 +264,91 @@ TEST(FusedBatchNormGradcheck, ReluAndAddRelu) {
     };
     for (const auto& [name, f] : cases) {
       SCOPED_TRACE(name);
-      const auto result = autograd::gradcheck(
-          f, {leaf({3, 3, 2, 2}, 22), leaf({3}, 23), leaf({3}, 24), leaf({3, 3, 2, 2}, 25)});
+      const std::vector<Tensor> inputs = {leaf({3, 3, 2, 2}, 22), leaf({3}, 23), leaf({3}, 24),
+                                          leaf({3, 3, 2, 2}, 25)};
+      const auto result = autograd::gradcheck(f, inputs);
       EXPECT_TRUE(result.ok) << result.message;
+      // Second derivatives, through a create_graph backward (the ReLU's mask a constant).
+      const auto second = autograd::gradgradcheck(f, inputs);
+      EXPECT_TRUE(second.ok) << second.message;
+      // Without the affine parameters.
+      const auto plain = autograd::gradgradcheck(
+          [&](const auto& v) {
+            return f({v[0], Tensor(), Tensor(), v[1]});
+          },
+          {leaf({3, 3, 2, 2}, 26), leaf({3, 3, 2, 2}, 27)});
+      EXPECT_TRUE(plain.ok) << plain.message;
+    }
+  }
+}
+
+// Without create_graph the gradients are the fused kernels' own, bit for bit (the path that
+// existed before create_graph), with no history; with create_graph they are recorded ops that
+// agree within rounding and keep the dtypes (bf16 input, f32 parameters) and the layout.
+TEST(FusedBatchNorm, FirstOrderGradientsAreTheKernelsAndCreateGraphAgrees) {
+  const Shape shape = {4, 6, 5, 3};
+  const auto& table = detail::kernel_table(DeviceType::kCPU);
+  for (DType dtype : {kF32, kBF16}) {
+    for (MemoryFormat format : {MemoryFormat::Contiguous, MemoryFormat::ChannelsLast}) {
+      for (bool training : {true, false}) {
+        for (int form = 0; form < 3; ++form) {  // batch_norm, batch_norm_relu, _add_relu
+          SCOPED_TRACE(::testing::Message() << dtype << " format " << static_cast<int>(format)
+                                            << (training ? " train" : " eval") << " form " << form);
+          const Tensor x = random_tensor(shape, dtype, 30).contiguous(format).requires_grad_();
+          const Tensor r = random_tensor(shape, dtype, 31).contiguous(format).requires_grad_();
+          const Tensor g = random_tensor(shape, dtype, 32).contiguous(format);
+          const Tensor w = random_tensor({6}, kF32, 33).requires_grad_();
+          const Tensor b = random_tensor({6}, kF32, 34).requires_grad_();
+          const Tensor rm = random_tensor({6}, kF32, 35, -0.5, 0.5);
+          const Tensor rv = random_tensor({6}, kF32, 36, 0.5, 1.5);
+          auto forward = [&] {
+            const Tensor m = rm.clone(), v = rv.clone();
+            if (form == 0) return batch_norm(x, w, b, m, v, training);
+            if (form == 1) return batch_norm_relu(x, w, b, m, v, training);
+            return batch_norm_add_relu(x, r, w, b, m, v, training);
+          };
+          // The kernels: the forward's saved statistics, then the backward computation.
+          const Tensor rows = detail::batch_norm_rows(x.detach(), format);
+          const Tensor mean = empty({6}), invstd = empty({6});
+          table.batch_norm_forward(detail::batch_norm_rows(empty(shape, dtype, format), format),
+                                   mean, invstd, rows, w.detach(), b.detach(), rm.clone(),
+                                   rv.clone(), training, 0.1, 1e-5);
+          const Tensor y = forward();
+          std::array<Tensor, 4> want;
+          if (form == 0) {
+            const auto k = detail::batch_norm_backward(g, x.detach(), w.detach(), mean, invstd,
+                                                       training, {true, true, true});
+            want = {k[0], k[1], k[2], Tensor()};
+          } else {
+            want =
+                detail::batch_norm_relu_backward(g, y.detach(), x.detach(), w.detach(), mean,
+                                                 invstd, training, {true, true, true, form == 2});
+          }
+          const std::vector<Tensor> params = {x, w, b, r};
+          for (bool create_graph : {false, true}) {
+            SCOPED_TRACE(create_graph ? "create_graph" : "first order");
+            for (const Tensor& t : params) t.set_grad(Tensor());
+            autograd::backward({forward()}, {g}, false, create_graph);
+            const double tol = create_graph ? (dtype == kBF16 ? 2e-2 : 1e-4) : 0.0;
+            for (size_t i = 0; i < params.size(); ++i) {
+              const Tensor& got = params[i].grad();
+              if (!want[i].defined()) {
+                EXPECT_FALSE(got.defined());
+                continue;
+              }
+              ASSERT_TRUE(got.defined());
+              // The input's and weight's depend on the input; the bias's (sum of the masked g)
+              // and the residual's (the masked g) only on g, a constant here.
+              EXPECT_EQ(got.requires_grad(), create_graph && i < 2);
+              EXPECT_EQ(got.dtype(), want[i].dtype());
+              if (got.dim() == 4) {
+                EXPECT_TRUE(got.is_contiguous(format));
+              }
+              expect_close(got.detach(), want[i], tol, tol);
+            }
+          }
+        }
+      }
     }
   }
 }

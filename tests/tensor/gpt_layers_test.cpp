@@ -4,10 +4,13 @@
 // raise, and dropout's reproducibility rule.
 #include <cmath>
 #include <fstream>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include <ember/tensor/detail/kernel_table.h>
+#include <ember/tensor/detail/layer_backward.h>
 #include <nlohmann/json.hpp>
 
 #include "test_util.h"
@@ -202,17 +205,64 @@ TEST(GptLayersGradcheck, GeluBackwardUnderCreateGraphIsAnError) {
   }
 }
 
+// First and (through a create_graph backward) second derivatives.
 TEST(GptLayersGradcheck, LayerNormInputWeightBias) {
-  expect_gradcheck([](const auto& v) { return layer_norm(v[0], {6}, v[1], v[2]); },
-                   {leaf({3, 6}, 2), leaf({6}, 3), leaf({6}, 4)});
-  expect_gradcheck(
-      [](const auto& v) {
-        return layer_norm(v[0], {3, 4}, v[1], v[2], 1e-3);
-      },
-      {leaf({2, 3, 4}, 5), leaf({3, 4}, 6), leaf({3, 4}, 7)});
-  expect_gradcheck([](const auto& v) { return layer_norm(v[0], {5}); }, {leaf({2, 2, 5}, 8)});
-  expect_gradcheck([](const auto& v) { return layer_norm(v[0], {5}, {}, v[1]); },
-                   {leaf({4, 5}, 9), leaf({5}, 10)});
+  using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
+  const std::vector<std::pair<Fn, std::vector<Tensor>>> cases = {
+      {[](const auto& v) { return layer_norm(v[0], {6}, v[1], v[2]); },
+       {leaf({3, 6}, 2), leaf({6}, 3), leaf({6}, 4)}},
+      {[](const auto& v) {
+         return layer_norm(v[0], {3, 4}, v[1], v[2], 1e-3);
+       },
+       {leaf({2, 3, 4}, 5), leaf({3, 4}, 6), leaf({3, 4}, 7)}},
+      {[](const auto& v) { return layer_norm(v[0], {5}); }, {leaf({2, 2, 5}, 8)}},
+      {[](const auto& v) { return layer_norm(v[0], {5}, {}, v[1]); },
+       {leaf({4, 5}, 9), leaf({5}, 10)}},
+      // No leading dims: the weight's gradient sums over none.
+      {[](const auto& v) {
+         return layer_norm(v[0], {2, 5}, v[1]);
+       },
+       {leaf({2, 5}, 13), leaf({2, 5}, 14)}},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    SCOPED_TRACE(::testing::Message() << "case " << i);
+    const auto& [f, inputs] = cases[i];
+    expect_gradcheck(f, inputs);
+    const auto second = autograd::gradgradcheck(f, inputs);
+    EXPECT_TRUE(second.ok) << second.message;
+  }
+}
+
+// Without create_graph the gradients are the fused kernel's own, bit for bit, with no history;
+// with create_graph they are recorded ops that agree within rounding, in the same dtypes.
+TEST(GptLayersGradcheck, LayerNormFirstOrderIsTheKernelAndCreateGraphAgrees) {
+  for (DType dtype : {kF32, kBF16}) {
+    SCOPED_TRACE(::testing::Message() << dtype);
+    Generator gen(15);
+    const Tensor x = uniform({3, 4, 8}, -2.0, 2.0, kF32, &gen).to(dtype).requires_grad_();
+    const Tensor w = uniform({8}, -2.0, 2.0, kF32, &gen).to(dtype).requires_grad_();
+    const Tensor b = uniform({8}, -2.0, 2.0, kF32, &gen).to(dtype).requires_grad_();
+    const Tensor g = uniform({3, 4, 8}, -2.0, 2.0, kF32, &gen).to(dtype);
+    const Tensor mean = empty({12}), rstd = empty({12});
+    detail::kernel_table(DeviceType::kCPU)
+        .layer_norm_forward(empty({12, 8}, dtype), mean, rstd, x.detach().view({12, 8}), w.detach(),
+                            b.detach(), 1e-5);
+    const auto want =
+        detail::layer_norm_backward(g, x.detach(), w.detach(), mean, rstd, {8}, {true, true, true});
+    for (bool create_graph : {false, true}) {
+      SCOPED_TRACE(create_graph ? "create_graph" : "first order");
+      for (const Tensor* t : {&x, &w, &b}) t->set_grad(Tensor());
+      autograd::backward({layer_norm(x, {8}, w, b)}, {g}, false, create_graph);
+      const double tol = create_graph ? (dtype == kBF16 ? 2e-2 : 1e-4) : 0.0;
+      const Tensor got[] = {x.grad(), w.grad(), b.grad()};
+      for (size_t i = 0; i < 3; ++i) {
+        ASSERT_TRUE(got[i].defined());
+        EXPECT_EQ(got[i].requires_grad(), create_graph && i < 2);  // the bias's is sum(g)
+        EXPECT_EQ(got[i].dtype(), dtype);
+        expect_close(got[i].detach(), want[i], tol, tol);
+      }
+    }
+  }
 }
 
 TEST(GptLayersGradcheck, EmbeddingWeight) {

@@ -7,6 +7,7 @@
 #include <limits>
 #include <numeric>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include <ember/tensor/detail/layer_backward.h>
@@ -366,6 +367,72 @@ TEST(LayersBatchNorm, BackwardMatchesClosedForm) {
   }
 }
 
+// A batch_norm double backward against PyTorch 1.13's (f64, eps 1e-3): the first gradients
+// taken with create_graph, then the gradients of
+// sum(gx * vx) + sum(gw * vw) + sum(gb * vb) for input, weight and the output gradient, from
+// torch.autograd.grad(..., create_graph=True) and a second torch.autograd.grad.
+TEST(LayersBatchNorm, DoubleBackwardMatchesPyTorch) {
+  const Values x = {0.3, -1.2, 0.8, 1.5, -0.4, 0.9, 2.1, -0.7, 0.05, -1.6, 1.1, 0.45};
+  const Values gy = {0.5, -0.25, 1.0, 0.75, -1.5, 0.3, 0.6, -0.8, 0.2, 1.2, -0.4, 0.9};
+  const Values vx = {1.0, -0.5, 0.25, 0.8, -1.1, 0.6, 0.3, -0.2, 0.9, -0.7, 0.4, 1.3};
+  struct Expected {
+    bool training;
+    Values gx, gw, gb, hx, hw, hgy;
+  };
+  const Expected cases[] = {
+      {true,
+       {0.396961364016227, -0.33590786213482815, -1.0220319409405019, -0.2205787936226677,
+        -1.2884990095024802, 0.28300155912870517, 0.37108840624363876, 0.7228677361342233,
+        0.1323288696192708, 0.8121150788731054, 1.2378888643632955, -1.0892342721779886},
+       {-0.5161541458875719, 2.1850113830429585},
+       {0.44999999999999996, 2.05},
+       {-0.1350441089930568, 0.29013344292381155, -0.706259952557131, 0.21012058855980756,
+        -0.2600838440851383, -0.45004019176491405, 0.3461553614770532, -0.3506243428634894,
+        -0.07416896099898743, 0.6292036629182852, 0.6692623798693605, -0.16865403448560123},
+       {2.4324008120853753, 1.0662054258254456},
+       {0.566390832571463, -0.8452908732294204, 1.193597439177397, -0.18236721201956563,
+        -1.2322949504431921, 0.3168485241959285, 0.07821219709143468, 3.062109859139591,
+        0.45324279687569896, -1.0588963299704781, 0.7309551572059101, -0.08250744059476611}},
+      {false,
+       {0.39106755517316133, -0.19553377758658066, -1.098308348185747, -0.8237312611393103,
+        -1.173202665519484, 0.23464053310389682, -0.6589850089114483, 0.8786466785485977,
+        0.15642702206926454, 0.9385621324155873, 0.43932333927429884, -0.9884775133671724},
+       {-0.7095082786713068, 3.4807926111732908},
+       {0.44999999999999996, 2.05},
+       {0.33520076157699547, -0.16760038078849773, -0.760367317974748, -0.570275488481061,
+        -1.0056022847309865, 0.20112045694619726, -0.4562203907848488, 0.6082938543797984,
+        0.1340803046307982, 0.804481827784789, 0.3041469271898992, -0.6843305861772732},
+       {2.0056178901023562, 1.8586756661604953},
+       {0.6162154149771208, -1.5625895352733497, -0.23494440502118463, -1.3712711191056692,
+        -1.4955493829579505, 0.7056022847309864, -1.2783373357976446, 1.3998453286245234,
+        0.37040152315399094, -1.9871771666042104, -0.6278008526414713, -1.1220396093250573}},
+  };
+  const Shape shape = {3, 2, 2};
+  for (const Expected& e : cases) {
+    SCOPED_TRACE(e.training ? "train" : "eval");
+    Tensor xt = tensor_of(x, shape), w = tensor_of({0.7, -1.3}, {2}),
+           b = tensor_of({0.2, 0.1}, {2});
+    Tensor g = tensor_of(gy, shape);
+    for (Tensor* t : {&xt, &w, &b, &g}) t->requires_grad_();
+    const Tensor y = batch_norm(xt, w, b, tensor_of({0.1, -0.2}, {2}), tensor_of({0.8, 1.4}, {2}),
+                                e.training, 0.1, 1e-3);
+    y.backward(g, false, true);
+    const Tensor gx = xt.grad(), gw = w.grad(), gb = b.grad();
+    ASSERT_TRUE(gx.requires_grad() && gw.requires_grad() && gb.requires_grad());
+    expect_close(gx, tensor_of(e.gx, shape), 1e-12, 1e-14);
+    expect_close(gw, tensor_of(e.gw, {2}), 1e-12, 1e-14);
+    expect_close(gb, tensor_of(e.gb, {2}), 1e-12, 1e-14);
+    for (Tensor* t : {&xt, &w, &b, &g}) t->set_grad(Tensor());
+    (sum(gx * tensor_of(vx, shape)) + sum(gw * tensor_of({0.6, -0.9}, {2})) +
+     sum(gb * tensor_of({-0.3, 0.8}, {2})))
+        .backward();
+    expect_close(xt.grad(), tensor_of(e.hx, shape), 1e-12, 1e-14);
+    expect_close(w.grad(), tensor_of(e.hw, {2}), 1e-12, 1e-14);
+    expect_close(g.grad(), tensor_of(e.hgy, shape), 1e-12, 1e-14);
+    EXPECT_FALSE(b.grad().defined());  // no first gradient depends on the bias
+  }
+}
+
 // ---------------------------------------------------------------------------------------
 // Pooling
 
@@ -708,17 +775,35 @@ TEST(LayersGradcheck, Conv2d) {
              {leaf({2, 3, 3, 3}, 6), leaf({2, 3, 1, 1}, 7), leaf({2}, 8)});
 }
 
+// First and (through a create_graph backward) second derivatives, training and eval, with and
+// without the affine parameters.
 TEST(LayersGradcheck, BatchNorm) {
   const Tensor rm = zeros({3}, kF64), rv = ones({3}, kF64);
-  check_grad("batch_norm train",
-             [&](const auto& v) { return batch_norm(v[0], v[1], v[2], {}, {}, true, 0.1, 1e-3); },
-             {leaf({4, 3, 2, 2}, 9), leaf({3}, 10), leaf({3}, 11)});
-  check_grad("batch_norm train 2-d",
-             [&](const auto& v) { return batch_norm(v[0], {}, {}, {}, {}, true); },
-             {leaf({5, 3}, 12)});
-  check_grad("batch_norm eval",
-             [&](const auto& v) { return batch_norm(v[0], v[1], v[2], rm, rv, false); },
-             {leaf({2, 3, 2}, 13), leaf({3}, 14), leaf({3}, 15)});
+  const std::vector<std::tuple<const char*, Fn, std::vector<Tensor>>> cases = {
+      {"batch_norm train",
+       [&](const auto& v) { return batch_norm(v[0], v[1], v[2], {}, {}, true, 0.1, 1e-3); },
+       {leaf({4, 3, 2, 2}, 9), leaf({3}, 10), leaf({3}, 11)}},
+      {"batch_norm train 2-d",
+       [&](const auto& v) { return batch_norm(v[0], {}, {}, {}, {}, true); },
+       {leaf({5, 3}, 12)}},
+      {"batch_norm train weight, running stats",
+       [&](const auto& v) {
+         return batch_norm(v[0], v[1], {}, rm.clone(), rv.clone(), true, 0.1, 1e-3);
+       },
+       {leaf({3, 3, 4}, 16), leaf({3}, 17)}},
+      {"batch_norm eval",
+       [&](const auto& v) { return batch_norm(v[0], v[1], v[2], rm, rv, false); },
+       {leaf({2, 3, 2}, 13), leaf({3}, 14), leaf({3}, 15)}},
+      {"batch_norm eval bias",
+       [&](const auto& v) { return batch_norm(v[0], {}, v[1], rm, rv, false); },
+       {leaf({2, 3, 2, 2}, 18), leaf({3}, 19)}},
+  };
+  for (const auto& [name, f, inputs] : cases) {
+    check_grad(name, f, inputs);
+    SCOPED_TRACE(name);
+    const auto second = autograd::gradgradcheck(f, inputs);
+    EXPECT_TRUE(second.ok) << second.message;
+  }
 }
 
 TEST(LayersGradcheck, Pooling) {
