@@ -16,7 +16,9 @@ namespace ember {
 
 using Pair = std::array<int64_t, 2>;
 
-// input [N, C, H, W], weight [O, C / groups, kH, kW], bias [O] (or undefined).
+// input [N, C, H, W], weight [O, C / groups, kH, kW], bias [O] (or undefined). Its gradients,
+// as the pooling ops', are differentiable again (create_graph: gradient penalties, Hessian-vector
+// products).
 Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias = {},
               Pair stride = {1, 1}, Pair padding = {0, 0}, Pair dilation = {1, 1},
               int64_t groups = 1);
@@ -69,9 +71,10 @@ Tensor dropout(const Tensor& input, double p, bool training, Generator* gen = nu
 Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias = {});
 
 // ---- GPT layers ------------------------------------------------------------------------
-// As torch.nn.functional's gelu, layer_norm and embedding. Gradients are first-order (as
-// conv2d's and batch_norm's): a second backward through a gradient create_graph took of
-// them is an ember::Error naming the op.
+// As torch.nn.functional's gelu, layer_norm and embedding. gelu's and embedding's gradients
+// are differentiable again (create_graph gives second derivatives); layer_norm's is first-order
+// (as conv2d's and batch_norm's): a second backward through a gradient create_graph took of it
+// is an ember::Error naming the op.
 
 // GELU's form: exact x * Phi(x) (erf), or PyTorch's tanh approximation
 // 0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3))) (approximate="tanh").

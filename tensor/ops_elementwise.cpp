@@ -348,6 +348,30 @@ std::vector<Tensor> where_backward(const detail::BackwardContext& c, const Tenso
 std::vector<Tensor> gelu_backward_formula(const detail::BackwardContext& c, const Tensor& g) {
   return {detail::gelu_backward(g, c.in(0), detail::gelu_approximate_of(c.args().a))};
 }
+// gelu''(x) in recorded ops (PyTorch's gelu_double_backward). Exact: phi(x) (2 - x^2), phi the
+// normal density. Tanh form, gelu = x (1 + tanh(v)) / 2 with v = b (x + k x^3):
+// sech^2(v) (h (1 - x tanh(v) h) + 3 k b x^2), h = dv/dx = b (1 + 3 k x^2); sech^2(v) is
+// 4 sigmoid(2v) sigmoid(-2v), which keeps its digits where tanh(v) nears +-1.
+Tensor gelu_second_derivative(const Tensor& x, GeluApproximate approximate) {
+  const Tensor x2 = x * x;
+  if (approximate == GeluApproximate::kNone) {
+    return exp(x2 * -0.5) * detail::kGeluPdfScale * (2.0 - x2);
+  }
+  constexpr double b = detail::kGeluTanhBeta, k = detail::kGeluTanhKappa;
+  const Tensor v = (x + x2 * x * k) * b;
+  const Tensor sech2 = sigmoid(v * 2.0) * sigmoid(v * -2.0) * 4.0;
+  const Tensor h = (x2 * (3 * k) + 1.0) * b;
+  return sech2 * (h * (1.0 - x * tanh(v) * h) + x2 * (3 * k * b));
+}
+// The gradient of gelu_backward(g, x) = g * gelu'(x), recorded again (any order).
+// OpArgs::alpha: the GeluApproximate.
+std::vector<Tensor> gelu_backward_backward(const detail::BackwardContext& c, const Tensor& u) {
+  const GeluApproximate approximate = detail::gelu_approximate_of(c.args().alpha.to_double());
+  const Tensor& g = c.in(0);
+  const Tensor& x = c.in(1);
+  return {c.needs(0) ? detail::gelu_backward(u, x, approximate) : Tensor(),
+          c.needs(1) ? u * g * gelu_second_derivative(x, approximate) : Tensor()};
+}
 
 EMBER_OP(kAddOp,
          detail::define_op("add", "AddBackward", detail::saves({}, false), add_backward,
@@ -413,12 +437,17 @@ EMBER_OP(kWhereOp,
 // GPT layers (gelu is on no autocast list, as in PyTorch).
 EMBER_OP(kGeluOp,
          detail::define_op("gelu", "GeluBackward", detail::saves({0}, false), gelu_backward_formula,
-                           detail::kNoAutocast, detail::uses_kernels({EMBER_KERNEL(unary)}))
-             .first_order());
+                           detail::kNoAutocast, detail::uses_kernels({EMBER_KERNEL(unary)})));
+// gelu's gradient as an op of its own (PyTorch's gelu_backward): the fused kernel, whose own
+// gradient is recorded, so create_graph through gelu gives second derivatives and beyond.
+EMBER_OP(kGeluBackwardOp,
+         detail::define_op("gelu_backward", "GeluBackwardBackward", detail::saves({0, 1}, false),
+                           gelu_backward_backward, detail::kNoAutocast,
+                           detail::uses_kernels({EMBER_KERNEL(binary)})));
 
-// The descriptor of a binary kernel op (comparisons and the backward kernels record as add,
-// with no differentiable input). Every op is a case and there is no default, so a BinaryOp
-// added without one does not compile (-Wswitch, an error under -Werror).
+// The descriptor of a binary kernel op (comparisons, with no differentiable input, and relu's
+// backward kernel, never recorded, name add). Every op is a case and there is no default, so a
+// BinaryOp added without one does not compile (-Wswitch, an error under -Werror).
 const detail::OpDef& grad_op(BinaryOp op) {
   switch (op) {
     case BinaryOp::kAdd:
@@ -435,8 +464,9 @@ const detail::OpDef& grad_op(BinaryOp op) {
       return kMaximumOp;
     case BinaryOp::kMinimum:
       return kMinimumOp;
-    case BinaryOp::kReluBackward:
     case BinaryOp::kGeluBackward:
+      return kGeluBackwardOp;
+    case BinaryOp::kReluBackward:
     case BinaryOp::kEq:
     case BinaryOp::kNe:
     case BinaryOp::kLt:
@@ -770,10 +800,6 @@ Tensor relu_backward(const Tensor& grad, const Tensor& output) {
 }
 
 Tensor gelu_backward(const Tensor& grad, const Tensor& input, GeluApproximate approximate) {
-  // The fused kernel's result records no formula of its own: a recorded gradient would be
-  // wrong, so create_graph through gelu is an error instead.
-  EMBER_CHECK(!grad_needed({&grad, &input}), "gelu",
-              "its gradient cannot be recorded (create_graph=true through gelu is not supported)");
   return binary(BinaryOp::kGeluBackward, "gelu_backward", grad, input,
                 static_cast<double>(approximate));
 }

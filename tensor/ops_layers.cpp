@@ -18,11 +18,43 @@ using detail::Pool2dParams;
 
 // --- descriptors --------------------------------------------------------------------------
 
-// OpArgs::conv: the convolution's parameters.
+namespace {
+// conv2d without bias, with the parameters a recorded convolution ran with.
+Tensor conv2d_with(const Tensor& input, const Tensor& weight, const Conv2dParams& p) {
+  return conv2d(input, weight, {}, {p.stride[0], p.stride[1]}, {p.padding[0], p.padding[1]},
+                {p.dilation[0], p.dilation[1]}, p.groups);
+}
+// avg_pool2d with its parameters and output shape decided (its gradient's gradient pools).
+Tensor avg_pool2d_with(const Tensor& input, Pool2dParams params, const Shape& shape);
+}  // namespace
+
+// OpArgs::conv: the convolution's parameters. Under create_graph the gradients are the
+// recorded ops convolution_backward_input/_weight and a sum, differentiable again; otherwise
+// one fused kernel call computes them.
 std::vector<Tensor> conv2d_backward_formula(const detail::BackwardContext& c, const Tensor& g) {
-  const auto grads = detail::conv2d_backward(g, c.in(0), c.in(1), c.args().conv,
-                                             {c.needs(0), c.needs(1), c.needs(2)});
+  const Tensor &x = c.in(0), &w = c.in(1);
+  const Conv2dParams& p = c.args().conv;
+  if (detail::grad_needed({&g, &x, &w})) {
+    return {c.needs(0) ? detail::conv2d_input_grad(g, x, w, p) : Tensor(),
+            c.needs(1) ? detail::conv2d_weight_grad(g, x, w, p) : Tensor(),
+            c.needs(2) ? g.sum({0, 2, 3}) : Tensor()};
+  }
+  const auto grads = detail::conv2d_backward(g, x, w, p, {c.needs(0), c.needs(1), c.needs(2)});
   return {grads[0], grads[1], grads[2]};
+}
+// The input gradient A(g, w) is linear in g and in w: for an incoming u (the input's shape),
+// d<u, A>/dg = conv(u, w) and d<u, A>/dw = B(u, g), B the weight gradient. Inputs: g, w.
+std::vector<Tensor> conv2d_input_grad_backward(const detail::BackwardContext& c, const Tensor& u) {
+  const Conv2dParams& p = c.args().conv;
+  return {c.needs(0) ? conv2d_with(u, c.in(1), p) : Tensor(),
+          c.needs(1) ? detail::conv2d_weight_grad(c.in(0), u, c.in(1), p) : Tensor()};
+}
+// The weight gradient B(g, x): for an incoming v (the weight's shape), d<v, B>/dg = conv(x, v)
+// and d<v, B>/dx = A(g, v). Inputs: g, x.
+std::vector<Tensor> conv2d_weight_grad_backward(const detail::BackwardContext& c, const Tensor& v) {
+  const Conv2dParams& p = c.args().conv;
+  return {c.needs(0) ? conv2d_with(c.in(1), v, p) : Tensor(),
+          c.needs(1) ? detail::conv2d_input_grad(c.in(0), c.in(1), v, p) : Tensor()};
 }
 // batch_norm's gradients in recorded ops (create_graph), from the statistics' dtype: in
 // training the statistics are recomputed from the input (PyTorch's double backward sees their
@@ -95,6 +127,21 @@ std::vector<Tensor> adaptive_avg_pool2d_backward_formula(const detail::BackwardC
                                                          const Tensor& g) {
   return {detail::adaptive_avg_pool2d_backward(g, c.shape(0), c.args().pool)};
 }
+// The pooling gradients are recorded ops, linear in g: max_pool2d's gathers the incoming u at
+// the forward's indices (flat positions in each plane), the average pools' pool u again.
+std::vector<Tensor> max_pool2d_grad_backward(const detail::BackwardContext& c, const Tensor& u) {
+  const Shape& out = c.shape(0);
+  const Tensor planes = u.reshape({out[0], out[1], u.size(2) * u.size(3)});
+  const Tensor picks = c.args().extra.at(0).reshape({out[0], out[1], out[2] * out[3]});
+  return {gather(planes, 2, picks).reshape(out)};
+}
+std::vector<Tensor> avg_pool2d_grad_backward(const detail::BackwardContext& c, const Tensor& u) {
+  return {avg_pool2d_with(u, c.args().pool, c.shape(0))};
+}
+std::vector<Tensor> adaptive_avg_pool2d_grad_backward(const detail::BackwardContext& c,
+                                                      const Tensor& u) {
+  return {adaptive_avg_pool2d(u, {c.shape(0)[2], c.shape(0)[3]})};
+}
 // Inputs: GEMM output, bias; OpArgs::dim: the Activation (ReLU is the one fused).
 std::vector<Tensor> bias_activation_backward(const detail::BackwardContext& c, const Tensor& g) {
   EMBER_ASSERT(c.args().dim == static_cast<int64_t>(Activation::kRelu), "activation ",
@@ -106,8 +153,18 @@ std::vector<Tensor> bias_activation_backward(const detail::BackwardContext& c, c
 EMBER_OP(kConv2dOp, detail::define_op("conv2d", "Conv2dBackward", detail::saves({0, 1}, false),
                                       conv2d_backward_formula, detail::CastPolicy::kLowerPrecision,
                                       detail::uses_kernels({EMBER_KERNEL(conv2d_forward),
-                                                            EMBER_KERNEL(conv2d_backward)}))
-                        .first_order());
+                                                            EMBER_KERNEL(conv2d_backward)})));
+// conv2d's gradients under create_graph (PyTorch's convolution_backward, one op per output).
+EMBER_OP(kConvInputGradOp,
+         detail::define_op(
+             "convolution_backward_input", "ConvolutionBackwardInputBackward",
+             detail::saves({0, 1}, false), conv2d_input_grad_backward, detail::kNoAutocast,
+             detail::uses_kernels({EMBER_KERNEL(conv2d_forward), EMBER_KERNEL(conv2d_backward)})));
+EMBER_OP(kConvWeightGradOp,
+         detail::define_op(
+             "convolution_backward_weight", "ConvolutionBackwardWeightBackward",
+             detail::saves({0, 1}, false), conv2d_weight_grad_backward, detail::kNoAutocast,
+             detail::uses_kernels({EMBER_KERNEL(conv2d_forward), EMBER_KERNEL(conv2d_backward)})));
 // batch_norm and its fused forms are on no autocast list, as in PyTorch: a bf16/f16 input
 // with f32 parameters and statistics, computed in f32, returning the input's dtype.
 EMBER_OP(kBatchNormOp,
@@ -130,21 +187,36 @@ EMBER_OP(kMaxPool2dOp,
          detail::define_op("max_pool2d", "MaxPool2dBackward", detail::saves({}, false),
                            max_pool2d_backward_formula, detail::kNoAutocast,
                            detail::uses_kernels({EMBER_KERNEL(max_pool2d_forward),
-                                                 EMBER_KERNEL(max_pool2d_backward)}))
-             .first_order());
+                                                 EMBER_KERNEL(max_pool2d_backward)})));
 EMBER_OP(kAvgPool2dOp,
          detail::define_op("avg_pool2d", "AvgPool2dBackward", detail::saves({}, false),
                            avg_pool2d_backward_formula, detail::kNoAutocast,
                            detail::uses_kernels({EMBER_KERNEL(avg_pool2d_forward),
-                                                 EMBER_KERNEL(avg_pool2d_backward)}))
-             .first_order());
+                                                 EMBER_KERNEL(avg_pool2d_backward)})));
 EMBER_OP(kAdaptiveAvgPool2dOp,
          detail::define_op("adaptive_avg_pool2d", "AdaptiveAvgPool2dBackward",
                            detail::saves({}, false), adaptive_avg_pool2d_backward_formula,
                            detail::kNoAutocast,
                            detail::uses_kernels({EMBER_KERNEL(adaptive_avg_pool2d_forward),
-                                                 EMBER_KERNEL(adaptive_avg_pool2d_backward)}))
-             .first_order());
+                                                 EMBER_KERNEL(adaptive_avg_pool2d_backward)})));
+// The pooling gradients as ops (PyTorch's max_pool2d_with_indices_backward, avg_pool2d_backward,
+// _adaptive_avg_pool2d_backward). OpArgs::pool; max_pool2d's: OpArgs::extra, the indices.
+EMBER_OP(kMaxPool2dGradOp,
+         detail::define_op("max_pool2d_backward", "MaxPool2dBackwardBackward",
+                           detail::saves({}, false), max_pool2d_grad_backward, detail::kNoAutocast,
+                           detail::uses_kernels({EMBER_KERNEL(max_pool2d_backward),
+                                                 EMBER_KERNEL(gather)})));
+EMBER_OP(kAvgPool2dGradOp,
+         detail::define_op("avg_pool2d_backward", "AvgPool2dBackwardBackward",
+                           detail::saves({}, false), avg_pool2d_grad_backward, detail::kNoAutocast,
+                           detail::uses_kernels({EMBER_KERNEL(avg_pool2d_backward),
+                                                 EMBER_KERNEL(avg_pool2d_forward)})));
+EMBER_OP(kAdaptiveAvgPool2dGradOp,
+         detail::define_op("adaptive_avg_pool2d_backward", "AdaptiveAvgPool2dBackwardBackward",
+                           detail::saves({}, false), adaptive_avg_pool2d_grad_backward,
+                           detail::kNoAutocast,
+                           detail::uses_kernels({EMBER_KERNEL(adaptive_avg_pool2d_backward),
+                                                 EMBER_KERNEL(adaptive_avg_pool2d_forward)})));
 // linear's fused epilogue (autocast by linear's rule in linear's front end).
 EMBER_OP(kBiasActivationOp,
          detail::define_op("bias_activation", "BiasActivationBackward", detail::saves({}, true),
@@ -443,7 +515,12 @@ Tensor avg_pool2d(const Tensor& input, Pair kernel, Pair stride, Pair padding, b
   const char* op = "avg_pool2d";
   Pool2dParams params = pool_params(input, kernel, stride, padding, {1, 1}, op);
   params.count_include_pad = count_include_pad;
-  const Shape shape = pooled_shape(input, params, ceil_mode, op);
+  return avg_pool2d_with(input, params, pooled_shape(input, params, ceil_mode, op));
+}
+
+namespace {
+Tensor avg_pool2d_with(const Tensor& input, Pool2dParams params, const Shape& shape) {
+  const char* op = "avg_pool2d";
   AutogradScope scope(kAvgPool2dOp, {&input});
   const MemoryFormat format = pool_format(input, params);
   Tensor out = empty(shape, input.options(), format);
@@ -455,6 +532,7 @@ Tensor avg_pool2d(const Tensor& input, Pair kernel, Pair stride, Pair padding, b
   args.pool = params;
   return scope.finish(out, std::move(args));
 }
+}  // namespace
 
 Tensor adaptive_avg_pool2d(const Tensor& input, Pair output_size) {
   const char* op = "adaptive_avg_pool2d";
@@ -579,6 +657,24 @@ std::array<Tensor, 3> conv2d_backward(const Tensor& grad_out, const Tensor& inpu
           gw.defined() ? gw.contiguous(weight.suggest_memory_format()) : gw, gb};
 }
 
+Tensor conv2d_input_grad(const Tensor& grad_out, const Tensor& input, const Tensor& weight,
+                         const Conv2dParams& params) {
+  AutogradScope scope(kConvInputGradOp, {&grad_out, &weight});
+  const Tensor gi = conv2d_backward(grad_out, input, weight, params, {true, false, false})[0];
+  OpArgs args;
+  args.conv = params;
+  return scope.finish(gi, std::move(args));
+}
+
+Tensor conv2d_weight_grad(const Tensor& grad_out, const Tensor& input, const Tensor& weight,
+                          const Conv2dParams& params) {
+  AutogradScope scope(kConvWeightGradOp, {&grad_out, &input});
+  const Tensor gw = conv2d_backward(grad_out, input, weight, params, {false, true, false})[1];
+  OpArgs args;
+  args.conv = params;
+  return scope.finish(gw, std::move(args));
+}
+
 std::array<Tensor, 3> batch_norm_backward(const Tensor& grad_out, const Tensor& input,
                                           const Tensor& weight, const Tensor& save_mean,
                                           const Tensor& save_invstd, bool training,
@@ -641,30 +737,37 @@ std::array<Tensor, 4> batch_norm_relu_backward(const Tensor& grad_out, const Ten
 
 Tensor max_pool2d_backward(const Tensor& grad_out, const Shape& input_sizes, const Tensor& indices,
                            const Pool2dParams& params) {
+  AutogradScope scope(kMaxPool2dGradOp, {&grad_out});
   const MemoryFormat format = grad_format(params);
   Tensor gi = empty(input_sizes, grad_out.options(), format);
   require_kernel(kernels_for(grad_out.device(), "max_pool2d").max_pool2d_backward,
                  grad_out.device(),
                  "max_pool2d")(gi, grad_out.contiguous(format), indices.contiguous(format), params);
-  return gi;
+  OpArgs args;
+  if (scope.recording()) args.extra = {indices};
+  return scope.finish(gi, std::move(args));
 }
 
 Tensor avg_pool2d_backward(const Tensor& grad_out, const Shape& input_sizes,
                            const Pool2dParams& params) {
+  AutogradScope scope(kAvgPool2dGradOp, {&grad_out});
   const MemoryFormat format = grad_format(params);
   Tensor gi = empty(input_sizes, grad_out.options(), format);
   require_kernel(kernels_for(grad_out.device(), "avg_pool2d").avg_pool2d_backward,
                  grad_out.device(), "avg_pool2d")(gi, grad_out.contiguous(format), params);
-  return gi;
+  OpArgs args;
+  args.pool = params;
+  return scope.finish(gi, std::move(args));
 }
 
 Tensor adaptive_avg_pool2d_backward(const Tensor& grad_out, const Shape& input_sizes,
                                     const Pool2dParams& params) {
+  AutogradScope scope(kAdaptiveAvgPool2dGradOp, {&grad_out});
   const MemoryFormat format = grad_format(params);
   Tensor gi = empty(input_sizes, grad_out.options(), format);
   require_kernel(kernels_for(grad_out.device(), "adaptive_avg_pool2d").adaptive_avg_pool2d_backward,
                  grad_out.device(), "adaptive_avg_pool2d")(gi, grad_out.contiguous(format));
-  return gi;
+  return scope.finish(gi);
 }
 
 Tensor cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits, const Tensor& lse,

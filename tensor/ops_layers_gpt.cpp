@@ -55,7 +55,8 @@ std::vector<Tensor> layer_norm_backward_formula(const detail::BackwardContext& c
                                                        a.extra.at(1), a.dims, needs);
   return {grads[0], grads[1], grads[2]};
 }
-// OpArgs::extra: the flat i64 indices; start: padding_idx (-1: none).
+// OpArgs::extra: the flat i64 indices; start: padding_idx (-1: none). The gradient is written
+// in recorded ops (a masked scatter_add), so its own gradient picks rows again.
 std::vector<Tensor> embedding_backward_formula(const detail::BackwardContext& c, const Tensor& g) {
   return {Tensor(),
           detail::embedding_backward(g, c.args().extra.at(0), c.shape(1)[0], c.args().start)};
@@ -69,8 +70,7 @@ EMBER_OP(kLayerNormOp,
                                                  EMBER_KERNEL(layer_norm_backward)})));
 EMBER_OP(kEmbeddingOp, detail::define_op("embedding", "EmbeddingBackward", detail::saves({}, false),
                                          embedding_backward_formula, detail::kNoAutocast,
-                                         detail::uses_kernels({EMBER_KERNEL(index_select)}))
-                           .first_order());
+                                         detail::uses_kernels({EMBER_KERNEL(index_select)})));
 
 }  // namespace
 

@@ -21,11 +21,30 @@ namespace {
 
 // --- descriptors --------------------------------------------------------------------------
 
-// OpArgs::extra: target, lse; dim: ignore_index; a: label smoothing.
+// The fused cross entropy's gradient for logits [M, C] in recorded ops, for a backward that is
+// itself recorded (create_graph): g * (softmax(logits) - (1 - s) onehot(target) - s / C), 0 in
+// the rows of ignored targets (PyTorch's log_softmax and nll_loss gradients, composed).
+Tensor recorded_cross_entropy_backward(const Tensor& g, const Tensor& logits, const Tensor& target,
+                                       int64_t ignore_index, double smoothing) {
+  const int64_t classes = logits.size(1);
+  // The target's one-hot rows by comparison (the front end checked the range: no sync here).
+  const Tensor picked =
+      eq(target.unsqueeze(1), arange(classes, TensorOptions(kI64, logits.device())))
+          .to(logits.dtype());
+  Tensor d = softmax(logits, 1) - picked * (1.0 - smoothing);
+  if (smoothing > 0.0) d = d - smoothing / static_cast<double>(classes);
+  return where(eq(target, ignore_index).unsqueeze(1), 0.0, d * g.unsqueeze(1));
+}
+
+// OpArgs::extra: lse, target; dim: ignore_index; a: label smoothing.
 std::vector<Tensor> cross_entropy_backward_formula(const detail::BackwardContext& c,
                                                    const Tensor& g) {
   const OpArgs& a = c.args();
-  return {detail::cross_entropy_backward(g, c.in(0), a.extra.at(0), a.extra.at(1), a.dim, a.a),
+  const Tensor& logits = c.in(0);
+  if (detail::grad_needed({&g, &logits})) {
+    return {recorded_cross_entropy_backward(g, logits, a.extra.at(1), a.dim, a.a), Tensor()};
+  }
+  return {detail::cross_entropy_backward(g, logits, a.extra.at(0), a.extra.at(1), a.dim, a.a),
           Tensor()};
 }
 
@@ -34,8 +53,7 @@ EMBER_OP(kCrossEntropyOp,
          detail::define_op("cross_entropy", "CrossEntropyBackward", detail::saves({0}, false),
                            cross_entropy_backward_formula, detail::CastPolicy::kFloat32,
                            detail::uses_kernels({EMBER_KERNEL(cross_entropy_forward),
-                                                 EMBER_KERNEL(cross_entropy_backward)}))
-             .first_order());
+                                                 EMBER_KERNEL(cross_entropy_backward)})));
 EMBER_OP(kNllLossOp, detail::define_composite("nll_loss", detail::CastPolicy::kFloat32));
 EMBER_OP(kMseLossOp, detail::define_composite("mse_loss", detail::CastPolicy::kFloat32));
 EMBER_OP(kL1LossOp, detail::define_composite("l1_loss", detail::CastPolicy::kFloat32));

@@ -20,6 +20,13 @@ Tensor batch_norm_rows(const Tensor& t, MemoryFormat format);
 std::array<Tensor, 3> conv2d_backward(const Tensor& grad_out, const Tensor& input,
                                       const Tensor& weight, const Conv2dParams& params,
                                       std::array<bool, 3> needs);
+// The input's and the weight's gradient of conv2d alone, as recorded ops (a create_graph
+// backward's, differentiable again); `input` gives the first only its shape and format, and
+// `weight` the second.
+Tensor conv2d_input_grad(const Tensor& grad_out, const Tensor& input, const Tensor& weight,
+                         const Conv2dParams& params);
+Tensor conv2d_weight_grad(const Tensor& grad_out, const Tensor& input, const Tensor& weight,
+                          const Conv2dParams& params);
 std::array<Tensor, 3> batch_norm_backward(const Tensor& grad_out, const Tensor& input,
                                           const Tensor& weight, const Tensor& save_mean,
                                           const Tensor& save_invstd, bool training,
@@ -40,6 +47,8 @@ std::array<Tensor, 4> batch_norm_relu_backward(const Tensor& grad_out, const Ten
                                                const Tensor& input, const Tensor& weight,
                                                const Tensor& save_mean, const Tensor& save_invstd,
                                                bool training, std::array<bool, 4> needs);
+// The pooling gradients are ops of their own, recorded when grad_out requires grad
+// (create_graph): linear in grad_out, differentiable again.
 Tensor max_pool2d_backward(const Tensor& grad_out, const Shape& input_sizes, const Tensor& indices,
                            const Pool2dParams& params);
 Tensor avg_pool2d_backward(const Tensor& grad_out, const Shape& input_sizes,
@@ -51,7 +60,7 @@ Tensor cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits, con
                               const Tensor& target, int64_t ignore_index, double smoothing);
 
 // --- GPT layers.
-// grad * gelu'(input), in one pass (first-order: an ember::Error when it would be recorded).
+// grad * gelu'(input), in one pass; recorded (create_graph) as the op gelu_backward.
 Tensor gelu_backward(const Tensor& grad, const Tensor& input, GeluApproximate approximate);
 // Gradients for input, weight and bias of layer_norm from its saved mean and rstd.
 std::array<Tensor, 3> layer_norm_backward(const Tensor& grad_out, const Tensor& input,

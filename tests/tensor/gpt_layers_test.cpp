@@ -158,11 +158,124 @@ void expect_gradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& f
   const auto result = autograd::gradcheck(f, inputs);
   EXPECT_TRUE(result.ok) << result.message;
 }
+void expect_gradgradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& f,
+                          const std::vector<Tensor>& inputs) {
+  const auto result = autograd::gradgradcheck(f, inputs);
+  EXPECT_TRUE(result.ok) << result.message;
+}
 
 TEST(GptLayersGradcheck, GeluExactAndTanh) {
   const Tensor x = leaf({4, 5}, 1, -4.0, 4.0);
-  expect_gradcheck([](const auto& v) { return gelu(v[0]); }, {x});
-  expect_gradcheck([](const auto& v) { return gelu(v[0], GeluApproximate::kTanh); }, {x});
+  for (GeluApproximate form : {GeluApproximate::kNone, GeluApproximate::kTanh}) {
+    SCOPED_TRACE(form == GeluApproximate::kTanh ? "tanh" : "exact");
+    expect_gradcheck([form](const auto& v) { return gelu(v[0], form); }, {x});
+    expect_gradgradcheck([form](const auto& v) { return gelu(v[0], form); }, {x});
+  }
+}
+
+// x's gradient of sum(f(x) * u) taken with create_graph, as a function of x and u (the
+// function gradgradcheck checks); x's grad is left as it was.
+Tensor first_gradient(const std::function<Tensor(const Tensor&)>& f, const Tensor& x,
+                      const Tensor& u) {
+  const Tensor held = x.grad();
+  x.set_grad(Tensor());
+  autograd::backward({f(x)}, {u}, false, true);
+  const Tensor g = x.grad();
+  x.set_grad(held);
+  return g;
+}
+
+// gelu_backward's own gradient is recorded too: gelu's third derivatives.
+TEST(GptLayersGradcheck, GeluIsThreeTimesDifferentiable) {
+  const Tensor x = leaf({3, 4}, 5, -3.0, 3.0), u = leaf({3, 4}, 6);
+  for (GeluApproximate form : {GeluApproximate::kNone, GeluApproximate::kTanh}) {
+    SCOPED_TRACE(form == GeluApproximate::kTanh ? "tanh" : "exact");
+    expect_gradgradcheck(
+        [form](const auto& v) {
+          return first_gradient([form](const Tensor& t) { return gelu(t, form); }, v[0], v[1]);
+        },
+        {x, u});
+  }
+}
+
+// gelu's and embedding's second derivatives on CUDA (recorded ops there too) equal the CPU's.
+TEST(GptLayersGradcheck, SecondDerivativesOnCudaMatchTheCpu) {
+  EMBER_REQUIRE_CUDA();
+  const Tensor indices = from_vector<int64_t>({2, 0, 2, 1, 3});
+  using Layer = std::function<Tensor(const Tensor&, const Tensor&)>;  // (input, indices)
+  const std::vector<std::pair<const char*, Layer>> layers = {
+      {"gelu", [](const Tensor& x, const Tensor&) { return gelu(x); }},
+      {"gelu tanh", [](const Tensor& x, const Tensor&) { return gelu(x, GeluApproximate::kTanh); }},
+      {"embedding", [](const Tensor& w, const Tensor& i) { return embedding(i, w, 1); }},
+  };
+  for (const auto& [name, layer] : layers) {
+    for (DType dtype : {kF64, kF32}) {
+      SCOPED_TRACE(::testing::Message() << name << " " << dtype);
+      const double tol = dtype == kF64 ? 1e-12 : 1e-5;
+      const Tensor x = leaf({4, 3}, 17, -4.0, 4.0).detach().to(dtype);
+      const Tensor out = layer(x, indices);
+      const Tensor u = leaf(out.sizes(), 18).detach().to(dtype);
+      const Tensor v = leaf(x.sizes(), 19).detach().to(dtype);
+      std::vector<Tensor> grads;
+      for (Device device : {kCPU, cuda_device()}) {
+        const Tensor xd = x.to(device).requires_grad_(), ud = u.to(device).requires_grad_();
+        const Tensor first =
+            first_gradient([&](const Tensor& t) { return layer(t, indices.to(device)); }, xd, ud);
+        autograd::backward({first}, {v.to(device)});
+        grads.push_back(first.detach().cpu());
+        grads.push_back(xd.grad().defined() ? xd.grad().cpu() : zeros_like(x));
+        grads.push_back(ud.grad().cpu());
+      }
+      for (size_t i = 0; i < 3; ++i) expect_close(grads[i + 3], grads[i], tol, tol);
+    }
+  }
+}
+
+// PyTorch 1.13's second derivatives of gelu (f64): with gx = autograd.grad(gelu(x), x, g,
+// create_graph=True), (gx * v).sum().backward() gives x.grad and g.grad. f32 follows them to
+// its own rounding (PyTorch's f32 tanh form loses the digits of gx and d2g at -6).
+TEST(GptLayersGolden, GeluDoubleBackwardMatchesPyTorch) {
+  const std::vector<double> x = {-6.0, -2.5, -1.0, -0.25, 0.0, 0.5, 1.5, 3.0, 7.0};
+  const std::vector<double> g = {0.5, -1.0, 2.0, 0.75, -0.5, 1.25, -2.0, 1.0, 0.3};
+  const std::vector<double> v = {1.0, 0.5, -0.25, 2.0, 1.5, -1.0, 0.75, -0.5, 2.0};
+  struct Expected {
+    GeluApproximate form;
+    std::vector<double> gx, d2x, d2g;
+  };
+  const std::vector<Expected> expected = {
+      {GeluApproximate::kNone,
+       {-1.7734354727013195e-08, 0.03761108590814519, -0.1666309411753727, 0.22846998383727302,
+        -0.25, 1.0843689058202035, -2.254938384459959, 1.011945647204184, 0.30000000001879895},
+       {-1.0329000844699587e-07, 0.037247638548833145, -0.12098536225957168, 1.1237542144582806,
+        -0.5984134206021491, -0.7701429022969052, 0.048569098374709435, 0.015511469441783027,
+        -2.5759911551588154e-10},
+       {-3.546870945402639e-08, -0.018805542954072597, 0.020828867646921587, 0.609253290232728,
+        0.75, -0.8674951246561629, 0.8456018941724847, -0.505972823602092, 2.0000000001253264}},
+      {GeluApproximate::kTanh,
+       {-3.8549880064181646e-10, 0.03795157621266618, -0.16592816769156515, 0.22848442863670465,
+        -0.25, 1.084212379418303, -2.255421586302866, 1.0115841666309695, 0.3000000000000083},
+       {-3.4121235724741154e-09, 0.03812269603680647, -0.12107409899188651, 1.1234229213354756,
+        -0.5984134206021491, -0.7693836188949812, 0.04577729472633729, 0.01588382944303746,
+        -1.938734859489514e-13},
+       {-7.709976012836329e-10, -0.01897578810633309, 0.020741020961445644, 0.6092918096978791,
+        0.75, -0.8673699035346424, 0.8457830948635747, -0.5057920833154848, 2.0000000000000555}},
+  };
+  for (const Expected& e : expected) {
+    for (DType dtype : {kF64, kF32}) {
+      SCOPED_TRACE(::testing::Message()
+                   << (e.form == GeluApproximate::kTanh ? "tanh " : "exact ") << dtype);
+      const double rtol = dtype == kF64 ? 1e-12 : 2e-5, atol = dtype == kF64 ? 1e-15 : 1e-6;
+      const Tensor xt = from_vector(x).to(dtype).requires_grad_(),
+                   gt = from_vector(g).to(dtype).requires_grad_();
+      autograd::backward({gelu(xt, e.form)}, {gt}, false, true);
+      const Tensor gx = xt.grad();
+      xt.set_grad(Tensor());
+      autograd::backward({gx}, {from_vector(v).to(dtype)});
+      expect_close(gx.detach(), from_vector(e.gx).to(dtype), rtol, atol);
+      expect_close(xt.grad(), from_vector(e.d2x).to(dtype), rtol, atol);
+      expect_close(gt.grad(), from_vector(e.d2g).to(dtype), rtol, atol);
+    }
+  }
 }
 
 TEST(GptLayersGradcheck, Silu) {
@@ -195,13 +308,21 @@ TEST(GptLayersGradcheck, SiluBackwardIsRecordedUnderCreateGraph) {
   expect_close(x.grad().detach(), y.grad(), 1e-12, 1e-14);
 }
 
-// gelu's gradient is one fused kernel with no recorded formula: create_graph through it fails
-// loudly rather than record a wrong gradient.
-TEST(GptLayersGradcheck, GeluBackwardUnderCreateGraphIsAnError) {
+// With create_graph gelu's gradient is the op gelu_backward, run by the same fused kernel as
+// without: the same bits, in f32 and bf16 as in f64.
+TEST(GptLayersGradcheck, GeluBackwardIsRecordedUnderCreateGraph) {
   for (GeluApproximate form : {GeluApproximate::kNone, GeluApproximate::kTanh}) {
-    const Tensor x = leaf({4, 5}, 3, -6.0, 6.0);
-    EXPECT_EMBER_ERROR(autograd::backward({gelu(x, form).sum()}, {}, false, true),
-                       "gelu: its gradient cannot be recorded");
+    for (DType dtype : {kF64, kF32, kBF16}) {
+      SCOPED_TRACE(::testing::Message()
+                   << (form == GeluApproximate::kTanh ? "tanh " : "exact ") << dtype);
+      const Tensor values = leaf({4, 5}, 3, -6.0, 6.0).detach().to(dtype);
+      const Tensor x = values.clone().requires_grad_(), y = values.clone().requires_grad_();
+      autograd::backward({gelu(x, form).sum()}, {}, false, true);
+      autograd::backward({gelu(y, form).sum()});
+      ASSERT_TRUE(x.grad().requires_grad());
+      EXPECT_FALSE(y.grad().requires_grad());
+      expect_close(x.grad().detach(), y.grad(), 0.0, 0.0);
+    }
   }
 }
 
@@ -268,11 +389,41 @@ TEST(GptLayersGradcheck, LayerNormFirstOrderIsTheKernelAndCreateGraphAgrees) {
 TEST(GptLayersGradcheck, EmbeddingWeight) {
   const Tensor indices = from_vector<int64_t>({0, 3, 3, 1, 4, 0}, {2, 3});
   expect_gradcheck([&](const auto& v) { return embedding(indices, v[0]); }, {leaf({5, 4}, 11)});
+  expect_gradgradcheck([&](const auto& v) { return embedding(indices, v[0]); }, {leaf({5, 4}, 11)});
   // The padding row's gradient is 0 by definition (not the finite difference): a padding_idx
   // that is not looked up leaves the other rows' gradients exact.
   const Tensor no_padding_row = from_vector<int64_t>({0, 2, 2, 1, 4, 0}, {2, 3});
   expect_gradcheck([&](const auto& v) { return embedding(no_padding_row, v[0], 3); },
                    {leaf({5, 4}, 12)});
+  expect_gradgradcheck([&](const auto& v) { return embedding(no_padding_row, v[0], 3); },
+                       {leaf({5, 4}, 12)});
+  // The gradient itself (zero in the padding row) is linear in the output's gradient, so its
+  // own gradient is exact with the padding row looked up too.
+  expect_gradgradcheck([&](const auto& v) { return embedding(indices, v[0], 3); },
+                       {leaf({5, 4}, 13)});
+}
+
+// Under create_graph the weight's gradient is recorded; its gradient picks the rows of the
+// output gradient's gradient at the indices, zero at padding_idx (PyTorch's
+// embedding_dense_double_backward). Without create_graph it is the same values, unrecorded.
+TEST(GptLayersGradcheck, EmbeddingBackwardIsRecordedUnderCreateGraph) {
+  const Tensor indices = from_vector<int64_t>({2, 0, 2, 1});
+  const Tensor w = leaf({3, 2}, 14), u = leaf({4, 2}, 15), v = leaf({3, 2}, 16).detach();
+  autograd::backward({embedding(indices, w, 1)}, {u}, false, true);
+  const Tensor gw = w.grad();
+  ASSERT_TRUE(gw.requires_grad());
+  const Tensor plain = w.detach().clone().requires_grad_();
+  autograd::backward({embedding(indices, plain, 1)}, {u.detach()});
+  EXPECT_FALSE(plain.grad().requires_grad());
+  expect_close(gw.detach(), plain.grad(), 0.0, 0.0);
+  autograd::backward({gw}, {v});
+  const auto vv = v.to_vector<double>();
+  std::vector<double> picked;
+  for (int64_t i : {2, 0, 2, 1}) {
+    for (int64_t j = 0; j < 2; ++j)
+      picked.push_back(i == 1 ? 0.0 : vv[static_cast<size_t>(i * 2 + j)]);
+  }
+  expect_close(u.grad(), from_vector(picked).view({4, 2}), 0.0, 0.0);
 }
 
 // ---------------------------------------------------------------------------------------

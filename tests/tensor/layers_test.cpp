@@ -760,19 +760,49 @@ void check_grad(const char* name, const Fn& f, const std::vector<Tensor>& inputs
   EXPECT_TRUE(result.ok) << result.message;
 }
 
+// gradcheck, then gradgradcheck: the gradients a create_graph backward records are checked
+// as functions of the inputs and of the output's gradient (second derivatives).
+void check_grad_twice(const char* name, const Fn& f, const std::vector<Tensor>& inputs) {
+  check_grad(name, f, inputs);
+  SCOPED_TRACE(name);
+  const auto second = autograd::gradgradcheck(f, inputs);
+  EXPECT_TRUE(second.ok) << second.message;
+}
+
+Tensor channels_last(const Tensor& t) { return t.contiguous(MemoryFormat::ChannelsLast); }
+
 TEST(LayersGradcheck, Conv2d) {
-  check_grad("conv2d stride/padding/bias",
-             [](const auto& v) {
-               return conv2d(v[0], v[1], v[2], {2, 1}, {1, 1});
-             },
-             {leaf({2, 3, 5, 4}, 1), leaf({4, 3, 3, 2}, 2), leaf({4}, 3)});
-  check_grad("conv2d dilation/groups",
-             [](const auto& v) {
-               return conv2d(v[0], v[1], {}, {1, 1}, {1, 0}, {2, 1}, 2);
-             },
-             {leaf({1, 4, 6, 5}, 4), leaf({2, 2, 2, 2}, 5)});
-  check_grad("conv2d pointwise", [](const auto& v) { return conv2d(v[0], v[1], v[2]); },
-             {leaf({2, 3, 3, 3}, 6), leaf({2, 3, 1, 1}, 7), leaf({2}, 8)});
+  check_grad_twice("conv2d stride/padding/bias",
+                   [](const auto& v) {
+                     return conv2d(v[0], v[1], v[2], {2, 1}, {1, 1});
+                   },
+                   {leaf({2, 3, 5, 4}, 1), leaf({4, 3, 3, 2}, 2), leaf({4}, 3)});
+  check_grad_twice("conv2d dilation/groups",
+                   [](const auto& v) {
+                     return conv2d(v[0], v[1], {}, {1, 1}, {1, 0}, {2, 1}, 2);
+                   },
+                   {leaf({1, 4, 6, 5}, 4), leaf({2, 2, 2, 2}, 5)});
+  check_grad_twice("conv2d pointwise", [](const auto& v) { return conv2d(v[0], v[1], v[2]); },
+                   {leaf({2, 3, 3, 3}, 6), leaf({2, 3, 1, 1}, 7), leaf({2}, 8)});
+  check_grad_twice(
+      "conv2d channels_last stride/padding/groups/bias",
+      [](const auto& v) {
+        return conv2d(channels_last(v[0]), channels_last(v[1]), v[2], {1, 2}, {1, 1}, {1, 1}, 2);
+      },
+      {leaf({2, 4, 4, 5}, 21), leaf({4, 2, 2, 3}, 22), leaf({4}, 23)});
+  // Only the input, or only the weight, requires grad: each gradient op alone.
+  const Tensor w = tensor_of(random_values(24, 24), {2, 3, 2, 2});
+  check_grad_twice("conv2d input only",
+                   [w](const auto& v) {
+                     return conv2d(v[0], w, {}, {2, 2}, {1, 1}, {2, 1});
+                   },
+                   {leaf({1, 3, 5, 5}, 25)});
+  const Tensor x = tensor_of(random_values(75, 26), {1, 3, 5, 5});
+  check_grad_twice("conv2d weight only",
+                   [x](const auto& v) {
+                     return conv2d(x, v[0], {}, {2, 2}, {1, 1}, {2, 1});
+                   },
+                   {leaf({2, 3, 2, 2}, 27)});
 }
 
 // First and (through a create_graph backward) second derivatives, training and eval, with and
@@ -814,21 +844,172 @@ TEST(LayersGradcheck, Pooling) {
   for (auto& s : spread) s *= 0.01;
   Tensor x = tensor_of(spread, {2, 2, 5, 6});
   x.requires_grad_();
-  check_grad("max_pool2d",
-             [](const auto& v) {
-               return max_pool2d(v[0], {3, 2}, {2, 2}, {1, 1}, {1, 2}, true);
-             },
-             {x});
-  check_grad("avg_pool2d",
-             [](const auto& v) {
-               return avg_pool2d(v[0], {3, 3}, {2, 2}, {1, 1}, true, false);
-             },
-             {leaf({2, 2, 5, 6}, 17)});
-  check_grad("adaptive_avg_pool2d",
-             [](const auto& v) {
-               return adaptive_avg_pool2d(v[0], {3, 4});
-             },
-             {leaf({2, 2, 5, 6}, 18)});
+  check_grad_twice("max_pool2d",
+                   [](const auto& v) {
+                     return max_pool2d(v[0], {3, 2}, {2, 2}, {1, 1}, {1, 2}, true);
+                   },
+                   {x});
+  check_grad_twice("max_pool2d channels_last",
+                   [](const auto& v) {
+                     return max_pool2d(channels_last(v[0]), {2, 3}, {1, 2});
+                   },
+                   {x});
+  check_grad_twice("avg_pool2d",
+                   [](const auto& v) {
+                     return avg_pool2d(v[0], {3, 3}, {2, 2}, {1, 1}, true, false);
+                   },
+                   {leaf({2, 2, 5, 6}, 17)});
+  check_grad_twice("avg_pool2d channels_last, counting padding",
+                   [](const auto& v) {
+                     return avg_pool2d(channels_last(v[0]), {2, 3}, {2, 1}, {1, 1});
+                   },
+                   {leaf({2, 3, 5, 4}, 28)});
+  check_grad_twice("adaptive_avg_pool2d",
+                   [](const auto& v) {
+                     return adaptive_avg_pool2d(v[0], {3, 4});
+                   },
+                   {leaf({2, 2, 5, 6}, 18)});
+  check_grad_twice("adaptive_avg_pool2d channels_last",
+                   [](const auto& v) {
+                     return adaptive_avg_pool2d(channels_last(v[0]), {2, 3});
+                   },
+                   {leaf({1, 3, 5, 7}, 29)});
+}
+
+// The op that computed a leaf's gradient under create_graph (behind the expand and clone the
+// leaf's copy of it takes).
+std::string recorded_by(const Tensor& grad) {
+  const autograd::Node* node = grad.grad_fn().get();
+  while (node->name() == "CloneBackward" || node->name() == "ExpandBackward")
+    node = node->next_edges().at(0).node.get();
+  return node->name();
+}
+
+// Without create_graph, conv2d's and the pools' gradients are the fused kernels' bits; with it,
+// they are recorded ops (differentiable again) of the same values.
+TEST(LayersSecondDerivatives, FirstOrderGradientsAreTheFusedKernels) {
+  const ConvCase k{2, 4, 6, 5, 6, 3, 2, {2, 1}, {1, 1}, {1, 2}, 2, true};
+  for (const DType dtype : {kF32, kF64}) {
+    for (const bool cl : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << dtype << (cl ? " channels_last" : ""));
+      const auto format = cl ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous;
+      Tensor x =
+          tensor_of(random_values(2 * 4 * 6 * 5, 30), {2, 4, 6, 5}, dtype).contiguous(format);
+      Tensor w =
+          tensor_of(random_values(6 * 2 * 3 * 2, 31), {6, 2, 3, 2}, dtype).contiguous(format);
+      Tensor b = tensor_of(random_values(6, 32), {6}, dtype);
+      for (Tensor* t : {&x, &w, &b}) t->requires_grad_();
+      auto forward = [&] { return conv2d(x, w, b, k.stride, k.padding, k.dilation, k.groups); };
+      const Tensor gy = tensor_of(random_values(2 * 6 * 3 * 5, 33), {2, 6, 3, 5}, dtype);
+      detail::Conv2dParams params = conv_params(k);
+      params.channels_last = cl;
+      const auto fused =
+          detail::conv2d_backward(gy, x.detach(), w.detach(), params, {true, true, true});
+      for (const bool create_graph : {false, true}) {
+        for (Tensor* t : {&x, &w, &b}) t->set_grad(Tensor());
+        forward().backward(gy, false, create_graph);
+        const double tol = create_graph ? tol_for(dtype) : 0.0;
+        expect_close(x.grad(), fused[0], tol, tol);
+        expect_close(w.grad(), fused[1], tol, tol);
+        expect_close(b.grad(), fused[2], tol, tol);
+        ASSERT_EQ(x.grad().requires_grad(), create_graph);
+        if (create_graph) {
+          EXPECT_EQ(recorded_by(x.grad()), "ConvolutionBackwardInputBackward");
+          EXPECT_EQ(recorded_by(w.grad()), "ConvolutionBackwardWeightBackward");
+        }
+      }
+
+      // The pools' gradients are one kernel call either way, recorded under create_graph (they
+      // depend on the output's gradient alone, which requires grad here).
+      const Tensor p = tensor_of(random_values(2 * 3 * 5 * 6, 34), {2, 3, 5, 6}, dtype)
+                           .contiguous(format)
+                           .requires_grad_();
+      const Tensor pgy =
+          tensor_of(random_values(2 * 3 * 3 * 3, 35), {2, 3, 3, 3}, dtype).requires_grad_();
+      const std::vector<std::pair<std::function<Tensor()>, const char*>> pools = {
+          {[&] {
+             return max_pool2d(p, {2, 2}, {2, 2}, {1, 0});
+           },
+           "MaxPool2dBackwardBackward"},
+          {[&] {
+             return avg_pool2d(p, {2, 2}, {2, 2}, {1, 0});
+           },
+           "AvgPool2dBackwardBackward"},
+          {[&] {
+             return adaptive_avg_pool2d(p, {3, 3});
+           },
+           "AdaptiveAvgPool2dBackwardBackward"}};
+      for (const auto& [f, node] : pools) {
+        SCOPED_TRACE(node);
+        p.set_grad(Tensor());
+        f().backward(pgy);
+        const Tensor first_order = p.grad();
+        p.set_grad(Tensor());
+        f().backward(pgy, false, true);
+        expect_close(p.grad(), first_order, 0.0, 0.0);
+        ASSERT_TRUE(p.grad().requires_grad());
+        EXPECT_EQ(recorded_by(p.grad()), node);
+      }
+    }
+  }
+}
+
+// PyTorch 1.13, f64: x[i] = sin(0.37 i + 0.1) [1, 4, 4, 4], w[i] = 0.5 cos(0.53 i) [2, 2, 2, 2],
+// b = {0.1, 0.2}, y = F.conv2d(x, w, b, stride=(2, 1), padding=(1, 0), dilation=(1, 2),
+// groups=2); gx = autograd.grad((y ** 2).sum(), x, create_graph=True); the gradients of
+// (gx ** 2).sum() for w, b and x.
+TEST(LayersSecondDerivatives, Conv2dDoubleBackwardMatchesPyTorch) {
+  const Values gw_ref = {
+      6.078453082704204,  3.8207141683026715, -0.6677943691007547, -4.306550170479987,
+      5.146743246627698,  4.089094216293118,  0.19279997862300724, -3.486194305861,
+      8.35633932874392,   14.895657848316791, 12.124435353667518,  6.471412996444459,
+      17.596258783212306, 21.618419647181202, 13.984561351834682,  2.5552324671594864};
+  const Values gb_ref = {3.9108715372216585, 11.135138069771223};
+  const Values gx_ref = {
+      0.05127978608053272,  -0.15927236925370583, -0.0020142277801264924, 0.006256087540099311,
+      0.9300333068611372,   1.576931122205481,    0.8024393129740135,     1.3605873219536657,
+      0.4546673189248349,   0.7709176006632513,   -0.017858957973338727,  -0.03028100868060897,
+      -0.28017455329637236, -0.05045259287743954, -0.24173658556242483,   -0.04353085386045751,
+      -0.10481672118897803, 0.3255553269070932,   -0.08840046505396312,   0.2745672825187391,
+      -0.48548498934768014, -0.8231709374471479,  -0.8199008049025852,    -1.3901944014627179,
+      -0.9293474338337079,  -1.57576818049699,    -0.7837942688503593,    -1.3289734537872486,
+      0.14625340729102462,  0.0263366659397756,   0.24699689792423385,    0.04447810761664633,
+      -0.05440698378641633, 0.15218362672632485,  -0.08823457091532046,   0.24680392240172433,
+      -1.5687205750948232,  -1.3504712620154637,  0.1985113035293768,     0.1708932839014033,
+      1.9112744876193195,   1.6453671293226981,   3.0996109796954734,     2.668375501642993,
+      0.1662014947358667,   0.2999156372340955,   -0.021031709465883345,  -0.037952357508019056,
+      -0.04126708120652767, 0.11542955785001813,  0.009408888184605021,   -0.0263179214825938,
+      3.4374580506335617,   2.959219369889197,    2.8321152416735744,     2.4380952894462764,
+      1.4496800594236028,   1.2479923387567646,   -0.3305268311636897,    -0.28454206179109937,
+      -0.36418892897647054, -0.6571899661983585,  -0.3000545756225109,    -0.541457580726626};
+  auto values = [](int64_t n, auto f) {
+    Values v(static_cast<size_t>(n));
+    for (size_t i = 0; i < v.size(); ++i) v[i] = f(static_cast<double>(i));
+    return v;
+  };
+  for (const bool cl : {false, true}) {
+    SCOPED_TRACE(cl ? "channels_last" : "contiguous");
+    const auto format = cl ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous;
+    Tensor x =
+        tensor_of(values(64, [](double i) { return std::sin(0.37 * i + 0.1); }), {1, 4, 4, 4})
+            .contiguous(format)
+            .requires_grad_();
+    Tensor w =
+        tensor_of(values(16, [](double i) { return 0.5 * std::cos(0.53 * i); }), {2, 2, 2, 2})
+            .contiguous(format)
+            .requires_grad_();
+    Tensor b = tensor_of({0.1, 0.2}, {2}).requires_grad_();
+    const Tensor y = conv2d(x, w, b, {2, 1}, {1, 0}, {1, 2}, 2);
+    (y * y).sum().backward({}, false, true);
+    const Tensor gx = x.grad();
+    for (Tensor* t : {&x, &w, &b}) t->set_grad(Tensor());
+    const Tensor loss = (gx * gx).sum();
+    EXPECT_NEAR(loss.item<double>(), 7.669367670681535, 1e-12);
+    loss.backward();
+    expect_close(w.grad(), tensor_of(gw_ref, {2, 2, 2, 2}), 1e-12, 1e-12);
+    expect_close(b.grad(), tensor_of(gb_ref, {2}), 1e-12, 1e-12);
+    expect_close(x.grad(), tensor_of(gx_ref, {1, 4, 4, 4}), 1e-12, 1e-12);
+  }
 }
 
 TEST(LayersGradcheck, CrossEntropy) {

@@ -219,6 +219,151 @@ TEST(Losses, ClassIndicesWithoutWeightsUseTheFusedKernel) {
   EXPECT_FALSE(graph_has(cross_entropy(x, t, {.weight = w}), "CrossEntropyBackward"));
 }
 
+// The fused kernel's gradient with and without create_graph: recorded ops then (PyTorch's
+// log_softmax and nll_loss gradients), the fused kernel's values to rounding; unrecorded and
+// from the kernel without. Second derivatives equal those of the composite path (a class
+// weight of ones), for every option the fused kernel takes.
+TEST(Losses, FusedCrossEntropyIsTwiceDifferentiable) {
+  const Tensor t2 = from_vector<int64_t>({2, 0, 3, 1}, {4});
+  const Tensor t4 = from_vector<int64_t>({0, 2, 1, -100, 2, 0, 1, 1}, {2, 2, 2});
+  struct Case {
+    const char* name;
+    Shape shape;
+    Tensor target;
+    CrossEntropyOptions options;
+  };
+  const std::vector<Case> cases = {
+      {"mean", {4, 4}, t2, {}},
+      {"sum smoothed ignoring",
+       {4, 4},
+       t2,
+       {.ignore_index = 3, .reduction = Reduction::kSum, .label_smoothing = 0.2}},
+      {"none [N, C, d1, d2]",
+       {2, 3, 2, 2},
+       t4,
+       {.reduction = Reduction::kNone, .label_smoothing = 0.1}},
+      {"mean [N, C, d1, d2] ignoring -100", {2, 3, 2, 2}, t4, {}},
+      {"unbatched", {4}, from_vector<int64_t>({1}).view({}), {.label_smoothing = 0.3}},
+  };
+  uint64_t seed = 30;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const Tensor values = leaf(c.shape, seed++).detach();
+    // sum(loss * w) with a random w, so a per-sample loss gets an output gradient of its own.
+    const Tensor w = leaf(c.target.sizes(), seed++).detach();
+    CrossEntropyOptions composite = c.options;
+    composite.weight = ones({c.shape[c.shape.size() == 1 ? 0 : 1]}, kF64);
+    const auto weighted = [&](const Tensor& x, const CrossEntropyOptions& o) {
+      const Tensor loss = cross_entropy(x, c.target, o);
+      return sum(loss * (o.reduction == Reduction::kNone ? w : ones({}, kF64)));
+    };
+    const Tensor fused = values.clone().requires_grad_(), plain = values.clone().requires_grad_(),
+                 reference = values.clone().requires_grad_();
+    ASSERT_TRUE(graph_has(weighted(fused, c.options), "CrossEntropyBackward"));
+    weighted(fused, c.options).backward({}, false, true);
+    weighted(plain, c.options).backward();
+    weighted(reference, composite).backward({}, false, true);
+    EXPECT_FALSE(plain.grad().requires_grad());
+    const Tensor first = fused.grad(), reference_first = reference.grad();
+    ASSERT_TRUE(first.requires_grad());
+    expect_close(first.detach(), plain.grad(), 1e-14, 1e-16);
+    expect_close(first.detach(), reference_first.detach(), 1e-14, 1e-16);
+    const Tensor v = leaf(c.shape, seed++).detach();
+    fused.set_grad(Tensor());
+    reference.set_grad(Tensor());
+    sum(first * v).backward();
+    sum(reference_first * v).backward();
+    expect_close(fused.grad(), reference.grad(), 1e-13, 1e-15);
+  }
+}
+
+// PyTorch 1.13's second derivatives of cross_entropy (f64): with gx = autograd.grad(loss, x,
+// grad_output, create_graph=True), (gx * u).sum().backward() gives x.grad (and grad_output's).
+TEST(LossGolden, CrossEntropyDoubleBackward) {
+  const Tensor logits =
+      from_vector<double>({0.3,  -1.2, 2.0, 0.5,  -0.4, 1.1, 0.0, -0.7, 0.9, 0.2,
+                           -2.0, 1.5,  0.3, -0.1, 0.8,  0.6, 0.6, -1.3, 2.2, -0.9},
+                          {4, 5});
+  const Tensor target = from_vector<int64_t>({2, 1, 4, 0});
+  const Tensor u = from_vector<double>({0.5,  -1.0, 0.25, 1.5,  -0.75, 1.0, 2.0,  -0.5, 0.0, 0.3,
+                                        -1.2, 0.4,  0.9,  -0.3, 1.1,   0.7, -0.6, 0.2,  1.3, -1.5},
+                                       {4, 5});
+  for (DType dtype : {kF64, kF32}) {
+    SCOPED_TRACE(::testing::Message() << dtype);
+    const double rtol = dtype == kF64 ? 1e-12 : 2e-5, atol = dtype == kF64 ? 1e-15 : 2e-6;
+    const auto expect = [&](const Tensor& actual, const std::vector<double>& values) {
+      expect_close(actual, from_vector(values).view(actual.sizes()).to(dtype), rtol, atol);
+    };
+    {  // F.cross_entropy(x, target, ignore_index=1, label_smoothing=0.1)
+      const Tensor x = logits.to(dtype).clone().requires_grad_();
+      cross_entropy(x, target, {.ignore_index = 1, .label_smoothing = 0.1})
+          .backward({}, false, true);
+      const Tensor gx = x.grad();
+      x.set_grad(Tensor());
+      sum(gx * u.to(dtype)).backward();
+      expect(gx.detach(), {0.032944828790435525,
+                           0.002171852658395342,
+                           -0.0898354244268483,
+                           0.04171492313948698,
+                           0.01300381983853046,
+                           0.0,
+                           0.0,
+                           0.0,
+                           0.0,
+                           0.0,
+                           -0.0017078380080872155,
+                           0.1575471855479079,
+                           0.04279359513616894,
+                           0.026487538301944866,
+                           -0.22512048097793452,
+                           -0.26116495167581827,
+                           0.0388350483241817,
+                           0.00013896201677639965,
+                           0.21870480304859055,
+                           0.0034861382862695412});
+      expect(x.grad(), {0.00518975250782722,
+                        -0.01209978867939081,
+                        -0.02579937835602408,
+                        0.05472036783338247,
+                        -0.0220109533057948,
+                        0.0,
+                        0.0,
+                        0.0,
+                        0.0,
+                        0.0,
+                        -0.008687923223032277,
+                        -0.024962340569813488,
+                        0.017211618406008843,
+                        -0.02824775312007014,
+                        0.04468639850690704,
+                        -0.00687053151458718,
+                        -0.06602276100269006,
+                        -0.0044304302536839375,
+                        0.10119291646457555,
+                        -0.02386919369361433});
+    }
+    {  // F.cross_entropy(x, target, reduction="none", label_smoothing=0.2), grad_output g
+      const Tensor x = logits.to(dtype).clone().requires_grad_();
+      const Tensor g = from_vector<double>({0.5, -2.0, 1.5, 0.75}).to(dtype).requires_grad_();
+      autograd::backward(
+          {cross_entropy(x, target, {.reduction = Reduction::kNone, .label_smoothing = 0.2})}, {g},
+          false, true);
+      const Tensor gx = x.grad();
+      x.set_grad(Tensor());
+      sum(gx * u.to(dtype)).backward();
+      expect(x.grad(), {0.007784628761740832,  -0.018149683019086215, -0.03869906753403612,
+                        0.08208055175007371,   -0.0330164299586922,   -0.27460342926898895,
+                        -0.33585380755991595,  0.13669099368496637,   0.37641452508188566,
+                        0.09735171806205276,   -0.039095654503645265, -0.11233053256416078,
+                        0.0774522828270398,    -0.1271148890403157,   0.2010887932810818,
+                        -0.015458695907821176, -0.1485512122560527,   -0.009968468070788866,
+                        0.22768406204529512,   -0.053705685810632266});
+      expect(g.grad(),
+             {0.14898367638132887, -1.0859371535808278, -0.36398882534467464, 0.2869950013086109});
+    }
+  }
+}
+
 TEST(Losses, BCEWithLogitsStaysFiniteForLargeLogits) {
   const Tensor x = from_vector<double>({800.0, -800.0, 0.0}, {3});
   const Tensor y = from_vector<double>({0.0, 1.0, 0.5});
@@ -263,17 +408,32 @@ TEST(Losses, CudaMatchesCpu) {
     lc.backward();
     lg.backward();
     expect_close(xg.grad().cpu(), xc.grad(), 1e-12, 1e-14);
+    // Second derivatives: the gradient taken with create_graph, then its own gradient.
+    const Tensor v = leaf({2, 4, 3}, 9).detach();
+    std::vector<Tensor> second;
+    for (const bool on_cuda : {false, true}) {
+      const Tensor xd = (on_cuda ? x.detach().cuda() : x.detach().clone()).requires_grad_();
+      fn(xd, on_cuda).backward({}, false, true);
+      const Tensor first = xd.grad();
+      xd.set_grad(Tensor());
+      sum(first * (on_cuda ? v.cuda() : v)).backward();
+      second.push_back(xd.grad().cpu());
+    }
+    expect_close(second[1], second[0], 1e-12, 1e-14);
   }
 }
 
 // ---------------------------------------------------------------------------------------
 // Finite differences (f64).
 
+// The gradient (gradcheck) and, through a create_graph backward, its gradient (gradgradcheck).
 void check_grad(const char* name, const std::function<Tensor(const std::vector<Tensor>&)>& f,
                 const std::vector<Tensor>& inputs) {
   SCOPED_TRACE(name);
   const auto result = autograd::gradcheck(f, inputs);
   EXPECT_TRUE(result.ok) << result.message;
+  const auto second = autograd::gradgradcheck(f, inputs);
+  EXPECT_TRUE(second.ok) << second.message;
 }
 
 TEST(LossGradcheck, EveryLoss) {
