@@ -30,13 +30,6 @@ namespace {
 
 using nlohmann::json;
 
-// The exact second-order checks of a case whose ops' gradients are still first-order in ember
-// (a second backward through them is an ember::Error) are skipped, naming the ops; the checks
-// before it (values, first-order gradients, second-order results by central differences of
-// first-order ones) run.
-#define SKIP_UNTIL_TWICE_DIFFERENTIABLE(ops) \
-  GTEST_SKIP() << "second derivatives of " << (ops) << " are not in ember yet"
-
 // Every value is float64 in both libraries; what differs is summation order.
 constexpr double kRtol = 1e-10;
 constexpr double kAtol = 1e-12;
@@ -240,7 +233,6 @@ TEST(SecondDerivatives, WganGpPenaltyThroughConvReluAvgPoolMatchesPyTorch) {
                         std::make_shared<nn::Flatten>(), std::make_shared<nn::Linear>(16, 1)};
   const json& c = golden().at("wgan_relu_avgpool");
   const Tensor loss = wgan_gp_loss_checked(critic, c);
-  SKIP_UNTIL_TWICE_DIFFERENTIABLE("conv2d, avg_pool2d, adaptive_avg_pool2d");
   expect_wgan_gp_grads(critic, loss, c);
 }
 
@@ -248,7 +240,6 @@ TEST(SecondDerivatives, WganGpPenaltyThroughStridedConvTanhAdaptivePoolMatchesPy
   TanhCritic critic;
   const json& c = golden().at("wgan_tanh_adaptive");
   const Tensor loss = wgan_gp_loss_checked(critic, c);
-  SKIP_UNTIL_TWICE_DIFFERENTIABLE("conv2d, avg_pool2d, adaptive_avg_pool2d");
   expect_wgan_gp_grads(critic, loss, c);
 }
 
@@ -294,7 +285,6 @@ TEST(SecondDerivatives, MlpHessianVectorProductWithCrossEntropyMatchesPyTorch) {
            cross_entropy(logits, ignored, {.ignore_index = -100, .label_smoothing = 0.1});
   };
   expect_hessian_vector_product_by_differences(model, loss_fn, c);
-  SKIP_UNTIL_TWICE_DIFFERENTIABLE("cross_entropy");
   expect_hessian_vector_product(model, loss_fn(), c);
 }
 
@@ -406,7 +396,6 @@ TEST(SecondDerivatives, GptBlockPenaltyOnTheEmbeddingOutputMatchesPyTorch) {
   const json& c = golden().at("gpt_penalty_output");
   Block block;
   expect_gpt_penalty_by_differences(block, c, false);
-  SKIP_UNTIL_TWICE_DIFFERENTIABLE("gelu, layer_norm, cross_entropy");
   expect_gpt_penalty_grads(block, c, false);
 }
 
@@ -414,7 +403,6 @@ TEST(SecondDerivatives, GptBlockPenaltyOnTheEmbeddingWeightMatchesPyTorch) {
   const json& c = golden().at("gpt_penalty_weight");
   Block block;
   expect_gpt_penalty_by_differences(block, c, true);
-  SKIP_UNTIL_TWICE_DIFFERENTIABLE("gelu, layer_norm, embedding, cross_entropy");
   expect_gpt_penalty_grads(block, c, true);
 }
 
@@ -451,7 +439,6 @@ TEST(SecondDerivatives, BatchNormNetHessianVectorProductMatchesPyTorch) {
   testing::expect_close(model.bn->running_mean, tensor_of(c.at("running_mean")), kRtol, kAtol);
   testing::expect_close(model.bn->running_var, tensor_of(c.at("running_var")), kRtol, kAtol);
   expect_hessian_vector_product_by_differences(model, loss_fn, c);
-  SKIP_UNTIL_TWICE_DIFFERENTIABLE("conv2d, batch_norm, max_pool2d");
   expect_hessian_vector_product(model, loss_fn(), c);
 }
 
