@@ -43,9 +43,18 @@ const json& golden() {
   return data;
 }
 
+// The device the running case puts its models and golden tensors on (CaseOn sets it).
+Device case_device = kCPU;
+
+struct CaseOn {
+  explicit CaseOn(Device device) { case_device = device; }
+  ~CaseOn() { case_device = kCPU; }
+};
+
 Tensor tensor_of(const json& j, DType dtype = kF64) {
   const Shape shape = j.at("shape").get<Shape>();
-  return from_vector<double>(j.at("values").get<std::vector<double>>(), shape).to(dtype);
+  return from_vector<double>(j.at("values").get<std::vector<double>>(), shape)
+      .to(case_device, dtype);
 }
 
 // The golden parameters (by PyTorch's names) into `model`, converted to float64; its buffers
@@ -55,6 +64,7 @@ void load_params(nn::Module& model, const json& params) {
   nn::NamedTensors state = model.named_buffers();
   for (const auto& [name, value] : params.items()) state.emplace_back(name, tensor_of(value));
   model.load_state_dict(state);
+  model.to(case_device);
 }
 
 std::vector<std::string> names_of(const nn::Module& model) {
@@ -88,7 +98,7 @@ void expect_directional_derivative(const std::vector<Tensor>& params,
   std::vector<Tensor> directions, saved;
   double predicted = 0.0;
   for (size_t i = 0; i < params.size(); ++i) {
-    directions.push_back(randn(params[i].sizes(), kF64, &gen));
+    directions.push_back(randn(params[i].sizes(), kF64, &gen).to(case_device));
     saved.push_back(params[i].detach().clone());
     predicted += (tensor_of(expected.at(names[i])) * directions.back()).sum().item<double>();
   }
@@ -158,10 +168,11 @@ void expect_hessian_vector_product(nn::Module& model, const Tensor& loss, const 
     SCOPED_TRACE("first gradients (create_graph)");
     expect_named_close(names, g, c.at("grads"));
   }
-  Tensor dot = zeros({}, kF64);
+  Tensor dot;
   for (size_t i = 0; i < params.size(); ++i) {
     ASSERT_TRUE(g[i].requires_grad()) << names[i] << "'s gradient has no history";
-    dot = dot + (g[i] * tensor_of(c.at("v").at(names[i]))).sum();
+    const Tensor term = (g[i] * tensor_of(c.at("v").at(names[i]))).sum();
+    dot = dot.defined() ? dot + term : term;
   }
   SCOPED_TRACE("Hessian-vector product");
   expect_named_close(names, autograd::grad({dot}, params), c.at("hv"));
@@ -227,7 +238,7 @@ void expect_wgan_gp_grads(nn::Module& critic, const Tensor& loss, const json& c)
   expect_named_close(names_of(critic), grads, c.at("grads"));
 }
 
-TEST(SecondDerivatives, WganGpPenaltyThroughConvReluAvgPoolMatchesPyTorch) {
+void wgan_gp_conv_relu_avg_pool() {
   nn::Sequential critic{std::make_shared<nn::Conv2d>(2, 4, 3, nn::Conv2dOptions{.padding = {1, 1}}),
                         std::make_shared<nn::ReLU>(), std::make_shared<nn::AvgPool2d>(Pair{2, 2}),
                         std::make_shared<nn::Flatten>(), std::make_shared<nn::Linear>(16, 1)};
@@ -236,11 +247,19 @@ TEST(SecondDerivatives, WganGpPenaltyThroughConvReluAvgPoolMatchesPyTorch) {
   expect_wgan_gp_grads(critic, loss, c);
 }
 
-TEST(SecondDerivatives, WganGpPenaltyThroughStridedConvTanhAdaptivePoolMatchesPyTorch) {
+TEST(SecondDerivatives, WganGpPenaltyThroughConvReluAvgPoolMatchesPyTorch) {
+  wgan_gp_conv_relu_avg_pool();
+}
+
+void wgan_gp_strided_conv_tanh_adaptive_pool() {
   TanhCritic critic;
   const json& c = golden().at("wgan_tanh_adaptive");
   const Tensor loss = wgan_gp_loss_checked(critic, c);
   expect_wgan_gp_grads(critic, loss, c);
+}
+
+TEST(SecondDerivatives, WganGpPenaltyThroughStridedConvTanhAdaptivePoolMatchesPyTorch) {
+  wgan_gp_strided_conv_tanh_adaptive_pool();
 }
 
 // ---- 2. Hessian-vector products of an MLP -------------------------------------------------
@@ -257,7 +276,7 @@ struct Mlp : nn::Module {
 };
 
 // mse_loss(softmax(logits), target) + 0.5 * soft-target cross-entropy through log_softmax.
-TEST(SecondDerivatives, MlpHessianVectorProductWithSoftmaxAndMseMatchesPyTorch) {
+void mlp_hvp_softmax_mse() {
   const json& c = golden().at("hvp_mlp_mse");
   Mlp model;
   load_params(model, c.at("params"));
@@ -271,8 +290,12 @@ TEST(SecondDerivatives, MlpHessianVectorProductWithSoftmaxAndMseMatchesPyTorch) 
   expect_hessian_vector_product(model, loss_fn(), c);
 }
 
+TEST(SecondDerivatives, MlpHessianVectorProductWithSoftmaxAndMseMatchesPyTorch) {
+  mlp_hvp_softmax_mse();
+}
+
 // cross_entropy with class indices, plus one with an ignored entry and label smoothing.
-TEST(SecondDerivatives, MlpHessianVectorProductWithCrossEntropyMatchesPyTorch) {
+void mlp_hvp_cross_entropy() {
   const json& c = golden().at("hvp_mlp_cross_entropy");
   Mlp model;
   load_params(model, c.at("params"));
@@ -288,12 +311,16 @@ TEST(SecondDerivatives, MlpHessianVectorProductWithCrossEntropyMatchesPyTorch) {
   expect_hessian_vector_product(model, loss_fn(), c);
 }
 
+TEST(SecondDerivatives, MlpHessianVectorProductWithCrossEntropyMatchesPyTorch) {
+  mlp_hvp_cross_entropy();
+}
+
 // ---- 3. MAML ------------------------------------------------------------------------------
 
 // Two inner SGD steps on the support set with create_graph, the query loss at the fast
 // weights, its gradient with respect to the initial weights (and first-order MAML's, whose
 // inner gradients are constants, as a check that the second-order term is there).
-TEST(SecondDerivatives, MamlOuterGradientThroughTwoInnerStepsMatchesPyTorch) {
+void maml_two_inner_steps() {
   const json& c = golden().at("maml");
   const std::vector<std::string> names = {"0.weight", "0.bias",   "2.weight",
                                           "2.bias",   "4.weight", "4.bias"};
@@ -325,6 +352,10 @@ TEST(SecondDerivatives, MamlOuterGradientThroughTwoInnerStepsMatchesPyTorch) {
   EXPECT_NEAR(loss.item<double>(), c.at("loss").get<double>(), kAtol);
   expect_named_close(names, grads, c.at("grads"));
   expect_named_close(names, outer(false).second, c.at("first_order_grads"));
+}
+
+TEST(SecondDerivatives, MamlOuterGradientThroughTwoInnerStepsMatchesPyTorch) {
+  maml_two_inner_steps();
 }
 
 // ---- 4. A GPT-ish block -------------------------------------------------------------------
@@ -392,18 +423,26 @@ void expect_gpt_penalty_grads(Block& block, const json& c, bool wrt_weight) {
                      c.at("grads"));
 }
 
-TEST(SecondDerivatives, GptBlockPenaltyOnTheEmbeddingOutputMatchesPyTorch) {
+void gpt_penalty_on_embedding_output() {
   const json& c = golden().at("gpt_penalty_output");
   Block block;
   expect_gpt_penalty_by_differences(block, c, false);
   expect_gpt_penalty_grads(block, c, false);
 }
 
-TEST(SecondDerivatives, GptBlockPenaltyOnTheEmbeddingWeightMatchesPyTorch) {
+TEST(SecondDerivatives, GptBlockPenaltyOnTheEmbeddingOutputMatchesPyTorch) {
+  gpt_penalty_on_embedding_output();
+}
+
+void gpt_penalty_on_embedding_weight() {
   const json& c = golden().at("gpt_penalty_weight");
   Block block;
   expect_gpt_penalty_by_differences(block, c, true);
   expect_gpt_penalty_grads(block, c, true);
+}
+
+TEST(SecondDerivatives, GptBlockPenaltyOnTheEmbeddingWeightMatchesPyTorch) {
+  gpt_penalty_on_embedding_weight();
 }
 
 // ---- 5. A batch-norm net ------------------------------------------------------------------
@@ -428,7 +467,7 @@ struct BnNet : nn::Module {
 };
 
 // Training mode: the batch statistics are part of the function being differentiated twice.
-TEST(SecondDerivatives, BatchNormNetHessianVectorProductMatchesPyTorch) {
+void batch_norm_net_hvp() {
   const json& c = golden().at("bn_hvp");
   BnNet model;
   load_params(model, c.at("params"));
@@ -440,6 +479,29 @@ TEST(SecondDerivatives, BatchNormNetHessianVectorProductMatchesPyTorch) {
   testing::expect_close(model.bn->running_var, tensor_of(c.at("running_var")), kRtol, kAtol);
   expect_hessian_vector_product_by_differences(model, loss_fn, c);
   expect_hessian_vector_product(model, loss_fn(), c);
+}
+
+TEST(SecondDerivatives, BatchNormNetHessianVectorProductMatchesPyTorch) { batch_norm_net_hvp(); }
+
+// Every case on the GPU, against the same values: the twice-differentiable formulas and
+// kernels on CUDA.
+TEST(SecondDerivatives, EveryCaseMatchesPyTorchInFloat64OnCuda) {
+  EMBER_REQUIRE_CUDA();
+  const CaseOn on(cuda_device(0));
+  const std::pair<const char*, void (*)()> cases[] = {
+      {"wgan_gp_conv_relu_avg_pool", &wgan_gp_conv_relu_avg_pool},
+      {"wgan_gp_strided_conv_tanh_adaptive_pool", &wgan_gp_strided_conv_tanh_adaptive_pool},
+      {"mlp_hvp_softmax_mse", &mlp_hvp_softmax_mse},
+      {"mlp_hvp_cross_entropy", &mlp_hvp_cross_entropy},
+      {"maml_two_inner_steps", &maml_two_inner_steps},
+      {"gpt_penalty_on_embedding_output", &gpt_penalty_on_embedding_output},
+      {"gpt_penalty_on_embedding_weight", &gpt_penalty_on_embedding_weight},
+      {"batch_norm_net_hvp", &batch_norm_net_hvp},
+  };
+  for (const auto& [name, run] : cases) {
+    SCOPED_TRACE(name);
+    run();
+  }
 }
 
 }  // namespace
