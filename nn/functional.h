@@ -25,8 +25,10 @@ using ember::mse_loss;
 using ember::nll_loss;
 using ember::relu;
 using ember::scaled_dot_product_attention;
+using ember::sigmoid;
 using ember::silu;
 using ember::smooth_l1_loss;
 using ember::softmax;
+using ember::tanh;
 
 }  // namespace ember::nn::functional

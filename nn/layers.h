@@ -90,6 +90,18 @@ class ReLU : public Module {
   std::string name() const override { return "ReLU"; }
 };
 
+class Tanh : public Module {
+ public:
+  Tensor forward(const Tensor& input) override { return tanh(input); }
+  std::string name() const override { return "Tanh"; }
+};
+
+class Sigmoid : public Module {
+ public:
+  Tensor forward(const Tensor& input) override { return sigmoid(input); }
+  std::string name() const override { return "Sigmoid"; }
+};
+
 class MaxPool2d : public Module {
  public:
   explicit MaxPool2d(Pair kernel, Pair stride = {0, 0}, Pair padding = {0, 0},

@@ -225,6 +225,12 @@ TEST(AutogradEngine, SecondBackwardThroughAFirstOrderGradientIsAnError) {
   EXPECT_DOUBLE_EQ(x.grad().item<double>(), 12.0);
   EXPECT_EMBER_ERROR(q.grad().sum().backward(),
                      "scaled_dot_product_attention: its gradient has no derivative in ember");
+  // autograd::grad finds the way through the marked gradient and stops there too, instead of
+  // returning the other terms' part (here 2) of a Hessian-vector product.
+  const Tensor dq = autograd::grad({scaled_dot_product_attention(q, k, v).sum() + (q * q).sum()},
+                                   {q}, {}, std::nullopt, true)[0];
+  EXPECT_EMBER_ERROR(autograd::grad({dq.sum()}, {q}),
+                     "scaled_dot_product_attention: its gradient has no derivative in ember");
 }
 
 // torch.autograd.grad: gradients returned, nothing accumulated, only the part of the graph

@@ -28,6 +28,27 @@ std::vector<std::string> names_of(const NamedTensors& named) {
   return names;
 }
 
+// The activation modules a PyTorch nn.Sequential lists are their functionals, without
+// parameters.
+TEST(NnModule, ActivationModulesAreTheirFunctionals) {
+  const Tensor x = uniform({3, 4}, -3.0, 3.0);
+  testing::expect_close(nn::Tanh()(x), tanh(x));
+  testing::expect_close(nn::Sigmoid()(x), sigmoid(x));
+  testing::expect_close(nn::ReLU()(x), relu(x));
+  testing::expect_close(nn::functional::tanh(x), tanh(x));
+  testing::expect_close(nn::functional::sigmoid(x), sigmoid(x));
+  EXPECT_TRUE(nn::Tanh().named_parameters().empty());
+  EXPECT_EQ(nn::Tanh().name(), "Tanh");
+  EXPECT_EQ(nn::Sigmoid().name(), "Sigmoid");
+  auto mlp = std::make_shared<nn::Sequential>(std::initializer_list<std::shared_ptr<nn::Module>>{
+      std::make_shared<nn::Linear>(4, 3), std::make_shared<nn::Tanh>(),
+      std::make_shared<nn::Linear>(3, 2), std::make_shared<nn::Sigmoid>()});
+  const Tensor y = (*mlp)(x);
+  EXPECT_EQ(y.sizes(), (Shape{3, 2}));
+  EXPECT_GT(y.min().item<double>(), 0.0);
+  EXPECT_LT(y.max().item<double>(), 1.0);
+}
+
 TEST(NnModule, NamesParametersAndBuffersInRegistrationOrder) {
   TwoLayer m;
   EXPECT_EQ(

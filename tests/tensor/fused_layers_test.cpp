@@ -418,12 +418,16 @@ TEST(FusedLinear, RejectsMismatchedArguments) {
 }
 
 TEST(FusedLinearGradcheck, BiasRelu) {
-  const auto result =
-      autograd::gradcheck([](const auto& v) { return linear(v[0], v[1], v[2], Activation::kRelu); },
-                          {random_tensor({2, 3, 4}, kF64, 50).requires_grad_(),
-                           random_tensor({5, 4}, kF64, 51).requires_grad_(),
-                           random_tensor({5}, kF64, 52).requires_grad_()});
+  const auto f = [](const std::vector<Tensor>& v) {
+    return linear(v[0], v[1], v[2], Activation::kRelu);
+  };
+  const std::vector<Tensor> inputs{random_tensor({2, 3, 4}, kF64, 50).requires_grad_(),
+                                   random_tensor({5, 4}, kF64, 51).requires_grad_(),
+                                   random_tensor({5}, kF64, 52).requires_grad_()};
+  const auto result = autograd::gradcheck(f, inputs);
   EXPECT_TRUE(result.ok) << result.message;
+  const auto second = autograd::gradgradcheck(f, inputs);  // the epilogue's gradient records
+  EXPECT_TRUE(second.ok) << second.message;
 }
 
 }  // namespace

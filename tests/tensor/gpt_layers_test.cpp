@@ -281,6 +281,8 @@ TEST(GptLayersGolden, GeluDoubleBackwardMatchesPyTorch) {
 TEST(GptLayersGradcheck, Silu) {
   const Tensor x = leaf({4, 5}, 2, -6.0, 6.0);
   expect_gradcheck([](const auto& v) { return silu(v[0]); }, {x});
+  const auto second = autograd::gradgradcheck([](const auto& v) { return silu(v[0]); }, {x});
+  EXPECT_TRUE(second.ok) << second.message;
 }
 
 // As PyTorch's silu, a channels_last input gives a channels_last output (and gradient), with
