@@ -1,5 +1,6 @@
 #include "engine.h"
 
+#include <algorithm>
 #include <optional>
 #include <queue>
 #include <unordered_map>
@@ -167,12 +168,24 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
       }
     }
   }
+  // Under capture, gradients go only where they lead towards a target: a node runs only if
+  // one of its edges does, computes only those edges' gradients (Node::edge_needed), and
+  // nothing is delivered into a branch that leads nowhere (its hooks never see a gradient).
   std::unordered_map<Node*, bool> reaches;
   if (capture != nullptr) reaches = reaching_a_target(root_nodes, *capture);
-  // Under capture a node runs only if one of its edges leads towards a target.
-  auto leads_to_a_target = [&reaches](const Node& node) {
+  const NodeFilter toward_a_target = [&reaches](const Node* node) {
+    const auto it = reaches.find(const_cast<Node*>(node));
+    return it != reaches.end() && it->second;
+  };
+  const NodeFilter* outer_filter = current_node_filter();
+  current_node_filter() = capture != nullptr ? &toward_a_target : nullptr;
+  struct RestoreFilter {
+    const NodeFilter* outer;
+    ~RestoreFilter() { current_node_filter() = outer; }
+  } restore{outer_filter};
+  auto leads_to_a_target = [&toward_a_target](const Node& node) {
     for (const Edge& edge : node.next_edges()) {
-      if (edge.valid() && reaches[edge.node.get()]) return true;
+      if (edge.valid() && toward_a_target(edge.node.get())) return true;
     }
     return false;
   };
@@ -211,7 +224,8 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
     for (size_t i = 0; i < edges.size(); ++i) {
       const Edge& edge = edges[i];
       if (!edge.valid()) continue;
-      if (i < outputs.size() && outputs[i].defined()) deliver(edge, outputs[i]);
+      const bool wanted = capture == nullptr || toward_a_target(edge.node.get());
+      if (i < outputs.size() && outputs[i].defined() && wanted) deliver(edge, outputs[i]);
       if (--dependencies[edge.node.get()] == 0) ready.push(edge.node.get());
     }
   }
@@ -241,6 +255,15 @@ std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<T
   run_backward(outputs, grad_outputs, retain_graph.value_or(create_graph), create_graph, &capture);
   for (size_t i = 0; i < inputs.size(); ++i) {
     Tensor& g = capture.results[i];
+    // An input listed again takes the first one's gradient (its hooks run once).
+    const auto listed = edges.begin() + static_cast<ptrdiff_t>(i);
+    const auto first = std::find_if(edges.begin(), listed, [&](const Edge& e) {
+      return e.node == listed->node && e.input_nr == listed->input_nr;
+    });
+    if (first != listed) {
+      g = capture.results[static_cast<size_t>(first - edges.begin())];
+      continue;
+    }
     if (!g.defined()) {
       EMBER_CHECK(allow_unused, "grad", "input ", i, " (shape ", shape_str(inputs[i].sizes()),
                   ") was not used in the graph of the outputs; pass allow_unused=true to get an ",

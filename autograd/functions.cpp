@@ -19,6 +19,23 @@ struct InputInfo {
   bool needs_grad = false;
 };
 
+// A node's context whose saved output has its history (a create_graph backward).
+class WithOutputHistory final : public detail::BackwardContext {
+ public:
+  WithOutputHistory(const detail::BackwardContext& node, Tensor output)
+      : node_(node), output_(std::move(output)) {}
+  const Tensor& in(size_t i) const override { return node_.in(i); }
+  const Tensor& out() const override { return output_; }
+  bool needs(size_t i) const override { return node_.needs(i); }
+  const Shape& shape(size_t i) const override { return node_.shape(i); }
+  size_t num_inputs() const override { return node_.num_inputs(); }
+  const OpArgs& args() const override { return node_.args(); }
+
+ private:
+  const detail::BackwardContext& node_;
+  Tensor output_;
+};
+
 // A recorded op: the tensors its descriptor's save plan names, and its backward run through
 // the BackwardContext the formula reads.
 class OpNode final : public Node, private detail::BackwardContext {
@@ -47,14 +64,18 @@ class OpNode final : public Node, private detail::BackwardContext {
                 "'s saved tensors were freed); pass retain_graph=true to the first backward");
     // Under create_graph, the saved output takes this node as its history again (PyTorch's
     // saved outputs do the same), so a formula reading it (exp's, softmax's) records its
-    // dependence on the inputs. Held only while the formula runs: kept, it would be a cycle.
+    // dependence on the inputs. Only the formula's context holds it: kept by the node, it
+    // would be a cycle.
     const bool recording = GradMode::is_enabled();
+    const detail::BackwardContext& context = *this;
+    std::vector<Tensor> result;
     if (recording && saved_output_.defined()) {
-      output_with_history_ =
-          with_history(saved_output_.unpack(op_.node_name.data()), shared_from_this(), 0);
+      const WithOutputHistory with_output(
+          context, with_history(saved_output_.unpack(op_.node_name.data()), shared_from_this(), 0));
+      result = op_.backward(with_output, grads[0]);
+    } else {
+      result = op_.backward(context, grads[0]);
     }
-    std::vector<Tensor> result = op_.backward(*this, grads[0]);
-    output_with_history_ = Tensor();
     result.resize(inputs_.size());
     for (size_t i = 0; i < result.size(); ++i) {
       Tensor& g = result[i];
@@ -93,11 +114,10 @@ class OpNode final : public Node, private detail::BackwardContext {
   const Tensor& in(size_t i) const override {
     return saved_inputs_[i].unpack(op_.node_name.data());
   }
-  const Tensor& out() const override {
-    return output_with_history_.defined() ? output_with_history_
-                                          : saved_output_.unpack(op_.node_name.data());
-  }
-  bool needs(size_t i) const override { return inputs_[i].needs_grad; }
+  const Tensor& out() const override { return saved_output_.unpack(op_.node_name.data()); }
+  // A gradient nobody asked for is not computed (autograd::grad's pass runs only toward its
+  // inputs).
+  bool needs(size_t i) const override { return inputs_[i].needs_grad && edge_needed(i); }
   const Shape& shape(size_t i) const override { return inputs_[i].sizes; }
   size_t num_inputs() const override { return inputs_.size(); }
   const OpArgs& args() const override { return args_; }
@@ -106,7 +126,6 @@ class OpNode final : public Node, private detail::BackwardContext {
   OpArgs args_;
   std::vector<SavedTensor> saved_inputs_;
   SavedTensor saved_output_;
-  Tensor output_with_history_;  // the saved output with this node as history, during apply
   std::vector<InputInfo> inputs_;
   bool released_ = false;
 };

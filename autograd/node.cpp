@@ -34,6 +34,17 @@ void Node::run_pre_hooks(std::vector<Tensor>& grads) const {
   }
 }
 
+const NodeFilter*& current_node_filter() {
+  thread_local const NodeFilter* filter = nullptr;
+  return filter;
+}
+
+bool Node::edge_needed(size_t i) const {
+  const NodeFilter* filter = current_node_filter();
+  if (filter == nullptr) return true;
+  return i < next_edges_.size() && next_edges_[i].valid() && (*filter)(next_edges_[i].node.get());
+}
+
 const Tensor& SavedTensor::unpack(const char* node) const {
   EMBER_CHECK(!released_, "backward", "trying to backward through the graph a second time (", node,
               "'s saved tensors were freed); pass retain_graph=true to the first backward");

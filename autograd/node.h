@@ -51,6 +51,9 @@ class Node : public std::enable_shared_from_this<Node> {
   // retain_grad's hook: it runs after the others, so it sees the gradient they produce.
   void add_retain_grad_hook(uint32_t input_nr, std::function<Tensor(const Tensor&)> hook);
   void run_pre_hooks(std::vector<Tensor>& grads) const;
+  // Whether the pass running on this thread wants the gradient for next edge i: always in
+  // backward(); in autograd::grad's, only along edges that lead to one of its inputs.
+  bool edge_needed(size_t i) const;
 
  private:
   uint32_t num_inputs_;
@@ -97,6 +100,11 @@ class AccumulateGrad final : public Node {
 
 // The edge a gradient for `t` flows into: its grad_fn, its leaf accumulator, or none.
 Edge gradient_edge(const Tensor& t);
+
+// The nodes the pass running on this thread lets through (autograd::grad's; null: every node).
+// Set by the engine for the length of a pass.
+using NodeFilter = std::function<bool(const Node*)>;
+const NodeFilter*& current_node_filter();
 
 // `t`'s data as output `output_nr` of `node`: a tensor with that history.
 Tensor with_history(const Tensor& t, std::shared_ptr<Node> node, uint32_t output_nr);

@@ -32,6 +32,9 @@ Tensor SyncBatchNorm::forward(const Tensor& input) {
   // Without a group of its own and with no default group: this rank's batch, as PyTorch.
   if (group_ == nullptr && !is_initialized()) return nn::BatchNorm::forward(input);
   const std::shared_ptr<ProcessGroup> group = this->group();
+  // A group of one has nothing to share: batch norm itself, as PyTorch's SyncBatchNorm does
+  // (and so twice differentiable).
+  if (group->size() == 1) return nn::BatchNorm::forward(input);
   const double momentum = effective_momentum();
   const int64_t n = input.size(0), channels = input.size(1);
   const int64_t spatial = input.dim() > 2 ? input.numel() / std::max<int64_t>(n * channels, 1) : 1;

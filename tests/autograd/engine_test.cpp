@@ -263,6 +263,49 @@ TEST(AutogradGrad, ReturnsGradientsWithoutAccumulating) {
   EXPECT_FALSE(x.grad().defined());
 }
 
+// Branches that lead to none of grad()'s inputs get no gradient: their hooks and retained
+// grads see nothing (as in PyTorch), and an input listed twice has its hooks run once.
+TEST(AutogradGrad, BranchesLeadingElsewhereSeeNothing) {
+  Tensor x = leaf({1, 2}), w = leaf({3});
+  const Tensor s = w * 2.0, t = w * 4.0;
+  s.retain_grad();
+  int t_hooks = 0, x_hooks = 0;
+  t.register_hook([&](const Tensor&) {
+    ++t_hooks;
+    return Tensor();
+  });
+  x.register_hook([&](const Tensor& g) {
+    ++x_hooks;
+    return g * 10.0;
+  });
+  const Tensor z = (x * s).sum() + (x * t).sum();
+  const auto grads = autograd::grad({z}, {x, x}, {}, true);
+  EXPECT_EQ(grads[0].to_vector<double>(), (std::vector<double>{180, 180}));  // 10 (2w + 4w)
+  EXPECT_EQ(grads[1].to_vector<double>(), grads[0].to_vector<double>());
+  EXPECT_EQ(x_hooks, 1);
+  EXPECT_EQ(t_hooks, 0);
+  EXPECT_FALSE(s.grad().defined());
+  z.backward();  // then a plain backward: each gradient once
+  EXPECT_EQ(s.grad().to_vector<double>(), (std::vector<double>{3}));
+  EXPECT_EQ(t_hooks, 1);
+}
+
+// A formula that fails under create_graph (here on a saved tensor changed in place) leaves no
+// reference cycle behind: the graph is freed with its tensors.
+TEST(AutogradGrad, AFailedCreateGraphBackwardLeavesNoCycle) {
+  std::weak_ptr<autograd::Node> node;
+  {
+    Tensor x = leaf({2});
+    Tensor e = from_vector<double>({3});
+    const Tensor y = pow(x, e);  // saves its output, which a create_graph backward re-attaches
+    node = y.grad_fn();
+    e.add_(1.0);
+    EXPECT_EMBER_ERROR(autograd::grad({y.sum()}, {x}, {}, std::nullopt, true),
+                       "modified by an in-place");
+  }
+  EXPECT_TRUE(node.expired());
+}
+
 TEST(AutogradGrad, CreateGraphGivesHessianVectorProducts) {
   Tensor x = leaf({1, -2});
   Tensor y = (x * x * x).sum() + (x.select(0, 0) * x.select(0, 1));
