@@ -60,6 +60,7 @@ AccumulateGrad::AccumulateGrad(Tensor leaf) : Node(1), leaf_(std::move(leaf)) {}
 std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grads) {
   Tensor g = std::move(grads[0]);
   AutogradMeta& meta = leaf_.ensure_autograd_meta();
+  meta.grad_held_by_rank = -1;
   for (const auto& hook : meta.grad_hooks) {
     Tensor replaced = hook(g);
     if (replaced.defined()) g = std::move(replaced);

@@ -281,10 +281,10 @@ struct DistributedDataParallel::Reducer {
       if (owner[i] == group->rank()) {
         params[i].set_grad(
             own.narrow(0, b.offsets[s] - begin, params[i].numel()).view(params[i].sizes()));
-        reduced.resize(params.size());
         reduced[i] = params[i].grad();
       } else {
         params[i].set_grad(Tensor());
+        params[i].ensure_autograd_meta().grad_held_by_rank = owner[i];
       }
     }
     b.flat = Tensor();
@@ -698,6 +698,7 @@ void DistributedDataParallel::reduce_to_owners(const std::function<int(const Ten
     owners.push_back(rank);
   }
   r.owner = std::move(owners);
+  r.reduced.assign(r.params.size(), Tensor());
   // The same bucket order as now, each bucket regrouped by owner.
   std::vector<size_t> order;
   for (const auto& b : r.buckets) order.insert(order.end(), b.params.begin(), b.params.end());

@@ -83,6 +83,16 @@ Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, doubl
                        std::optional<bool> foreach) {
   check_norm_type("clip_grad_norm_", norm_type);
   EMBER_CHECK(max_norm >= 0.0, "clip_grad_norm_", "max_norm must be >= 0, got ", max_norm);
+  // Under ZeRO-2 a rank holds its own share of the gradients: their norm is not the model's.
+  for (size_t i = 0; i < params.size(); ++i) {
+    const AutogradMeta* meta = params[i].defined() ? params[i].autograd_meta() : nullptr;
+    EMBER_CHECK(meta == nullptr || meta->grad.defined() || meta->grad_held_by_rank < 0,
+                "clip_grad_norm_", "parameter ", i, "'s gradient is held by rank ",
+                meta == nullptr ? -1 : meta->grad_held_by_rank,
+                " alone (ZeRO-2, ZeroRedundancyOptimizer::shard_gradients), so this rank's ",
+                "gradients give another norm than the model's; clip with the optimizer's ",
+                "clip_grad_norm_(max_norm, norm_type), which takes the global norm");
+  }
   const Tensor total = get_total_norm(grads_of(params), norm_type, foreach);
   clip_grads_with_norm_(params, max_norm, total, foreach);
   return total;

@@ -118,7 +118,11 @@ void Tensor::set_grad(const Tensor& grad) const {
                 grad.device().str(), ") does not match tensor of shape ", shape_str(sizes()), " (",
                 dtype(), ", ", device().str(), ")");
   }
-  if (grad.defined() || autograd_meta() != nullptr) ensure_autograd_meta().grad = grad;
+  if (grad.defined() || autograd_meta() != nullptr) {
+    AutogradMeta& meta = ensure_autograd_meta();
+    meta.grad = grad;
+    if (grad.defined()) meta.grad_held_by_rank = -1;
+  }
 }
 
 bool Tensor::is_leaf() const {

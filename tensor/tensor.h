@@ -313,6 +313,9 @@ struct AutogradMeta {
   std::weak_ptr<autograd::Node> grad_accumulator;  // leaves: the node accumulating into grad
   std::vector<std::function<Tensor(const Tensor&)>> grad_hooks;  // leaves: run before accumulating
   std::vector<std::function<void(const Tensor&)>> post_accumulate_hooks;  // leaves: run after
+  // Leaves whose reduced gradient lives on another rank alone (ZeRO-2's shard_gradients): that
+  // rank, until this tensor gets a gradient of its own again; -1 otherwise.
+  int grad_held_by_rank = -1;
 };
 
 template <typename T>

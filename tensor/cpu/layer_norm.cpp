@@ -24,13 +24,12 @@ template <typename T>
 void layer_norm_forward_typed(const Tensor& out, const Tensor& mean, const Tensor& rstd,
                               const Tensor& input, const Tensor& weight, const Tensor& bias,
                               double eps) {
-  using A = acc_t<T>;
-  using S = acc_t<T>;
+  using A = acc_t<T>;  // also the saved mean and rstd's element type
   const int64_t rows = input.size(0), n = input.size(1);
   const T* x = input.data_ptr<T>();
   T* y = out.data_ptr<T>();
-  S* mean_out = mean.data_ptr<S>();
-  S* rstd_out = rstd.data_ptr<S>();
+  A* mean_out = mean.data_ptr<A>();
+  A* rstd_out = rstd.data_ptr<A>();
   const std::vector<A> w = param_values<A>(weight, n, 1.0), b = param_values<A>(bias, n, 0.0);
   const bool affine = weight.defined() || bias.defined();
 #pragma omp parallel for schedule(static) if (rows * n >= kParallelGrain)
@@ -39,8 +38,8 @@ void layer_norm_forward_typed(const Tensor& out, const Tensor& mean, const Tenso
     T* q = y + r * n;
     const double m = lane_sum(p, n) / static_cast<double>(n);
     const double var = lane_sum_sq_dev(p, n, m) / static_cast<double>(n);
-    mean_out[r] = static_cast<S>(m);
-    rstd_out[r] = static_cast<S>(1.0 / std::sqrt(var + eps));
+    mean_out[r] = static_cast<A>(m);
+    rstd_out[r] = static_cast<A>(1.0 / std::sqrt(var + eps));
     const A mr = static_cast<A>(mean_out[r]), rr = static_cast<A>(rstd_out[r]);
     if (affine) {
       for (int64_t j = 0; j < n; ++j)
@@ -65,13 +64,12 @@ template <typename T>
 void layer_norm_backward_typed(const Tensor& grad_input, const Tensor& grad_weight,
                                const Tensor& grad_bias, const Tensor& grad_out, const Tensor& input,
                                const Tensor& weight, const Tensor& mean, const Tensor& rstd) {
-  using A = acc_t<T>;
-  using S = acc_t<T>;
+  using A = acc_t<T>;  // also the saved mean and rstd's element type
   const int64_t rows = input.size(0), n = input.size(1);
   const T* x = input.data_ptr<T>();
   const T* gy = grad_out.data_ptr<T>();
-  const S* mean_in = mean.data_ptr<S>();
-  const S* rstd_in = rstd.data_ptr<S>();
+  const A* mean_in = mean.data_ptr<A>();
+  const A* rstd_in = rstd.data_ptr<A>();
   const std::vector<A> w = param_values<A>(weight, n, 1.0);
   if (grad_input.defined()) {
     T* gx = grad_input.data_ptr<T>();

@@ -24,7 +24,7 @@ inline std::vector<double> to_doubles(const Tensor& t, int64_t n, double fallbac
 // Writes doubles into a contiguous floating tensor of `values.size()` elements.
 inline void store_doubles(const Tensor& t, const std::vector<double>& values) {
   EMBER_ASSERT(t.is_contiguous() && t.numel() == static_cast<int64_t>(values.size()));
-  dispatch_floating(t.dtype(), "batch_norm", [&](auto tag) {
+  dispatch_floating(t.dtype(), "store_doubles", [&](auto tag) {
     using T = typename decltype(tag)::type;
     T* p = t.data_ptr<T>();
     for (size_t i = 0; i < values.size(); ++i) p[i] = static_cast<T>(values[i]);

@@ -233,6 +233,35 @@ TEST(ZeroRedundancyOptimizer, RanksOwningNoGradientTakePartInTheScalersAgreement
   EXPECT_EQ(expected_scale, 128.0);  // the inf step backed off once
 }
 
+// The PyTorch habit clip_grad_norm_(model.parameters()) under ZeRO-2 would see this rank's
+// share of the gradients only, a smaller norm: it is refused, naming the optimizer's clip. A
+// gradient of the parameter's own (the next backward, or set by the user) lifts it.
+TEST(ZeroRedundancyOptimizer, PlainClipOverAShardedModelIsRefused) {
+  const auto pg = world();
+  Replica r = sharded(sgd(), pg, 2);
+  EXPECT_TRUE(r.ddp->reduces_to_owners());
+  EXPECT_FALSE(plain(sgd(), pg).ddp->reduces_to_owners());
+  for (int step = 0; step < 2; ++step) {
+    Generator gen(static_cast<uint64_t>(70 + step));
+    const Tensor x = randn({12, 6}, kF32, &gen);
+    const Tensor y = randint(0, 3, {12}, kI64, &gen);
+    r.opt->zero_grad();
+    cross_entropy((*r.ddp)(shard_rows(x, *pg)), shard_rows(y, *pg)).backward();
+    if (pg->size() > 1) {
+      EXPECT_EMBER_ERROR(optim::clip_grad_norm_(r.ddp->parameters(), 1.0),
+                         "gradient is held by rank");
+    } else {
+      EXPECT_NO_THROW(optim::clip_grad_norm_(r.ddp->parameters(), 1.0));
+    }
+    EXPECT_NO_THROW(r.zero->clip_grad_norm_(1.0));
+    r.opt->step();
+  }
+  for (const Tensor& p : r.ddp->parameters()) {
+    if (!p.grad().defined()) p.set_grad(zeros_like(p));
+  }
+  EXPECT_NO_THROW(optim::clip_grad_norm_(r.ddp->parameters(), 1.0));
+}
+
 TEST(ZeroRedundancyOptimizer, PartitionIsGreedyBySizeAsPyTorchs) {
   auto pg = world();
   auto model = net(3);  // numels 96, 16, 192, 12, 36, 3
